@@ -1,0 +1,460 @@
+// Package api holds the coordinator's gRPC handlers. Mutations and the hot node view are served only
+// by the leader; a follower answers them with a fault.NotLeaderError (UNAVAILABLE naming the leader,
+// also in the "nodefence-leader" trailer). Reads of durable records (GetFence, ListFences,
+// WatchFence, GetLeader) are answered by any replica straight from etcd.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/server"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Leading is what a leader has during one term.
+type Leading struct {
+	Term   *leader.Term
+	Runner *fencing.Runner
+	Loop   *loop.Loop
+}
+
+// Leadership tells handlers whether this replica leads. Leading returns the current term's resources
+// or a *fault.NotLeaderError naming the leader.
+type Leadership interface {
+	Leading(ctx context.Context) (*Leading, error)
+}
+
+// Deps are the handlers' dependencies.
+type Deps struct {
+	Leadership Leadership
+	Store      *store.Store
+	Etcd       *clientv3.Client
+	// Config returns the current fence configuration.
+	Config func() *config.Config
+	// HeartbeatInterval and SampleInterval are sent to agents.
+	HeartbeatInterval, SampleInterval time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (d *Deps) now() time.Time {
+	if d.Now != nil {
+		return d.Now()
+	}
+	return time.Now()
+}
+
+// FenceServer implements FenceService.
+type FenceServer struct {
+	coordv1.UnimplementedFenceServiceServer
+	*Deps
+}
+
+// ClusterServer implements ClusterService.
+type ClusterServer struct {
+	coordv1.UnimplementedClusterServiceServer
+	*Deps
+}
+
+// AgentServer implements AgentService.
+type AgentServer struct {
+	agentv1.UnimplementedAgentServiceServer
+	*Deps
+}
+
+func required(field, value string) error {
+	if strings.TrimSpace(value) == "" {
+		return fault.Invalid{{Field: field, Problem: "required"}}
+	}
+	return nil
+}
+
+// NewID returns a record id that sorts by creation time per node.
+func NewID(node string, now time.Time) string {
+	return fmt.Sprintf("%s-%s", node, now.UTC().Format("20060102T150405.000000000"))
+}
+
+// start creates (or returns the active) record for node with action, and runs it.
+func (s *FenceServer) start(ctx context.Context, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
+	if err := required("node", node); err != nil {
+		return nil, err
+	}
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !s.Config().HasNode(node) {
+		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
+	}
+	now := s.now()
+	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
+	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
+	rec.Reason, rec.RequestedBy, rec.Epoch = reason, server.PeerIdentity(ctx), l.Term.Epoch
+	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
+	if err != nil {
+		return nil, err
+	}
+	if !created && got.Action != action {
+		return nil, fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
+			node, strings.ToLower(strings.TrimPrefix(got.Action.String(), "FENCE_ACTION_")), got.Id, fault.ErrFailedPrecondition)
+	}
+	l.Runner.Start(got.Id)
+	return got, nil
+}
+
+// Fence starts (or returns the active) power-off of a node.
+func (s *FenceServer) Fence(ctx context.Context, req *coordv1.FenceRequest) (*coordv1.FenceResponse, error) {
+	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_OFF)
+	if err != nil {
+		return nil, err
+	}
+	return &coordv1.FenceResponse{Fence: f}, nil
+}
+
+// Unfence starts a verified power-on of a node.
+func (s *FenceServer) Unfence(ctx context.Context, req *coordv1.UnfenceRequest) (*coordv1.UnfenceResponse, error) {
+	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_ON)
+	if err != nil {
+		return nil, err
+	}
+	return &coordv1.UnfenceResponse{Fence: f}, nil
+}
+
+// Acknowledge records an operator's confirmation that a node is off.
+func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeRequest) (*coordv1.AcknowledgeResponse, error) {
+	var v fault.Invalid
+	if strings.TrimSpace(req.GetNode()) == "" {
+		v.Add("node", "required")
+	}
+	if strings.TrimSpace(req.GetOperator()) == "" {
+		v.Add("operator", "required: name the person confirming the node is off")
+	}
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !s.Config().HasNode(req.Node) {
+		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", req.Node, fault.ErrNotFound)
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		now := s.now()
+		cur, err := s.Store.ActiveFence(ctx, req.Node)
+		if err != nil {
+			return nil, err
+		}
+		if cur == nil {
+			rec := &coordv1.NodeFence{
+				Id: NewID(req.Node, now), Node: req.Node, Action: coordv1.FenceAction_FENCE_ACTION_OFF,
+				Step: coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, Status: coordv1.FenceStatus_FENCE_STATUS_DONE,
+				Reason: "acknowledged: " + req.Reason, RequestedBy: server.PeerIdentity(ctx), AcknowledgedBy: req.Operator,
+				Epoch: l.Term.Epoch, CreatedAt: timestamppb.New(now), UpdatedAt: timestamppb.New(now), FinishedAt: timestamppb.New(now),
+				ConfirmedOffAt: timestamppb.New(now), Evidence: []string{"acknowledged by " + req.Operator + ": " + req.Reason},
+			}
+			got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
+			if err != nil {
+				return nil, err
+			}
+			if created {
+				return &coordv1.AcknowledgeResponse{Fence: got}, nil
+			}
+			continue
+		}
+		f := cur.Fence
+		if f.Action != coordv1.FenceAction_FENCE_ACTION_OFF {
+			return nil, fmt.Errorf("node %s has an active unfence %s: %w", req.Node, f.Id, fault.ErrFailedPrecondition)
+		}
+		f.Status, f.AcknowledgedBy, f.Error = coordv1.FenceStatus_FENCE_STATUS_DONE, req.Operator, ""
+		f.Reason = strings.TrimSpace(f.Reason + "; acknowledged: " + req.Reason)
+		f.Epoch, f.UpdatedAt, f.FinishedAt = l.Term.Epoch, timestamppb.New(now), timestamppb.New(now)
+		if f.ConfirmedOffAt == nil {
+			f.ConfirmedOffAt = timestamppb.New(now)
+		}
+		f.Evidence = append(f.Evidence, "acknowledged by "+req.Operator+": "+req.Reason)
+		if _, err := s.Store.UpdateFence(ctx, l.Term, f, cur.Revision); err != nil {
+			if errors.Is(err, leader.ErrConflict) {
+				continue
+			}
+			return nil, err
+		}
+		return &coordv1.AcknowledgeResponse{Fence: f}, nil
+	}
+	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
+}
+
+// GetFence returns one record.
+func (s *FenceServer) GetFence(ctx context.Context, req *coordv1.GetFenceRequest) (*coordv1.GetFenceResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	v, err := s.Store.GetFence(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return &coordv1.GetFenceResponse{Fence: v.Fence}, nil
+}
+
+// ListFences returns records newest first.
+func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesRequest) (*coordv1.ListFencesResponse, error) {
+	limit := int(req.GetLimit())
+	switch {
+	case limit < 0 || limit > 1000:
+		return nil, fault.Invalid{{Field: "limit", Problem: "must be between 0 and 1000"}}
+	case limit == 0:
+		limit = 100
+	}
+	if _, ok := coordv1.FenceStatus_name[int32(req.GetStatus())]; !ok {
+		return nil, fault.Invalid{{Field: "status", Problem: fmt.Sprintf("unknown status %d", req.GetStatus())}}
+	}
+	fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool {
+		return (req.Node == "" || f.Node == req.Node) &&
+			(req.Status == coordv1.FenceStatus_FENCE_STATUS_UNSPECIFIED || f.Status == req.Status)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(fs) > limit {
+		fs = fs[:limit]
+	}
+	return &coordv1.ListFencesResponse{Fences: fs}, nil
+}
+
+// WatchFence streams a record until it is final.
+func (s *FenceServer) WatchFence(req *coordv1.WatchFenceRequest, stream coordv1.FenceService_WatchFenceServer) error {
+	ctx := stream.Context()
+	id := req.GetId()
+	if id == "" {
+		if req.GetNode() == "" {
+			return fault.Invalid{{Field: "id", Problem: "id or node is required"}}
+		}
+		fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == req.Node })
+		if err != nil {
+			return err
+		}
+		if len(fs) == 0 {
+			return fmt.Errorf("node %q has no fence records: %w", req.Node, fault.ErrNotFound)
+		}
+		id = fs[0].Id
+	}
+	updates, errc := s.Store.WatchFence(ctx, id)
+	for v := range updates {
+		if err := stream.Send(&coordv1.WatchFenceResponse{Fence: v.Fence}); err != nil {
+			return err
+		}
+	}
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// ListNodes returns the leader's node view.
+func (s *ClusterServer) ListNodes(ctx context.Context, _ *coordv1.ListNodesRequest) (*coordv1.ListNodesResponse, error) {
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*coordv1.Node
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { out = e.Nodes() }); err != nil {
+		return nil, err
+	}
+	return &coordv1.ListNodesResponse{Nodes: out}, nil
+}
+
+// GetNode returns one node.
+func (s *ClusterServer) GetNode(ctx context.Context, req *coordv1.GetNodeRequest) (*coordv1.GetNodeResponse, error) {
+	if err := required("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var n *coordv1.Node
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(req.Name) }); err != nil {
+		return nil, err
+	}
+	if n == nil {
+		return nil, fmt.Errorf("node %q: %w", req.Name, fault.ErrNotFound)
+	}
+	return &coordv1.GetNodeResponse{Node: n}, nil
+}
+
+// ListZones returns every zone with its state, rate and queue.
+func (s *ClusterServer) ListZones(ctx context.Context, _ *coordv1.ListZonesRequest) (*coordv1.ListZonesResponse, error) {
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &coordv1.ListZonesResponse{}
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { resp.Zones, resp.EvictionsPaused = e.Zones(), e.Paused() }); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PauseEvictions persists the pause flag, then tells the engine.
+func (s *ClusterServer) PauseEvictions(ctx context.Context, req *coordv1.PauseEvictionsRequest) (*coordv1.PauseEvictionsResponse, error) {
+	if err := s.setPaused(ctx, true, req.GetReason()); err != nil {
+		return nil, err
+	}
+	return &coordv1.PauseEvictionsResponse{}, nil
+}
+
+// ResumeEvictions clears the pause flag.
+func (s *ClusterServer) ResumeEvictions(ctx context.Context, _ *coordv1.ResumeEvictionsRequest) (*coordv1.ResumeEvictionsResponse, error) {
+	if err := s.setPaused(ctx, false, ""); err != nil {
+		return nil, err
+	}
+	return &coordv1.ResumeEvictionsResponse{}, nil
+}
+
+func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason string) error {
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return err
+	}
+	op := clientv3.OpDelete(loop.PausedKey(s.Store.Prefix()))
+	if paused {
+		op = clientv3.OpPut(loop.PausedKey(s.Store.Prefix()), "paused by "+server.PeerIdentity(ctx)+": "+reason)
+	}
+	if _, err := l.Term.Txn(ctx, nil, op); err != nil {
+		return err
+	}
+	return l.Loop.StepSync(ctx, engine.Paused{Paused: paused})
+}
+
+// ListAudit returns the audit trail, oldest first; any replica answers.
+func (s *ClusterServer) ListAudit(ctx context.Context, req *coordv1.ListAuditRequest) (*coordv1.ListAuditResponse, error) {
+	limit := int(req.GetLimit())
+	switch {
+	case limit < 0 || limit > 5000:
+		return nil, fault.Invalid{{Field: "limit", Problem: "must be between 0 and 5000"}}
+	case limit == 0:
+		limit = 200
+	}
+	if req.GetAfterRevision() < 0 {
+		return nil, fault.Invalid{{Field: "after_revision", Problem: "must not be negative"}}
+	}
+	entries, err := s.Store.ListAudit(ctx, req.GetNode(), req.GetAfterRevision(), limit)
+	if err != nil {
+		return nil, err
+	}
+	return &coordv1.ListAuditResponse{Entries: entries}, nil
+}
+
+// GetLeader names the leader; any replica answers.
+func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderRequest) (*coordv1.GetLeaderResponse, error) {
+	info, epoch, ok, err := leader.Current(ctx, s.Etcd, s.Store.LeaderPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", fault.ErrUnreachable, err)
+	}
+	if !ok {
+		return nil, &fault.NotLeaderError{}
+	}
+	_, lerr := s.Leadership.Leading(ctx)
+	return &coordv1.GetLeaderResponse{Id: info.ID, Address: info.Address, Epoch: epoch, IsSelf: lerr == nil}, nil
+}
+
+// ackEvery bounds how long a heartbeat or sample may wait for its (cumulative) acknowledgement.
+const ackEvery = time.Second
+
+// Connect serves one agent stream. Heartbeats and samples are acknowledged cumulatively at most once
+// a second; every other message (conditions, shutdown announcements) only after the engine applied it
+// and persisted what it changed, so an acknowledged event survives a failover.
+func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return fault.Invalid{{Field: "hello", Problem: "the first message on a stream must be a hello"}}
+	}
+	if err := required("hello.node_name", hello.NodeName); err != nil {
+		return err
+	}
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return err
+	}
+	name := hello.NodeName
+	if err := l.Loop.StepSync(ctx, engine.Hello{Node: name, Region: hello.Region, Zone: hello.Zone, BootID: hello.BootId, At: s.now()}); err != nil {
+		return err
+	}
+	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})
+	if err := s.Store.PutNodeIfChanged(ctx, l.Term, store.NodeRecord{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region}); err != nil {
+		return err
+	}
+	cfg := &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Config{Config: &agentv1.AgentConfig{
+		HeartbeatInterval: durationpb.New(s.HeartbeatInterval), SampleInterval: durationpb.New(s.SampleInterval), Epoch: l.Term.Epoch,
+	}}}
+	if err := stream.Send(cfg); err != nil {
+		return err
+	}
+	if err := sendAck(stream, first.Seq); err != nil {
+		return err
+	}
+	lastAck := time.Now()
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if m.GetHello() != nil {
+			return fault.Invalid{{Field: "hello", Problem: "hello may only be the first message"}}
+		}
+		in := engine.Message{Node: name, At: s.now(), Msg: m}
+		event := loop.IsEvent(m)
+		if event {
+			err = l.Loop.StepSync(ctx, in)
+		} else {
+			err = l.Loop.Step(ctx, in)
+		}
+		if err != nil {
+			if errors.Is(err, loop.ErrStopped) {
+				// The term is over: name the new leader if there already is one.
+				if _, lerr := s.Leadership.Leading(ctx); lerr != nil {
+					return lerr
+				}
+			}
+			return err
+		}
+		if event || time.Since(lastAck) >= ackEvery {
+			if err := sendAck(stream, m.Seq); err != nil {
+				return err
+			}
+			lastAck = time.Now()
+		}
+	}
+}
+
+func sendAck(stream agentv1.AgentService_ConnectServer, seq uint64) error {
+	return stream.Send(&agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &agentv1.Ack{AckedSeq: seq}}})
+}

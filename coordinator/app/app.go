@@ -1,0 +1,687 @@
+// Package app wires the coordinator: etcd (embedded or external), the gRPC server, the election loop,
+// and per term the node registry and fence runner. main and the tests both run it.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/client-go/rest"
+
+	"github.com/nodefence/nodefence/coordinator/api"
+	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/kdump"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/cli"
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Config is the coordinator's configuration; every field is a flag.
+type Config struct {
+	// ID names this replica in the election; default hostname-pid.
+	ID string
+	// Advertise is the address other replicas hand to clients for this one; default the listen address.
+	Advertise string
+	// Server is the gRPC server configuration.
+	Server server.Config
+	// EtcdEndpoints are an external etcd cluster's client URLs; empty starts an embedded etcd.
+	EtcdEndpoints []string
+	// DataDir holds the embedded etcd's data.
+	DataDir string
+	// EtcdClientListen and EtcdPeerListen are the embedded etcd's listen addresses.
+	EtcdClientListen, EtcdPeerListen string
+	// EtcdPrefix is the key prefix of all coordinator state.
+	EtcdPrefix string
+	// FenceConfig is the standalone YAML fence configuration file.
+	FenceConfig string
+	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
+	Kubeconfig string
+	// KubeREST enables Kubernetes mode with a ready client configuration (tests).
+	KubeREST *rest.Config
+	// FenceNamespace holds the seed's fence ConfigMaps in Kubernetes mode.
+	FenceNamespace string
+	// FencePolicy is "stateful" (fence only nodes running StatefulSet pods or pods with
+	// PersistentVolumeClaims, the seed's rule) or "all".
+	FencePolicy string
+	// DriverEndpoints map driver names to fence-driver services in Kubernetes mode (the standalone
+	// YAML has its own drivers section).
+	DriverEndpoints map[string]string
+	// Engine holds the node lifecycle parameters (grace periods, eviction rates, zone thresholds).
+	Engine engine.Config
+	// ElectionTTL is the leader lease: a dead leader is replaced after at most this long.
+	ElectionTTL time.Duration
+	// FenceOpTimeout bounds one driver call including its read-back.
+	FenceOpTimeout time.Duration
+	// Fencing is the fence flow's retry, wait and polling policy.
+	Fencing fencing.Policy
+	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
+	AgentHeartbeatInterval, AgentSampleInterval time.Duration
+	// KdumpListen is the UDP address for fence_kdump messages ("" disables the listener).
+	KdumpListen string
+	// DriverTLS secures connections to fence-driver services.
+	DriverTLS tlsfiles.Files
+	// EtcdUnsafeNoFsync disables fsync in the embedded etcd (tests and demos only).
+	EtcdUnsafeNoFsync bool
+}
+
+// RegisterFlags binds every field to a flag.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Server.RegisterFlags(fs, "127.0.0.1:7001")
+	fs.StringVar(&c.ID, "id", c.ID, "replica id in the leader election (default hostname-pid)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "address clients should use for this replica (default --listen)")
+	fs.Func("etcd-endpoints", "comma-separated etcd client URLs; empty starts an embedded etcd", func(s string) error {
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				c.EtcdEndpoints = append(c.EtcdEndpoints, e)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.DataDir, "data-dir", "nodefence-data", "embedded etcd data directory")
+	fs.StringVar(&c.EtcdClientListen, "etcd-client-listen", "127.0.0.1:2379", "embedded etcd client address")
+	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
+	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
+	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
+	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
+	fs.StringVar(&c.FencePolicy, "fence-policy", "stateful", "which nodes are fenced automatically in Kubernetes mode: stateful or all")
+	fs.Func("driver-endpoint", "NAME=HOST:PORT of a fence-driver service (Kubernetes mode; repeatable)", func(v string) error {
+		name, addr, ok := strings.Cut(v, "=")
+		if !ok || name == "" || addr == "" {
+			return fmt.Errorf("want NAME=HOST:PORT, got %q", v)
+		}
+		if c.DriverEndpoints == nil {
+			c.DriverEndpoints = map[string]string{}
+		}
+		c.DriverEndpoints[name] = addr
+		return nil
+	})
+	fs.DurationVar(&c.Engine.NodeMonitorGracePeriod, "node-monitor-grace-period", 40*time.Second, "silence after which a node that reported is Unknown")
+	fs.DurationVar(&c.Engine.NodeStartupGracePeriod, "node-startup-grace-period", 60*time.Second, "silence after which a node that never reported is Unknown")
+	fs.DurationVar(&c.Engine.PodEvictionTimeout, "pod-eviction-timeout", 5*time.Minute, "not-ready time after which a released node's pods are eligible for eviction")
+	fs.Float64Var(&c.Engine.NodeEvictionRate, "node-eviction-rate", 0.1, "nodes per second released from a Normal or FullDisruption zone")
+	fs.Float64Var(&c.Engine.SecondaryNodeEvictionRate, "secondary-node-eviction-rate", 0.01, "nodes per second released from a large PartialDisruption zone")
+	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
+	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
+	defEng := engine.DefaultConfig()
+	fs.StringVar(&c.KdumpListen, "kdump-listen", ":7410", "UDP address for fence_kdump_send messages (empty: off)")
+	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
+	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
+	fs.BoolVar(&c.Engine.Fence.Enabled, "auto-fence", defEng.Fence.Enabled, "fence not-ready nodes automatically (manual fencing is always available)")
+	fs.DurationVar(&c.Engine.Fence.Timeout, "fence-timeout", defEng.Fence.Timeout, "how long a released node must be not ready before it is fenced")
+	fs.Float64Var(&c.Engine.Fence.MaxUnresponsivePercent, "max-unresponsive-percent", defEng.Fence.MaxUnresponsivePercent, "no automatic fencing while more than this % of the cluster or zone is not ready (0: no limit)")
+	fs.IntVar(&c.Engine.Fence.Budget, "fence-budget", defEng.Fence.Budget, "automatic fences per zone per --fence-budget-window (0: no budget)")
+	fs.DurationVar(&c.Engine.Fence.BudgetWindow, "fence-budget-window", defEng.Fence.BudgetWindow, "window of --fence-budget")
+	fs.DurationVar(&c.ElectionTTL, "election-ttl", 5*time.Second, "leader lease TTL (whole seconds)")
+	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", 30*time.Second, "deadline of one driver call including read-back")
+	def := fencing.DefaultPolicy()
+	fs.IntVar(&c.Fencing.Retries, "fence-retries", def.Retries, "retries of a failed fence record before it is escalated")
+	fs.DurationVar(&c.Fencing.Backoff, "fence-retry-backoff", def.Backoff, "delay before the first retry; doubles each retry")
+	fs.DurationVar(&c.Fencing.IsolationWait, "isolation-wait", def.IsolationWait, "after isolation, how long the node may recover before power management")
+	fs.IntVar(&c.Fencing.Polls, "power-management-polls", def.Polls, "readiness polls after a power cycle before the record is an error")
+	fs.DurationVar(&c.Fencing.PollInterval, "power-management-poll-interval", def.PollInterval, "interval of those polls")
+	fs.DurationVar(&c.AgentHeartbeatInterval, "agent-heartbeat-interval", time.Second, "heartbeat interval sent to agents")
+	fs.DurationVar(&c.AgentSampleInterval, "agent-sample-interval", time.Second, "sample interval sent to agents")
+	c.DriverTLS.RegisterFlags(fs, "driver-", "fence-driver connections")
+	fs.BoolVar(&c.EtcdUnsafeNoFsync, "etcd-unsafe-no-fsync", false, "embedded etcd without fsync (tests and demos only)")
+}
+
+// SetDefaults fills zero fields.
+func (c *Config) SetDefaults() {
+	c.Server.SetDefaults()
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.EtcdPrefix == "" {
+		c.EtcdPrefix = "/nodefence"
+	}
+	if c.Engine == (engine.Config{}) {
+		c.Engine = engine.DefaultConfig()
+	}
+	c.Engine.SetDefaults()
+	if c.FenceNamespace == "" {
+		c.FenceNamespace = "nodefence"
+	}
+	if c.FencePolicy == "" {
+		c.FencePolicy = "stateful"
+	}
+	if c.ElectionTTL == 0 {
+		c.ElectionTTL = 5 * time.Second
+	}
+	if c.FenceOpTimeout == 0 {
+		c.FenceOpTimeout = 30 * time.Second
+	}
+	if c.Fencing == (fencing.Policy{}) {
+		c.Fencing = fencing.DefaultPolicy()
+	}
+	if c.AgentHeartbeatInterval == 0 {
+		c.AgentHeartbeatInterval = time.Second
+	}
+	if c.AgentSampleInterval == 0 {
+		c.AgentSampleInterval = time.Second
+	}
+}
+
+// Validate returns every problem with the configuration.
+func (c *Config) Validate() []error {
+	errs := c.Server.Validate()
+	if !c.kubeMode() && c.FenceConfig == "" {
+		errs = append(errs, errors.New("--config: a fence configuration file is required in standalone mode (or --kubeconfig)"))
+	}
+	if c.FencePolicy != "" && c.FencePolicy != "stateful" && c.FencePolicy != "all" {
+		errs = append(errs, fmt.Errorf("--fence-policy: %q is not stateful or all", c.FencePolicy))
+	}
+	for name, addr := range c.DriverEndpoints {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, addr))
+		}
+	}
+	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
+	}
+	if !strings.HasPrefix(c.EtcdPrefix, "/") || strings.HasSuffix(c.EtcdPrefix, "/") {
+		errs = append(errs, fmt.Errorf("--etcd-prefix: %q must start and not end with /", c.EtcdPrefix))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"node-monitor-grace-period", c.Engine.NodeMonitorGracePeriod},
+		{"node-startup-grace-period", c.Engine.NodeStartupGracePeriod},
+		{"pod-eviction-timeout", c.Engine.PodEvictionTimeout},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("--%s: must be positive", d.flag))
+		}
+	}
+	if c.Engine.UnhealthyZoneThreshold <= 0 || c.Engine.UnhealthyZoneThreshold > 1 {
+		errs = append(errs, fmt.Errorf("--unhealthy-zone-threshold: %v is not in (0, 1]", c.Engine.UnhealthyZoneThreshold))
+	}
+	if c.Engine.NodeEvictionRate < 0 || c.Engine.SecondaryNodeEvictionRate < 0 {
+		errs = append(errs, errors.New("--node-eviction-rate, --secondary-node-eviction-rate: must not be negative"))
+	}
+	if c.Engine.Fence.Timeout < 0 || c.Engine.Fence.BudgetWindow <= 0 || c.Engine.Fence.Budget < 0 {
+		errs = append(errs, errors.New("--fence-timeout, --fence-budget: must not be negative; --fence-budget-window: must be positive"))
+	}
+	if c.Engine.Fence.MaxUnresponsivePercent < 0 || c.Engine.Fence.MaxUnresponsivePercent > 100 {
+		errs = append(errs, fmt.Errorf("--max-unresponsive-percent: %v is not in 0..100", c.Engine.Fence.MaxUnresponsivePercent))
+	}
+	if c.Engine.LargeClusterSizeThreshold < 0 {
+		errs = append(errs, errors.New("--large-cluster-size-threshold: must not be negative"))
+	}
+	if c.ElectionTTL < time.Second || c.ElectionTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("--election-ttl: %s must be a whole number of seconds, at least 1s", c.ElectionTTL))
+	}
+	if c.FenceOpTimeout <= 0 {
+		errs = append(errs, errors.New("--fence-op-timeout: must be positive"))
+	}
+	if c.Fencing.Retries < 0 || c.Fencing.Retries > 100 {
+		errs = append(errs, fmt.Errorf("--fence-retries: %d is not in 0..100", c.Fencing.Retries))
+	}
+	if c.Fencing.Backoff <= 0 || c.Fencing.IsolationWait < 0 || c.Fencing.PollInterval <= 0 || c.Fencing.Polls < 0 {
+		errs = append(errs, errors.New("--fence-retry-backoff, --power-management-poll-interval: must be positive; --isolation-wait, --power-management-polls: must not be negative"))
+	}
+	if c.AgentHeartbeatInterval <= 0 || c.AgentSampleInterval <= 0 {
+		errs = append(errs, errors.New("--agent-heartbeat-interval, --agent-sample-interval: must be positive"))
+	}
+	if c.Advertise != "" {
+		if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
+			errs = append(errs, fmt.Errorf("--advertise: %q is not host:port", c.Advertise))
+		}
+	}
+	return append(errs, c.DriverTLS.Validate("driver-", false)...)
+}
+
+func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != nil }
+
+func (c *Config) driverMap() map[string]config.Driver {
+	m := map[string]config.Driver{}
+	for name, addr := range c.DriverEndpoints {
+		m[name] = config.Driver{Endpoint: addr}
+	}
+	return m
+}
+
+// App is a running coordinator replica.
+type App struct {
+	cfg     Config
+	log     *slog.Logger
+	fenceCf atomic.Pointer[config.Config]
+	etcd    *etcdembed.Etcd
+	cli     *clientv3.Client
+	store   *store.Store
+	srv     *server.Server
+	drivers *fencing.Drivers
+	elector *leader.Elector
+
+	metrics   *loop.Metrics
+	kdump     *kdump.Listener
+	kube      *kubeMode
+	mu        sync.Mutex
+	leading   *api.Leading
+	closeOnce sync.Once
+}
+
+// New validates cfg, loads the fence configuration, starts etcd if embedded, and binds the server.
+// Run starts serving.
+func New(cfg Config, log *slog.Logger) (*App, error) {
+	cfg.SetDefaults()
+	errs := cfg.Validate()
+	var fences *config.Config
+	if cfg.FenceConfig != "" {
+		var err error
+		if fences, err = config.Load(cfg.FenceConfig); err != nil {
+			var inv fault.Invalid
+			if errors.As(err, &inv) {
+				for _, fe := range inv {
+					errs = append(errs, fmt.Errorf("--config %s: %s", cfg.FenceConfig, fe.Error()))
+				}
+			} else {
+				errs = append(errs, fmt.Errorf("--config: %w", err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	a := &App{cfg: cfg, log: log, drivers: fencing.NewDrivers(cfg.DriverTLS)}
+	a.fenceCf.Store(fences)
+	if cfg.kubeMode() {
+		rc, err := kubeRESTConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		if a.kube, err = newKubeMode(a, rc); err != nil {
+			return nil, err
+		}
+		if fences == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c, err := a.kube.loadConfig(ctx)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("fence ConfigMaps in namespace %s: %w", cfg.FenceNamespace, err)
+			}
+			a.fenceCf.Store(c)
+		}
+	}
+	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("--data-dir: %w", err)
+		}
+		e, err := etcdembed.Start(etcdembed.Config{
+			Name: "nodefence", DataDir: filepath.Join(cfg.DataDir, "etcd"),
+			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		a.etcd = e
+		endpoints = []string{e.Endpoint}
+		log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		a.closeEtcd()
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	a.cli = cli
+	a.store = store.New(cli, cfg.EtcdPrefix)
+	srv, err := server.New(cfg.Server, log)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.srv = srv
+	advertise := cfg.Advertise
+	if advertise == "" {
+		advertise = srv.Addr()
+	}
+	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
+	a.metrics = loop.NewMetrics(srv.Registry)
+	deps := &api.Deps{
+		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
+		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
+	}
+	if cfg.KdumpListen != "" {
+		if a.kdump, err = kdump.Listen(cfg.KdumpListen); err != nil {
+			a.Close()
+			return nil, err
+		}
+		a.kdump.Log, a.kdump.Resolve, a.kdump.Seen = log, a.nodeByAddress, a.kdumpSeen
+	}
+	coordv1.RegisterFenceServiceServer(srv.GRPC, &api.FenceServer{Deps: deps})
+	coordv1.RegisterClusterServiceServer(srv.GRPC, &api.ClusterServer{Deps: deps})
+	agentv1.RegisterAgentServiceServer(srv.GRPC, &api.AgentServer{Deps: deps})
+	return a, nil
+}
+
+// fences is the current fence configuration.
+func (a *App) fences() *config.Config { return a.fenceCf.Load() }
+
+// nodeByAddress names the configured node with the address.
+func (a *App) nodeByAddress(ip netip.Addr) (string, bool) {
+	for _, name := range a.fences().NodeNames() {
+		for _, s := range a.fences().Nodes[name].Addresses {
+			if addr, err := netip.ParseAddr(s); err == nil && addr.Unmap() == ip {
+				return name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// kdumpSeen hands a fence_kdump message to the leader's engine (followers ignore it).
+func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
+	a.mu.Lock()
+	l := a.leading
+	a.mu.Unlock()
+	if l == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.Term.Context(), time.Second)
+	defer cancel()
+	if err := l.Loop.Step(ctx, engine.Kdump{Node: node, At: at}); err != nil {
+		a.log.Warn("kdump message not applied", "node", node, "from", from, "err", err)
+	}
+}
+
+// KdumpAddr is the kdump listener's address ("" when off).
+func (a *App) KdumpAddr() string {
+	if a.kdump == nil {
+		return ""
+	}
+	return a.kdump.Addr()
+}
+
+// Addr is the gRPC address.
+func (a *App) Addr() string { return a.srv.Addr() }
+
+// EtcdEndpoint is the embedded etcd's client URL ("" with external etcd).
+func (a *App) EtcdEndpoint() string {
+	if a.etcd == nil {
+		return ""
+	}
+	return a.etcd.Endpoint
+}
+
+// Etcd is the app's etcd client.
+func (a *App) Etcd() *clientv3.Client { return a.cli }
+
+// Store is the app's record store.
+func (a *App) Store() *store.Store { return a.store }
+
+// Leading implements api.Leadership.
+func (a *App) Leading(ctx context.Context) (*api.Leading, error) {
+	a.mu.Lock()
+	l := a.leading
+	a.mu.Unlock()
+	if l != nil && l.Term.Context().Err() == nil {
+		return l, nil
+	}
+	info, _, ok, err := leader.Current(ctx, a.cli, a.store.LeaderPrefix())
+	if err != nil || !ok || info.ID == a.cfg.ID {
+		return nil, &fault.NotLeaderError{}
+	}
+	return nil, &fault.NotLeaderError{LeaderID: info.ID, LeaderAddress: info.Address}
+}
+
+// Term returns the current leadership term, or nil when not leading.
+func (a *App) Term() *leader.Term {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.leading == nil || a.leading.Term.Context().Err() != nil {
+		return nil
+	}
+	return a.leading.Term
+}
+
+// Run serves and campaigns until ctx ends, then stops everything it started.
+func (a *App) Run(ctx context.Context) error {
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- a.srv.Serve() }()
+	a.srv.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if a.kube != nil {
+		go a.kube.run(ctx)
+	}
+	if a.kdump != nil {
+		go func() {
+			if err := a.kdump.Run(ctx); err != nil {
+				a.log.Error("kdump listener stopped", "err", err)
+			}
+		}()
+	}
+	defer a.Close()
+	for ctx.Err() == nil {
+		select {
+		case err := <-serveErr:
+			return fmt.Errorf("grpc server: %w", err)
+		default:
+		}
+		term, err := a.elector.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			a.log.Warn("campaign failed, retrying", "err", err)
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		a.lead(term)
+		select {
+		case <-term.Context().Done():
+			a.log.Warn("leadership term ended", "epoch", term.Epoch)
+		case <-ctx.Done():
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = term.Resign(rctx)
+			cancel()
+		}
+		a.mu.Lock()
+		a.leading = nil
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// lead sets up one term: an engine loop (every node gets a fresh grace period; persisted state is
+// restored) and a runner that resumes every active fence record.
+func (a *App) lead(term *leader.Term) {
+	var initial []engine.Input
+	now := time.Now()
+	for _, n := range a.fences().NodeNames() {
+		nc := a.fences().Nodes[n]
+		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
+	}
+	if a.kube != nil {
+		ctx, cancel := context.WithTimeout(term.Context(), 30*time.Second)
+		nodes, err := a.kube.nodeInputs(ctx, a.fences())
+		cancel()
+		if err != nil {
+			a.log.Error("cannot list Nodes; zones come from agents until the next term", "err", err)
+		}
+		initial = append(initial, nodes...)
+	}
+	var runner *fencing.Runner
+	lp := loop.New(loop.Config{
+		Engine: a.cfg.Engine, Term: term, Etcd: a.cli, Prefix: a.cfg.EtcdPrefix,
+		Initial: initial, Metrics: a.metrics, Log: a.log,
+		Audit: func(ev engine.Event) clientv3.Op {
+			return a.store.AuditOp(ev.At, term.Epoch, ev.Node, ev.Kind, ev.Text)
+		},
+		OnReady: func(rd engine.Ready) {
+			for _, f := range rd.Fences {
+				go a.autoFence(term, runner, f)
+			}
+			if a.kube != nil {
+				a.kube.onReady(term, rd)
+			}
+		},
+	})
+	go func() {
+		if err := lp.Run(term.Context()); err != nil {
+			a.log.Error("engine loop stopped; resigning", "err", err)
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = term.Resign(rctx)
+			cancel()
+		}
+	}()
+	var secrets config.SecretReader
+	if a.kube != nil {
+		secrets = a.kube.secret
+	}
+	runner = &fencing.Runner{Store: a.store, Secrets: secrets, Term: term, Config: a.fences, Drivers: a.drivers, OpTimeout: a.cfg.FenceOpTimeout,
+		Policy: a.cfg.Fencing, Log: a.log, OnChange: func(f *coordv1.NodeFence) { a.fenceChanged(term, f) },
+		Facts: func(ctx context.Context, node string) (bool, time.Time) {
+			var ready bool
+			var kdumpUntil time.Time
+			_ = lp.Query(ctx, func(e *engine.Engine) {
+				n := e.Node(node)
+				ready = n != nil && n.Readiness == coordv1.Readiness_READINESS_READY
+				kdumpUntil = e.KdumpUntil(node)
+			})
+			return ready, kdumpUntil
+		}}
+	a.mu.Lock()
+	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
+	a.mu.Unlock()
+	active, err := a.store.ListFences(term.Context(), func(f *coordv1.NodeFence) bool { return !store.Finished(f) })
+	if err != nil {
+		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
+		return
+	}
+	for _, f := range active {
+		a.log.Info("resuming fence record", "fence", f.Id, "node", f.Node, "status", f.Status.String())
+		runner.Start(f.Id)
+	}
+}
+
+// fenceChanged audits a fence record's new version and observes its stage durations.
+func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
+	text := fmt.Sprintf("fence %s (%s, attempt %d): %s %s", f.Id, cli.EnumWord(f.Action.String()), f.Retries+1,
+		cli.EnumWord(f.Step.String()), cli.EnumWord(f.Status.String()))
+	if n := len(f.Operations); n > 0 {
+		op := f.Operations[n-1]
+		text += fmt.Sprintf("; %s %s via %s: %s", op.Method, op.Action, op.Driver, cli.EnumWord(op.Result.String()))
+		if op.Error != "" {
+			text += " (" + op.Error + ")"
+		}
+	}
+	if f.FinishedAt != nil {
+		text += "; finished"
+		if f.Error != "" {
+			text += ": " + f.Error
+		}
+	}
+	a.audit(term, f.Node, "fence", text)
+	a.metrics.ObserveFence(f)
+	if a.kube != nil {
+		a.kube.onFence(term, f)
+	}
+}
+
+// audit appends one entry to the audit trail under the term's epoch.
+func (a *App) audit(term *leader.Term, node, kind, text string) {
+	ctx, cancel := context.WithTimeout(term.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := term.Txn(ctx, nil, a.store.AuditOp(time.Now(), term.Epoch, node, kind, text)); err != nil {
+		a.log.Warn("audit entry not written", "node", node, "kind", kind, "err", err)
+	}
+}
+
+// autoFence starts the engine's automatic fence request: a record with the engine's evidence and
+// the node's configured delay. It runs on the loop goroutine, after the request was persisted.
+func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
+	if a.kube != nil {
+		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
+		ok, why := a.kube.needsFencing(ctx, req.Node)
+		cancel()
+		if !ok {
+			a.audit(term, req.Node, "fence-held-back", "automatic fencing not needed: "+why)
+			return
+		}
+		if why != "" {
+			req.Evidence = append(req.Evidence, why)
+		}
+	}
+	now := time.Now()
+	nc := a.fences().Nodes[req.Node]
+	delay := nc.Delay.Duration
+	if nc.RandomDelay.Duration > 0 {
+		delay += time.Duration(rand.Int64N(int64(nc.RandomDelay.Duration)))
+	}
+	rec := fencing.NewRecord(api.NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF,
+		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
+	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
+	rec.Evidence = append(req.Evidence, rec.Evidence...)
+	if !req.KdumpSince.IsZero() {
+		// The node reported itself, from its kdump kernel, as crashed: its workloads are not running.
+		rec.ConfirmedOffAt = timestamppb.New(req.KdumpSince)
+		rec.Evidence = append(rec.Evidence, "down: dumping its memory (fence_kdump); power management waits for the dump")
+	}
+	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
+	defer cancel()
+	got, _, created, err := a.store.CreateFence(ctx, term, rec)
+	if err != nil {
+		a.log.Error("automatic fence not started", "node", req.Node, "err", err)
+		return
+	}
+	if created {
+		a.log.Warn("automatic fence started", "node", req.Node, "fence", got.Id, "evidence", strings.Join(rec.Evidence, "; "))
+		if !req.LastContact.IsZero() {
+			a.metrics.ObserveStage("detect", req.NotReadySince.Sub(req.LastContact))
+		}
+		a.metrics.ObserveStage("decide", req.At.Sub(req.NotReadySince))
+	}
+	runner.Start(got.Id)
+}
+
+// Close stops the server, the drivers' connections, the etcd client and the embedded etcd.
+func (a *App) Close() {
+	a.closeOnce.Do(func() {
+		if a.srv != nil {
+			a.srv.Stop()
+		}
+		a.drivers.Close()
+		if a.cli != nil {
+			a.cli.Close()
+		}
+		a.closeEtcd()
+	})
+}
+
+func (a *App) closeEtcd() {
+	if a.etcd != nil {
+		a.etcd.Close()
+		a.etcd = nil
+	}
+}

@@ -1,0 +1,57 @@
+// Command coordinator is the nodefence coordinator: run three replicas on one etcd (or one with its
+// embedded etcd); the elected leader judges nodes and drives fencing through fence-driver services.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/nodefence/nodefence/coordinator/app"
+	"github.com/nodefence/nodefence/services/cli"
+)
+
+func main() {
+	ctx, cancel := cli.SignalContext()
+	code := run(ctx, os.Args[1:], os.Stderr)
+	cancel()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg app.Config
+	cfg.RegisterFlags(fs)
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logJSON := fs.Bool("log-json", false, "log as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "coordinator: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		return 2
+	}
+	log, err := cli.Logger(stderr, *logLevel, *logJSON)
+	if err != nil {
+		fmt.Fprintln(stderr, "coordinator:", err)
+		return 2
+	}
+	a, err := app.New(cfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "coordinator: refusing to start:")
+		for _, e := range cli.Errors(err) {
+			fmt.Fprintln(stderr, "  -", e)
+		}
+		return 2
+	}
+	log.Info("coordinator started", "addr", a.Addr(), "etcd", a.EtcdEndpoint())
+	if err := a.Run(ctx); err != nil {
+		log.Error("coordinator stopped", "err", err)
+		return 1
+	}
+	return 0
+}

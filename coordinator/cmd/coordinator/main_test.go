@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRefusesToStartListingEveryProblem(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "fence.yaml")
+	if err := os.WriteFile(bad, []byte("drivers: {ipmi: {endpoint: nope}}\nnodes: {n1: {methods: {m: {driver: pdu}}, steps: {power_management: [m, x]}}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{
+		"--listen", "nohostport", "--election-ttl", "1500ms", "--unhealthy-zone-threshold", "1.5",
+		"--fence-policy", "bogus", "--driver-endpoint", "ipmi=nohostport", "--config", bad, "--etcd-prefix", "nodefence/",
+	}, &stderr)
+	if code != 2 {
+		t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{
+		"--listen", "--election-ttl", "--unhealthy-zone-threshold", "--fence-policy", "--driver-endpoint ipmi", "--etcd-prefix",
+		"--tls-cert: required unless --insecure", "--driver-tls-ca",
+		"drivers.ipmi.endpoint", "nodes.n1.methods.m.driver", "nodes.n1.steps.power_management[1]",
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr does not mention %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+func TestRejectsUnknownFlagsAndArguments(t *testing.T) {
+	for _, args := range [][]string{{"--no-such-flag"}, {"--insecure", "extra"}} {
+		var stderr bytes.Buffer
+		if code := run(context.Background(), args, &stderr); code != 2 {
+			t.Errorf("run(%q) = %d, want 2", args, code)
+		}
+	}
+}

@@ -1,0 +1,381 @@
+// Package config loads the coordinator's standalone fence configuration: which driver services exist,
+// method templates, and per node the methods (template plus overrides) used by each fencing step.
+// It is the YAML twin of the seed's ConfigMap model (fence-method-template-*, fence-method-*-<node>,
+// fence-config-<node>); the ConfigMap reader arrives with the Kubernetes mode.
+//
+// Parameter names follow the ClusterLabs fence agents (ip, ipport, username, password, plug, lanplus,
+// cipher, ...). A parameter whose name ends in "_file" is a secret reference: the value is a path, read
+// when the driver is called, and passed under the name without the suffix (password_file -> password).
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// Steps of the fencing flow, in the seed's order.
+const (
+	StepIsolation       = "isolation"
+	StepPowerManagement = "power_management"
+	StepRecovery        = "recovery"
+)
+
+var steps = []string{StepIsolation, StepPowerManagement, StepRecovery}
+
+// Config is the whole standalone configuration.
+type Config struct {
+	// Drivers maps a driver name (ipmi, pdu, ...) to the fence-driver service that implements it.
+	Drivers map[string]Driver `json:"drivers"`
+	// Templates are reusable method definitions (the seed's fence-method-template-<name>).
+	Templates map[string]Method `json:"templates"`
+	// Nodes maps a node name to its fencing configuration.
+	Nodes map[string]Node `json:"nodes"`
+}
+
+// Driver locates a fence-driver service.
+type Driver struct {
+	// Endpoint is the service's gRPC address, host:port.
+	Endpoint string `json:"endpoint"`
+}
+
+// Method is one way of fencing a node: a driver and its parameters, optionally from a template.
+type Method struct {
+	// Template names a template whose driver and parameters this method starts from.
+	Template string `json:"template,omitempty"`
+	// Driver names the driver; it overrides the template's.
+	Driver string `json:"driver,omitempty"`
+	// Parameters override the template's, key by key.
+	Parameters map[string]string `json:"parameters,omitempty"`
+	// Action is "off" or "on"; empty means off in isolation and power_management, on in recovery.
+	// The seed's power_management=eaton-off eaton-on is a reboot by two methods.
+	Action string `json:"action,omitempty"`
+	// MustSuccess makes the method required: its step fails if it is not confirmed (the seed's
+	// must_sucess, spelled either way). Unset inherits the template's; the default is false.
+	MustSuccess *bool `json:"must_success,omitempty"`
+}
+
+// Node is one node's fencing configuration (the seed's fence-config-<node>).
+type Node struct {
+	// Zone and Region locate the node when no agent has reported them.
+	Zone   string `json:"zone,omitempty"`
+	Region string `json:"region,omitempty"`
+	// Methods are the node's fence methods by name.
+	Methods map[string]Method `json:"methods"`
+	// Steps maps isolation, power_management and recovery to ordered method names.
+	Steps map[string][]string `json:"steps"`
+	// Delay and RandomDelay postpone this node's fencing by Delay plus a random part up to
+	// RandomDelay (Pacemaker's pcmk_delay_base and pcmk_delay_max): in a two-node cluster, the
+	// nodes' delays differ so that both cannot fence each other at once.
+	Delay       Duration `json:"delay,omitempty"`
+	RandomDelay Duration `json:"random_delay,omitempty"`
+	// Addresses are the node's IP addresses, used to recognise its fence_kdump messages.
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("5s") in YAML.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration: want a string like \"5s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.Duration.String()) }
+
+// Resolved is a method with its template applied.
+type Resolved struct {
+	// Name is the method name.
+	Name string
+	// Driver is the driver name.
+	Driver string
+	// Endpoint is the driver service address.
+	Endpoint string
+	// Parameters are merged template and method parameters; secrets are still references.
+	Parameters map[string]string
+	// Action is "off" or "on".
+	Action string
+	// Required is true for a must-succeed method.
+	Required bool
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$`)
+
+// Load reads and validates a configuration file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read fence configuration: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse parses and validates YAML; source names the input in errors.
+func Parse(data []byte, source string) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return nil, fault.Invalid{{Field: source, Problem: err.Error()}}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Validate returns every problem at once, as fault.Invalid with dotted field paths.
+func (c *Config) Validate() error {
+	var v fault.Invalid
+	for _, name := range sortedKeys(c.Drivers) {
+		d := c.Drivers[name]
+		if !nameRE.MatchString(name) {
+			v.Add("drivers."+name, "invalid driver name")
+		}
+		if _, _, err := net.SplitHostPort(d.Endpoint); err != nil {
+			v.Add("drivers."+name+".endpoint", "%q is not host:port", d.Endpoint)
+		}
+	}
+	for _, name := range sortedKeys(c.Templates) {
+		t := c.Templates[name]
+		f := "templates." + name
+		if t.Template != "" {
+			v.Add(f+".template", "templates cannot reference other templates")
+		}
+		if t.Driver == "" {
+			v.Add(f+".driver", "required (or agent_name)")
+		} else {
+			c.checkDriver(&v, f+".driver", t.Driver)
+		}
+		checkAction(&v, f+".action", t.Action)
+		c.checkParams(&v, f, t.Parameters)
+	}
+	if len(c.Nodes) == 0 {
+		v.Add("nodes", "at least one node is required")
+	}
+	for _, node := range sortedKeys(c.Nodes) {
+		n := c.Nodes[node]
+		f := "nodes." + node
+		if !nameRE.MatchString(node) {
+			v.Add(f, "invalid node name (lowercase letters, digits, '-', '_', '.')")
+		}
+		for _, m := range sortedKeys(n.Methods) {
+			c.checkMethod(&v, f+".methods."+m, n.Methods[m])
+		}
+		used := 0
+		for _, step := range sortedKeys(n.Steps) {
+			if !slices.Contains(steps, step) {
+				v.Add(f+".steps."+step, "unknown step (want one of %s)", strings.Join(steps, ", "))
+				continue
+			}
+			seen := map[string]bool{}
+			for i, m := range n.Steps[step] {
+				if _, ok := n.Methods[m]; !ok {
+					v.Add(fmt.Sprintf("%s.steps.%s[%d]", f, step, i), "unknown method %q", m)
+				}
+				if seen[m] {
+					v.Add(fmt.Sprintf("%s.steps.%s[%d]", f, step, i), "method %q listed twice", m)
+				}
+				seen[m] = true
+				used++
+			}
+		}
+		if used == 0 {
+			v.Add(f+".steps", "no step lists any method: the node could never be fenced")
+		}
+		if len(n.Steps[StepIsolation])+len(n.Steps[StepPowerManagement]) == 0 && used > 0 {
+			v.Add(f+".steps", "neither isolation nor power_management lists a method: the node could never be fenced")
+		}
+		if n.Delay.Duration < 0 || n.RandomDelay.Duration < 0 {
+			v.Add(f+".delay", "delays must not be negative")
+		}
+		for i, a := range n.Addresses {
+			if net.ParseIP(a) == nil {
+				v.Add(fmt.Sprintf("%s.addresses[%d]", f, i), "%q is not an IP address", a)
+			}
+		}
+	}
+	return v.Err()
+}
+
+func (c *Config) checkMethod(v *fault.Invalid, f string, m Method) {
+	driver := m.Driver
+	if m.Template != "" {
+		t, ok := c.Templates[m.Template]
+		if !ok {
+			v.Add(f+".template", "unknown template %q", m.Template)
+		} else if driver == "" {
+			driver = t.Driver
+		}
+	}
+	switch {
+	case driver == "" && m.Template == "":
+		v.Add(f, "needs a template or a driver")
+	case driver != "":
+		c.checkDriver(v, f+".driver", driver)
+	}
+	checkAction(v, f+".action", m.Action)
+	c.checkParams(v, f, m.Parameters)
+}
+
+// checkDriver checks that a driver has a service. With no Drivers at all (an offline check of
+// ConfigMaps, whose driver services come from coordinator flags) any known driver kind passes.
+func (c *Config) checkDriver(v *fault.Invalid, f, driver string) {
+	if c.Drivers == nil {
+		if !slices.Contains(DriverKinds, driver) {
+			v.Add(f, "unknown driver %q (want one of %s)", driver, strings.Join(DriverKinds, ", "))
+		}
+		return
+	}
+	if _, ok := c.Drivers[driver]; !ok {
+		v.Add(f, "unknown driver %q: no such entry in drivers", driver)
+	}
+}
+
+// DriverKinds are the drivers fence-driver implements.
+var DriverKinds = []string{"agent", "aws", "brocade", "ipmi", "pdu", "redfish"}
+
+func checkAction(v *fault.Invalid, f, action string) {
+	if action != "" && action != "off" && action != "on" {
+		v.Add(f, "%q is not off or on", action)
+	}
+}
+
+func (c *Config) checkParams(v *fault.Invalid, f string, params map[string]string) {
+	for _, k := range sortedKeys(params) {
+		if k == "" || strings.ContainsAny(k, " =\n") {
+			v.Add(f+".parameters", "invalid parameter name %q", k)
+			continue
+		}
+		if strings.HasSuffix(k, "_file") {
+			if _, err := os.Stat(params[k]); err != nil {
+				v.Add(f+".parameters."+k, "secret file: %v", err)
+			}
+		}
+		if strings.HasSuffix(k, "_secret") {
+			if n := len(strings.Split(params[k], "/")); n != 2 && n != 3 {
+				v.Add(f+".parameters."+k, "%q is not name/key or namespace/name/key", params[k])
+			}
+		}
+	}
+}
+
+// Plan returns a node's methods for a step, in order, with templates applied.
+func (c *Config) Plan(node, step string) ([]Resolved, error) {
+	n, ok := c.Nodes[node]
+	if !ok {
+		return nil, fmt.Errorf("node %q has no fence configuration: %w", node, fault.ErrNotFound)
+	}
+	var out []Resolved
+	for _, name := range n.Steps[step] {
+		m := n.Methods[name]
+		r := Resolved{Name: name, Driver: m.Driver, Parameters: map[string]string{}, Action: m.Action}
+		must := m.MustSuccess
+		if t, ok := c.Templates[m.Template]; ok {
+			if r.Driver == "" {
+				r.Driver = t.Driver
+			}
+			if r.Action == "" {
+				r.Action = t.Action
+			}
+			if must == nil {
+				must = t.MustSuccess
+			}
+			for k, val := range t.Parameters {
+				r.Parameters[k] = val
+			}
+		}
+		for k, val := range m.Parameters {
+			r.Parameters[k] = val
+		}
+		if r.Action == "" {
+			r.Action = DefaultAction(step)
+		}
+		r.Required = must != nil && *must
+		r.Endpoint = c.Drivers[r.Driver].Endpoint
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// DefaultAction is a step's action when its method names none: on for recovery, else off.
+func DefaultAction(step string) string {
+	if step == StepRecovery {
+		return "on"
+	}
+	return "off"
+}
+
+// HasNode reports whether the node has a fence configuration.
+func (c *Config) HasNode(node string) bool { _, ok := c.Nodes[node]; return ok }
+
+// NodeNames returns the configured node names, sorted.
+func (c *Config) NodeNames() []string { return sortedKeys(c.Nodes) }
+
+// SecretReader reads one key of a Kubernetes Secret (namespace may be empty: the coordinator's).
+type SecretReader func(namespace, name, key string) (string, error)
+
+// ResolveSecrets returns params with every secret reference replaced by the value it names, under the
+// name without its suffix: "<name>_file" holds a file path (a mounted Secret, read at call time; one
+// trailing newline removed), "<name>_secret" a Kubernetes Secret as "name/key" or
+// "namespace/name/key" (read through secrets; nil refuses such references).
+func ResolveSecrets(params map[string]string, secrets SecretReader) (map[string]string, error) {
+	out := make(map[string]string, len(params))
+	for k, val := range params {
+		if name, isRef := strings.CutSuffix(k, "_file"); isRef {
+			data, err := os.ReadFile(val)
+			if err != nil {
+				return nil, fmt.Errorf("parameter %s: %w", k, err)
+			}
+			out[name] = strings.TrimRight(string(data), "\r\n")
+			continue
+		}
+		if name, isRef := strings.CutSuffix(k, "_secret"); isRef {
+			parts := strings.Split(val, "/")
+			if len(parts) == 2 {
+				parts = append([]string{""}, parts...)
+			}
+			if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
+				return nil, fmt.Errorf("parameter %s: %q is not name/key or namespace/name/key", k, val)
+			}
+			if secrets == nil {
+				return nil, fmt.Errorf("parameter %s: Secret references need Kubernetes mode (use %s_file with a mounted Secret)", k, name)
+			}
+			v, err := secrets(parts[0], parts[1], parts[2])
+			if err != nil {
+				return nil, fmt.Errorf("parameter %s: %w", k, err)
+			}
+			out[name] = v
+			continue
+		}
+		out[k] = val
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nodefence/nodefence/coordinator/nodes"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// FenceConfig is the automatic trigger and its storm guard (seed 001's fencing policy).
+type FenceConfig struct {
+	// Enabled turns automatic fencing on. Manual fencing through the API is always available.
+	Enabled bool
+	// Timeout is how long a node must be not ready (Unknown or NotReady, not shutting down) before
+	// it is fenced.
+	Timeout time.Duration
+	// MaxUnresponsivePercent: no automatic fencing while more than this share of the cluster's nodes,
+	// or of the node's zone, is not ready (a management-network failure looks like that).
+	MaxUnresponsivePercent float64
+	// Budget automatic fences per zone within BudgetWindow; 0 means no budget.
+	Budget       int
+	BudgetWindow time.Duration
+}
+
+// FenceRequest asks the caller to fence a node automatically; the engine has checked the trigger and
+// the storm guard.
+type FenceRequest struct {
+	Node, Zone string
+	// KdumpSince is set when the node is dumping its memory (fence_kdump): it is down, so its pods
+	// may be released before any power-off.
+	KdumpSince time.Time
+	// Evidence says why: the judgement and signals behind it.
+	Evidence []string
+	// LastContact, NotReadySince and At time the stages: detect (last contact -> not ready) and
+	// decide (not ready -> requested).
+	LastContact, NotReadySince, At time.Time
+}
+
+// Skip records that automatic fencing of a node was held back, and why. Kind is one of halted,
+// paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget.
+type Skip struct {
+	Node, Kind, Reason string
+}
+
+// fence requests automatic fencing of nodes whose pacing token was granted and whose not-ready time
+// passed the fence timeout, unless the storm guard holds it back.
+func (e *Engine) fence(now time.Time) {
+	fc := e.cfg.Fence
+	if !fc.Enabled {
+		return
+	}
+	total, unready := 0, 0
+	for _, n := range e.nodes {
+		total++
+		if n.readiness != coordv1.Readiness_READINESS_READY && !n.shuttingDown {
+			unready++
+		}
+	}
+	for _, name := range e.sortedNodes() {
+		n := e.nodes[name]
+		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown ||
+			n.notReadySince.IsZero() || now.Sub(n.notReadySince) < fc.Timeout {
+			if n.taint == TaintNone || n.shuttingDown {
+				n.fenceBlocked = ""
+			}
+			continue
+		}
+		k := nodes.ZoneKey(n.region, n.zone)
+		z := e.zones[k]
+		kind, reason := e.guard(z, total, unready, now)
+		if reason != "" {
+			if reason != n.fenceBlocked {
+				n.fenceBlocked = reason
+				e.ready.Skips = append(e.ready.Skips, Skip{Node: name, Kind: kind, Reason: reason})
+				e.event(now, "fence-held-back", name, "node %s: automatic fencing held back: %s", name, reason)
+			}
+			continue
+		}
+		n.fenceBlocked, n.fenceRequested = "", true
+		z.fences = append(z.fences, now)
+		ev := []string{
+			fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
+			fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
+		}
+		if !n.lastContact.IsZero() {
+			ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
+		}
+		for _, sig := range []string{"memory.available", "pid.available"} {
+			if v, ok := n.signals[sig]; ok {
+				ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
+			}
+		}
+		req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now}
+		if e.dumping(n, now) {
+			req.KdumpSince = n.kdumpFirst
+			req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
+		}
+		e.ready.Fences = append(e.ready.Fences, req)
+		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, fence timeout %s)", name, now.Sub(n.notReadySince).Round(time.Second), fc.Timeout)
+		e.persistNode(n)
+	}
+}
+
+// guard is the storm guard: the kind and reason to hold fencing back, or "", "".
+func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, string) {
+	fc := e.cfg.Fence
+	switch {
+	case e.halted:
+		return "halted", "every zone is fully disrupted: this coordinator may be the one cut off"
+	case e.paused:
+		return "paused", "evictions paused by an operator"
+	case z.state == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION || z.state == coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION:
+		return "zone-disrupted", fmt.Sprintf("zone %s is in %s", z.key, word(z.state))
+	case fc.MaxUnresponsivePercent > 0 && 100*float64(unready) > fc.MaxUnresponsivePercent*float64(total):
+		return "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready (more than %g%%)", unready, total, fc.MaxUnresponsivePercent)
+	case fc.MaxUnresponsivePercent > 0 && 100*float64(z.size-z.ready) > fc.MaxUnresponsivePercent*float64(z.size):
+		return "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready (more than %g%%)", z.size-z.ready, z.size, z.key, fc.MaxUnresponsivePercent)
+	}
+	if fc.Budget > 0 {
+		kept := z.fences[:0]
+		for _, t := range z.fences {
+			if now.Sub(t) < fc.BudgetWindow {
+				kept = append(kept, t)
+			}
+		}
+		z.fences = kept
+		if len(kept) >= fc.Budget {
+			return "budget", fmt.Sprintf("zone %s spent its fence budget (%d in %s)", z.key, fc.Budget, fc.BudgetWindow)
+		}
+	}
+	return "", ""
+}

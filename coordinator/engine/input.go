@@ -1,0 +1,381 @@
+package engine
+
+import (
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/coordinator/nodes"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Input is one thing that happened, given to Step.
+type Input interface{ isInput() }
+
+// Configured declares a node with its location: from the fence configuration (Fenceable) or from
+// the cluster's Node objects. A node that is not Fenceable is judged and counted in its zone, but
+// never fenced.
+type Configured struct {
+	Node, Region, Zone string
+	Fenceable          bool
+	At                 time.Time
+}
+
+// Hello is an agent stream's hello: the node is connected and reports its location.
+type Hello struct {
+	Node, Region, Zone, BootID string
+	At                         time.Time
+}
+
+// Disconnected is the end of one agent stream of the node.
+type Disconnected struct {
+	Node string
+}
+
+// Message is any agent message after the hello: contact, and its payload (samples, conditions,
+// shutdown announcements).
+type Message struct {
+	Node string
+	At   time.Time
+	Msg  *agentv1.ConnectRequest
+}
+
+// LeaderElected starts a leadership term at At: every node gets a fresh grace period from At.
+type LeaderElected struct {
+	At time.Time
+}
+
+// Kdump is a fence_kdump message from the node: it crashed and is dumping its memory.
+type Kdump struct {
+	Node string
+	At   time.Time
+}
+
+// Paused pauses or resumes evictions cluster-wide.
+type Paused struct {
+	Paused bool
+}
+
+// Restored replays the persisted state at the start of a term (nodes' readiness, taints, queue).
+type Restored struct {
+	Nodes []NodeRecord
+}
+
+func (Configured) isInput()    {}
+func (Hello) isInput()         {}
+func (Disconnected) isInput()  {}
+func (Message) isInput()       {}
+func (LeaderElected) isInput() {}
+func (Paused) isInput()        {}
+func (Kdump) isInput()         {}
+func (Restored) isInput()      {}
+
+// Step applies one input. It decides nothing time-based: that happens in Tick.
+func (e *Engine) Step(in Input) {
+	switch in := in.(type) {
+	case Message:
+		n := e.node(in.Node, "", "", in.At)
+		if in.At.After(n.lastContact) {
+			n.lastContact = in.At
+		}
+		e.apply(n, in)
+	case Hello:
+		n := e.node(in.Node, in.Region, in.Zone, in.At)
+		if n.bootID != "" && n.bootID != in.BootID {
+			// A new boot: the previous boot's announcement and conditions are history.
+			n.conditions = map[string]*coordv1.NodeCondition{}
+			if n.shuttingDown {
+				n.shuttingDown = false
+				e.persistNode(n)
+			}
+		}
+		n.bootID = in.BootID
+		n.streams++
+		if in.At.After(n.lastContact) {
+			n.lastContact = in.At
+		}
+		if in.Region != "" || in.Zone != "" {
+			e.setLocation(n, in.Region, in.Zone)
+		}
+	case Disconnected:
+		if n, ok := e.nodes[in.Node]; ok && n.streams > 0 {
+			n.streams--
+		}
+	case Configured:
+		n := e.node(in.Node, in.Region, in.Zone, in.At)
+		n.fenceable = in.Fenceable
+		if in.Region != "" || in.Zone != "" {
+			e.setLocation(n, in.Region, in.Zone)
+		}
+	case LeaderElected:
+		e.floor = in.At
+		if in.At.After(e.now) {
+			e.now = in.At
+		}
+	case Paused:
+		if in.Paused != e.paused {
+			e.paused = in.Paused
+			if in.Paused {
+				e.event(e.now, "pause", "", "evictions paused by an operator")
+			} else {
+				e.event(e.now, "pause", "", "evictions resumed by an operator")
+			}
+		}
+	case Restored:
+		e.restore(in.Nodes)
+	case Kdump:
+		n, ok := e.nodes[in.Node]
+		if !ok {
+			return
+		}
+		if !e.dumping(n, in.At) {
+			n.kdumpFirst = in.At
+			e.event(in.At, "kdump", n.name, "node %s: fence_kdump message: the node crashed and is dumping its memory", n.name)
+		}
+		n.kdumpLast = in.At
+	}
+}
+
+func (e *Engine) apply(n *node, in Message) {
+	switch m := in.Msg.GetMsg().(type) {
+	case *agentv1.ConnectRequest_Sample:
+		for _, s := range m.Sample.Signals {
+			n.signals[s.Name] = s.Available
+		}
+	case *agentv1.ConnectRequest_Condition:
+		c := m.Condition
+		status := "False"
+		if c.Status == agentv1.ConditionStatus_CONDITION_STATUS_TRUE {
+			status = "True"
+		}
+		name := conditionName(c.Type)
+		if old, ok := n.conditions[name]; !ok || old.Status != status {
+			e.event(in.At, "condition", n.name, "node %s: %s=%s (%s)", n.name, name, status, c.Reason)
+			e.ready.Conditions = append(e.ready.Conditions, ConditionChange{Node: n.name, Type: name, Status: status, Reason: c.Reason, Message: c.Message})
+		}
+		n.conditions[name] = &coordv1.NodeCondition{Type: name, Status: status, Reason: c.Reason, TransitionTime: c.TransitionTime}
+	case *agentv1.ConnectRequest_Shutdown:
+		switch m.Shutdown.Phase {
+		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, agentv1.ShutdownPhase_SHUTDOWN_PHASE_PODS_TERMINATED:
+			if !n.shuttingDown {
+				e.event(in.At, "shutdown", n.name, "node %s: announced a graceful shutdown", n.name)
+				n.shuttingDown = true
+				e.persistNode(n) // a new leader must know: a shutting-down node is never fenced
+			}
+		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_CANCELLED:
+			if n.shuttingDown {
+				e.event(in.At, "shutdown", n.name, "node %s: shutdown cancelled", n.name)
+				n.shuttingDown = false
+				e.persistNode(n)
+			}
+		}
+	}
+}
+
+func conditionName(t agentv1.ConditionType) string {
+	switch t {
+	case agentv1.ConditionType_CONDITION_TYPE_MEMORY_PRESSURE:
+		return "MemoryPressure"
+	case agentv1.ConditionType_CONDITION_TYPE_DISK_PRESSURE:
+		return "DiskPressure"
+	case agentv1.ConditionType_CONDITION_TYPE_PID_PRESSURE:
+		return "PIDPressure"
+	}
+	return t.String()
+}
+
+// restore replays persisted node records. Readiness is NOT restored from the past (the new term's
+// grace period judges anew); taints already granted and the queue order are.
+func (e *Engine) restore(recs []NodeRecord) {
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].QueuedAt.Before(recs[j].QueuedAt) })
+	for _, r := range recs {
+		n := e.node(r.Name, r.Region, r.Zone, e.now)
+		if r.Region != "" || r.Zone != "" {
+			e.setLocation(n, r.Region, r.Zone)
+		}
+		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
+		n.taint, n.known, n.shuttingDown, n.fenceRequested = r.Taint, true, r.ShuttingDown, r.FenceRequested
+		if r.Queued && n.taint == TaintNone && !n.queued {
+			e.event(e.now, "eviction", n.name, "node %s: restored to the eviction queue; %s", n.name, e.enqueue(n, r.QueuedAt))
+		}
+	}
+}
+
+// Ready is what the engine decided since the last Advance. The caller persists Writes (under the
+// leader's epoch) BEFORE acting on anything else in it.
+type Ready struct {
+	// Writes are state changes to persist.
+	Writes []Write
+	// Taints are taint changes to apply to Kubernetes Nodes.
+	Taints []TaintChange
+	// Evictions are nodes released from their zone's queue: the pacing token for evicting (and,
+	// when configured, fencing) that node.
+	Evictions []Eviction
+	// PodsEligible are nodes whose pods may now be evicted (not ready for the pod eviction timeout).
+	PodsEligible []string
+	// Fences are nodes to fence automatically (persisted first: a request is made once per episode).
+	Fences []FenceRequest
+	// Skips are nodes whose automatic fencing the storm guard holds back, with the reason.
+	Skips []Skip
+	// Conditions are the agents' pressure condition changes (MemoryPressure, DiskPressure,
+	// PIDPressure), to mirror on the Kubernetes Node.
+	Conditions []ConditionChange
+	// Events describe every decision in words, in order.
+	Events []Event
+}
+
+// Empty reports whether there is nothing to do.
+func (r Ready) Empty() bool {
+	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 && len(r.PodsEligible) == 0 &&
+		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0
+}
+
+// Write is one record to persist; exactly one field is set.
+type Write struct {
+	Node   *NodeRecord
+	Zone   *ZoneRecord
+	Halted *bool
+}
+
+// NodeRecord is a node's persisted state.
+type NodeRecord struct {
+	Name, Region, Zone string
+	Readiness          coordv1.Readiness
+	Reason             string
+	TransitionAt       time.Time
+	NotReadySince      time.Time
+	Taint              Taint
+	Queued             bool
+	QueuedAt           time.Time
+	ShuttingDown       bool
+	FenceRequested     bool
+}
+
+// ZoneRecord is a zone's persisted state.
+type ZoneRecord struct {
+	Key   string
+	State coordv1.ZoneState
+	At    time.Time
+}
+
+// TaintChange moves a node from one NoExecute taint to another (or none).
+type TaintChange struct {
+	Node     string
+	From, To Taint
+}
+
+// Eviction is a paced release of a not-ready node.
+type Eviction struct {
+	Node, Zone    string
+	At            time.Time
+	NotReadySince time.Time
+}
+
+// ConditionChange is a node condition an agent changed.
+type ConditionChange struct {
+	Node, Type, Status, Reason, Message string
+}
+
+// Event is one decision in words.
+type Event struct {
+	At time.Time
+	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, fence-held-back, pause,
+	// kdump, condition, shutdown.
+	Kind string
+	// Node is the node concerned, or "".
+	Node string
+	Text string
+}
+
+// Ready returns the pending decisions.
+func (e *Engine) Ready() Ready { return e.ready }
+
+// Advance acknowledges that everything returned by Ready was handled.
+func (e *Engine) Advance() { e.ready = Ready{} }
+
+// Halted reports whether every zone is fully disrupted (nothing is evicted or fenced).
+func (e *Engine) Halted() bool { return e.halted }
+
+// Paused reports whether an operator paused evictions.
+func (e *Engine) Paused() bool { return e.paused }
+
+// Nodes returns the API view of every node, sorted by name.
+func (e *Engine) Nodes() []*coordv1.Node {
+	out := make([]*coordv1.Node, 0, len(e.nodes))
+	for _, name := range e.sortedNodes() {
+		out = append(out, e.view(e.nodes[name]))
+	}
+	return out
+}
+
+// Node returns one node's view, or nil.
+func (e *Engine) Node(name string) *coordv1.Node {
+	n, ok := e.nodes[name]
+	if !ok {
+		return nil
+	}
+	return e.view(n)
+}
+
+func (e *Engine) view(n *node) *coordv1.Node {
+	v := &coordv1.Node{
+		Name: n.name, Readiness: n.readiness, Reason: n.reason, BootId: n.bootID, Zone: n.zone, Region: n.region,
+		Connected: n.streams > 0, ShuttingDown: n.shuttingDown, Fenceable: n.fenceable,
+		FenceBlocked: n.fenceBlocked, FenceRequested: n.fenceRequested,
+		Signals: make(map[string]int64, len(n.signals)), ReadinessChangedAt: timestamppb.New(n.transition),
+	}
+	if !n.lastContact.IsZero() {
+		v.LastSeen = timestamppb.New(n.lastContact)
+	}
+	for k, s := range n.signals {
+		v.Signals[k] = s
+	}
+	for _, c := range n.conditions {
+		v.Conditions = append(v.Conditions, c)
+	}
+	sort.Slice(v.Conditions, func(i, j int) bool { return v.Conditions[i].Type < v.Conditions[j].Type })
+	return v
+}
+
+// Zones returns the API view of every zone, sorted by key.
+func (e *Engine) Zones() []*coordv1.Zone {
+	out := make([]*coordv1.Zone, 0, len(e.zones))
+	for _, k := range e.sortedZones() {
+		z := e.zones[k]
+		r := z.rate
+		if e.halted || e.paused {
+			r = 0
+		}
+		out = append(out, &coordv1.Zone{Key: k, State: z.state, Size: int32(z.size), Ready: int32(z.ready),
+			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences))})
+	}
+	return out
+}
+
+// KdumpUntil is how long power management of the node should wait for its kernel dump: until the
+// dump stops (no message for the idle time) or the kdump timeout since the first message. Zero when
+// the node is not dumping.
+func (e *Engine) KdumpUntil(name string) time.Time {
+	n, ok := e.nodes[name]
+	if !ok || !e.dumping(n, e.now) {
+		return time.Time{}
+	}
+	end := n.kdumpLast.Add(e.cfg.KdumpIdle)
+	if limit := n.kdumpFirst.Add(e.cfg.KdumpTimeout); limit.Before(end) {
+		end = limit
+	}
+	return end
+}
+
+// ZoneOf returns a node's zone key and state.
+func (e *Engine) ZoneOf(name string) (string, coordv1.ZoneState, bool) {
+	n, ok := e.nodes[name]
+	if !ok {
+		return "", coordv1.ZoneState_ZONE_STATE_UNSPECIFIED, false
+	}
+	k := nodes.ZoneKey(n.region, n.zone)
+	return k, e.zones[k].state, true
+}

@@ -1,0 +1,303 @@
+package engine
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the scenario scripts in testdata/")
+
+// TestScenarios runs the scripts in testdata/*.txt. Each block is one command, a line "----", and
+// the expected output up to a blank line. Commands:
+//
+//	config grace=40s startup=60s timeout=5m rate=0.1 secondary=0.01 large=50 threshold=0.55
+//	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m
+//	add-nodes zone=a [region=r] n=10      nodes a1..a10 say hello now
+//	configure a1..a3                       those nodes have a fence configuration (fenceable)
+//	silence a1..a6 | a1,a3                 those agents stop sending
+//	resume a1..a6                          they send again
+//	shutdown a3                            a3 announces a graceful shutdown
+//	kdump-start a1 | kdump-stop a1         a1 sends fence_kdump messages every step (or stops)
+//	tick 41s [step=1s]                     time passes; every non-silent agent sends a heartbeat each step
+//	leader-change                          a new leader: a fresh engine restored from the persisted writes
+//	pause | unpause                        an operator pauses or resumes evictions
+//	zones | nodes                          print the current view
+func TestScenarios(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.txt")
+	if len(files) == 0 {
+		t.Fatal("no scenario scripts")
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScript(t, f) })
+	}
+}
+
+type harness struct {
+	t       *testing.T
+	cfg     Config
+	e       *Engine
+	start   time.Time
+	now     time.Time
+	silent  map[string]bool
+	dumping map[string]bool
+	names   []string
+	zoneOf  map[string][2]string  // node -> region, zone
+	persist map[string]NodeRecord // what the loop would have written to etcd
+	seq     uint64
+}
+
+func runScript(t *testing.T, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := &harness{t: t, cfg: DefaultConfig(), start: start, now: start, silent: map[string]bool{}, dumping: map[string]bool{}, persist: map[string]NodeRecord{}, zoneOf: map[string][2]string{}}
+	h.e = New(h.cfg)
+	h.e.Step(LeaderElected{At: start})
+	var out strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	var failed bool
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			out.WriteString(line + "\n")
+			continue
+		}
+		cmd := line
+		if !sc.Scan() || sc.Text() != "----" {
+			t.Fatalf("%s: command %q not followed by ----", path, cmd)
+		}
+		var want []string
+		for sc.Scan() && sc.Text() != "" {
+			want = append(want, sc.Text())
+		}
+		got := h.run(cmd)
+		if len(got) == 0 {
+			got = []string{"ok"}
+		}
+		if d := cmp.Diff(want, got); d != "" && !*rewrite {
+			t.Errorf("%s: %s (-want +got):\n%s", path, cmd, d)
+			failed = true
+		}
+		fmt.Fprintf(&out, "%s\n----\n%s\n\n", cmd, strings.Join(got, "\n"))
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	} else if failed {
+		t.Log("run with -rewrite to accept the new output")
+	}
+}
+
+func (h *harness) run(cmd string) []string {
+	fields := strings.Fields(cmd)
+	args := map[string]string{}
+	var pos []string
+	for _, f := range fields[1:] {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			args[k] = v
+		} else {
+			pos = append(pos, f)
+		}
+	}
+	switch fields[0] {
+	case "config":
+		for k, v := range args {
+			switch k {
+			case "grace":
+				h.cfg.NodeMonitorGracePeriod = h.dur(v)
+			case "startup":
+				h.cfg.NodeStartupGracePeriod = h.dur(v)
+			case "timeout":
+				h.cfg.PodEvictionTimeout = h.dur(v)
+			case "rate":
+				h.cfg.NodeEvictionRate = h.float(v)
+			case "secondary":
+				h.cfg.SecondaryNodeEvictionRate = h.float(v)
+			case "large":
+				h.cfg.LargeClusterSizeThreshold = int(h.float(v))
+			case "threshold":
+				h.cfg.UnhealthyZoneThreshold = h.float(v)
+			case "fence-timeout":
+				h.cfg.Fence.Timeout = h.dur(v)
+			case "max-unresponsive":
+				h.cfg.Fence.MaxUnresponsivePercent = h.float(v)
+			case "budget":
+				h.cfg.Fence.Budget = int(h.float(v))
+			case "budget-window":
+				h.cfg.Fence.BudgetWindow = h.dur(v)
+			default:
+				h.t.Fatalf("config: unknown key %s", k)
+			}
+		}
+		h.e = New(h.cfg)
+		h.e.Step(LeaderElected{At: h.now})
+		return nil
+	case "add-nodes":
+		n := int(h.float(args["n"]))
+		for i := 1; i <= n; i++ {
+			name := args["zone"] + strconv.Itoa(i)
+			h.names = append(h.names, name)
+			h.zoneOf[name] = [2]string{args["region"], args["zone"]}
+			h.e.Step(Hello{Node: name, Region: args["region"], Zone: args["zone"], BootID: "b-" + name, At: h.now})
+		}
+		return h.drain()
+	case "configure":
+		for _, n := range h.expand(pos) {
+			h.e.Step(Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true, At: h.now})
+		}
+		return h.drain()
+	case "kdump-start", "kdump-stop":
+		for _, n := range h.expand(pos) {
+			h.dumping[n] = fields[0] == "kdump-start"
+		}
+		return nil
+	case "silence", "resume":
+		for _, n := range h.expand(pos) {
+			h.silent[n] = fields[0] == "silence"
+		}
+		return nil
+	case "shutdown":
+		for _, n := range h.expand(pos) {
+			h.send(n, &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{
+				Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, At: timestamppb.New(h.now)}}})
+		}
+		return h.drain()
+	case "tick":
+		step := time.Second
+		if s, ok := args["step"]; ok {
+			step = h.dur(s)
+		}
+		end := h.now.Add(h.dur(pos[0]))
+		var out []string
+		for h.now.Before(end) {
+			h.now = h.now.Add(step)
+			if h.now.After(end) {
+				h.now = end
+			}
+			for _, n := range h.names {
+				if !h.silent[n] {
+					h.send(n, &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}})
+				}
+				if h.dumping[n] {
+					h.e.Step(Kdump{Node: n, At: h.now})
+				}
+			}
+			h.e.Tick(h.now)
+			out = append(out, h.drain()...)
+		}
+		return out
+	case "leader-change":
+		var recs []NodeRecord
+		for _, r := range h.persist {
+			recs = append(recs, r)
+		}
+		sort.Slice(recs, func(i, j int) bool { return recs[i].Name < recs[j].Name })
+		h.e = New(h.cfg)
+		h.e.Step(LeaderElected{At: h.now})
+		h.e.Step(Restored{Nodes: recs})
+		for _, n := range h.names {
+			if !h.silent[n] {
+				h.e.Step(Hello{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], BootID: "b-" + n, At: h.now})
+			}
+		}
+		return append([]string{fmt.Sprintf("t=%s new leader; restored %d node records", h.elapsed(), len(recs))}, h.drain()...)
+	case "pause", "unpause":
+		h.e.Step(Paused{Paused: fields[0] == "pause"})
+		return h.drain()
+	case "zones":
+		var out []string
+		for _, z := range h.e.Zones() {
+			out = append(out, fmt.Sprintf("zone %s: %s size=%d ready=%d notReady=%d rate=%g queue=%d",
+				z.Key, word(z.State), z.Size, z.Ready, z.NotReady, z.EvictionRate, z.QueueLength))
+		}
+		if h.e.Halted() {
+			out = append(out, "halted")
+		}
+		return out
+	case "nodes":
+		var out []string
+		for _, n := range h.e.Nodes() {
+			out = append(out, fmt.Sprintf("%s: %s", n.Name, word(n.Readiness)))
+		}
+		return out
+	}
+	h.t.Fatalf("unknown command %q", cmd)
+	return nil
+}
+
+func (h *harness) send(node string, m *agentv1.ConnectRequest) {
+	h.seq++
+	m.Seq = h.seq
+	h.e.Step(Message{Node: node, At: h.now, Msg: m})
+}
+
+// drain applies Ready the way the loop does (persist, then report) and returns the events.
+func (h *harness) drain() []string {
+	rd := h.e.Ready()
+	for _, w := range rd.Writes {
+		if w.Node != nil {
+			h.persist[w.Node.Name] = *w.Node
+		}
+	}
+	var out []string
+	for _, ev := range rd.Events {
+		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), ev.Text))
+	}
+	h.e.Advance()
+	return out
+}
+
+func (h *harness) elapsed() time.Duration { return h.now.Sub(h.start) }
+
+// expand turns "a1..a6" and "a1,a3" into names.
+func (h *harness) expand(args []string) []string {
+	var out []string
+	for _, a := range args {
+		for _, part := range strings.Split(a, ",") {
+			from, to, ok := strings.Cut(part, "..")
+			if !ok {
+				out = append(out, part)
+				continue
+			}
+			prefix := strings.TrimRight(from, "0123456789")
+			lo, _ := strconv.Atoi(from[len(prefix):])
+			hi, _ := strconv.Atoi(strings.TrimPrefix(to, prefix))
+			for i := lo; i <= hi; i++ {
+				out = append(out, prefix+strconv.Itoa(i))
+			}
+		}
+	}
+	return out
+}
+
+func (h *harness) dur(s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return d
+}
+
+func (h *harness) float(s string) float64 {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return f
+}

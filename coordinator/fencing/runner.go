@@ -1,0 +1,275 @@
+// Package fencing runs fence records: it dispatches a record's methods to driver services in order,
+// writes every step to etcd under the leader's epoch BEFORE and AFTER each driver call, and marks a
+// record DONE only when a driver confirmed the power state by read-back. A record is resumable: a new
+// leader re-reads it and re-sends an unfinished call with the same operation id, which the driver
+// answers without acting twice.
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// Drivers hands out driver clients by endpoint, one connection each.
+type Drivers struct {
+	tls   tlsfiles.Files
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// NewDrivers returns a client pool using tls for every driver connection.
+func NewDrivers(tls tlsfiles.Files) *Drivers {
+	return &Drivers{tls: tls, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Client returns the client for endpoint.
+func (d *Drivers) Client(endpoint string) (driverv1.FenceDriverServiceClient, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.conns[endpoint]
+	if !ok {
+		var err error
+		if c, err = dial.New(endpoint, d.tls); err != nil {
+			return nil, err
+		}
+		d.conns[endpoint] = c
+	}
+	return driverv1.NewFenceDriverServiceClient(c), nil
+}
+
+// Close closes every connection.
+func (d *Drivers) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = map[string]*grpc.ClientConn{}
+}
+
+// NodeFacts reports the coordinator's live view of a node: whether it is ready, and until when a
+// kernel dump it announced keeps power management waiting.
+type NodeFacts func(ctx context.Context, node string) (ready bool, kdumpUntil time.Time)
+
+// Runner executes records for one leadership term.
+type Runner struct {
+	Store *store.Store
+	Term  *leader.Term
+	// Config returns the current fence configuration (it may be reloaded while records run).
+	Config  func() *config.Config
+	Drivers *Drivers
+	// OpTimeout bounds one driver call including its read-back.
+	OpTimeout time.Duration
+	Policy    Policy
+	// Facts is the live node view; nil means "not ready, no dump" for every node.
+	Facts NodeFacts
+	// OnChange, if set, sees every record version the runner wrote (for the Kubernetes mirror and
+	// pod release). It must not block.
+	OnChange func(*coordv1.NodeFence)
+	Log      *slog.Logger
+	// Secrets reads Kubernetes Secrets for "<param>_secret" references (Kubernetes mode; nil elsewhere).
+	Secrets config.SecretReader
+	// Crash is a test hook: returning true at a point makes Run stop there as if the process died
+	// (points: "before-write", "after-write", "after-call").
+	Crash func(point string, rec *coordv1.NodeFence) bool
+
+	mu      sync.Mutex
+	running map[string]bool
+}
+
+// Start runs the record in the background unless it already runs. It stops when the term ends.
+func (r *Runner) Start(id string) {
+	r.mu.Lock()
+	if r.running == nil {
+		r.running = map[string]bool{}
+	}
+	if r.running[id] {
+		r.mu.Unlock()
+		return
+	}
+	r.running[id] = true
+	r.mu.Unlock()
+	go func() {
+		defer func() { r.mu.Lock(); delete(r.running, id); r.mu.Unlock() }()
+		if err := r.Run(r.Term.Context(), id); err != nil && r.Term.Context().Err() == nil {
+			r.Log.Error("fence runner stopped", "fence", id, "err", err)
+		}
+	}()
+}
+
+// Run drives one record until it is finished. It returns early (with an error) when the term ends or
+// a write is refused; the next leader resumes the record.
+func (r *Runner) Run(ctx context.Context, id string) error {
+	for {
+		v, err := r.Store.GetFence(ctx, id)
+		if err != nil {
+			return err
+		}
+		rec := v.Fence
+		if rec.FinishedAt != nil {
+			return nil
+		}
+		facts := Facts{Now: time.Now(), Policy: r.Policy, Plan: func(step string) ([]config.Resolved, error) { return r.Config().Plan(rec.Node, step) }}
+		if r.Facts != nil {
+			facts.NodeReady, facts.KdumpUntil = r.Facts(ctx, rec.Node)
+		}
+		d := Decide(rec, facts)
+		switch {
+		case d.Resend != nil:
+			// Written by us or a previous leader but never answered: same operation id, so the
+			// driver acts at most once.
+			next := cloneFence(rec)
+			r.call(ctx, next, d.Resend.OperationId)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if r.crash("after-call", next) {
+				return errCrashed
+			}
+			if err := r.write(ctx, next, v.Revision); err != nil {
+				if errors.Is(err, leader.ErrConflict) {
+					continue
+				}
+				return err
+			}
+		case d.Next != nil:
+			if err := r.write(ctx, d.Next, v.Revision); err != nil {
+				if errors.Is(err, leader.ErrConflict) {
+					continue // an acknowledgement changed it: re-read
+				}
+				return err
+			}
+			// The call is sent only after the operation is durably recorded; its outcome is
+			// recorded by the next iteration's Resend path if we die in between.
+		case d.Wait > 0:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(min(d.Wait, time.Second)):
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// errCrashed is returned by Run when the Crash hook stopped it.
+var errCrashed = errors.New("crashed (test hook)")
+
+func (r *Runner) crash(point string, rec *coordv1.NodeFence) bool {
+	return r.Crash != nil && r.Crash(point, rec)
+}
+
+func (r *Runner) write(ctx context.Context, next *coordv1.NodeFence, rev int64) error {
+	if r.crash("before-write", next) {
+		return errCrashed
+	}
+	next.Epoch = r.Term.Epoch
+	for _, op := range next.Operations {
+		if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
+			op.Epoch = r.Term.Epoch // the epoch the call is (re)sent with
+		}
+	}
+	next.UpdatedAt = timestamppb.Now()
+	if next.FinishedAt != nil {
+		next.FinishedAt = next.UpdatedAt
+	}
+	if _, err := r.Store.UpdateFence(ctx, r.Term, next, rev); err != nil {
+		return err
+	}
+	r.Log.Info("fence record", "fence", next.Id, "node", next.Node, "step", next.Step.String(), "status", next.Status.String(),
+		"retries", next.Retries, "finished", next.FinishedAt != nil)
+	if r.OnChange != nil {
+		r.OnChange(next)
+	}
+	if r.crash("after-write", next) {
+		return errCrashed
+	}
+	return nil
+}
+
+// call sends the operation to its driver and records the outcome in rec.
+func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) {
+	var op *coordv1.Operation
+	for _, o := range rec.Operations {
+		if o.OperationId == opID {
+			op = o
+		}
+	}
+	start := time.Now()
+	state, err := r.invoke(ctx, rec, op)
+	errText := ""
+	if err != nil {
+		if s, ok := status.FromError(err); ok {
+			errText = fmt.Sprintf("%s: %s", s.Code(), s.Message())
+		} else {
+			errText = err.Error()
+		}
+	}
+	if ctx.Err() != nil {
+		return // not an answer: the next leader re-sends
+	}
+	Record(rec, opID, state, err, errText, time.Now(), time.Since(start))
+	op.Epoch = r.Term.Epoch
+	r.Log.Info("driver call", "fence", rec.Id, "node", rec.Node, "step", op.Step.String(), "method", op.Method, "action", op.Action,
+		"operation_id", op.OperationId, "epoch", r.Term.Epoch, "result", op.Result.String(), "error", op.Error,
+		"elapsed", time.Since(start).Round(time.Millisecond))
+}
+
+func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
+	methods, err := Methods(rec, func(step string) ([]config.Resolved, error) { return r.Config().Plan(rec.Node, step) })
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
+	}
+	var m *config.Resolved
+	for i := range methods {
+		if methods[i].Name == op.Method && methods[i].Action == op.Action {
+			m = &methods[i]
+		}
+	}
+	if m == nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, fmt.Errorf("method %s (%s) is no longer configured for %s", op.Method, op.Action, rec.Node)
+	}
+	params, err := config.ResolveSecrets(m.Parameters, r.Secrets)
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
+	}
+	cli, err := r.Drivers.Client(m.Endpoint)
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
+	}
+	target := &driverv1.Target{Name: rec.Node, Parameters: params}
+	cctx, cancel := context.WithTimeout(ctx, r.OpTimeout+2*time.Second)
+	defer cancel()
+	// The epoch sent is this term's, even for an operation a previous leader wrote: the driver then
+	// refuses the previous leader from here on.
+	if op.Action == "on" {
+		resp, err := cli.PowerOn(cctx, &driverv1.PowerOnRequest{OperationId: op.OperationId, Epoch: r.Term.Epoch, Target: target, Timeout: durationpb.New(r.OpTimeout)})
+		return resp.GetState(), err
+	}
+	resp, err := cli.PowerOff(cctx, &driverv1.PowerOffRequest{OperationId: op.OperationId, Epoch: r.Term.Epoch, Target: target, Timeout: durationpb.New(r.OpTimeout)})
+	return resp.GetState(), err
+}
+
+func cloneFence(f *coordv1.NodeFence) *coordv1.NodeFence {
+	return proto.Clone(f).(*coordv1.NodeFence)
+}

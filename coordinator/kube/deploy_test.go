@@ -1,0 +1,137 @@
+package kube
+
+import (
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+)
+
+// TestDeployManifests applies every manifest of deploy/ and deploy/examples/ to the real
+// apiserver with server-side dry-run (the CRD itself is applied for real by TestMain), so they
+// are valid for this Kubernetes version, and checks every YAML file is listed in its
+// kustomization.
+func TestDeployManifests(t *testing.T) {
+	ctx := testContext(t)
+	a, err := kubetest.NewApplier(cluster.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{deployDir, filepath.Join(deployDir, "examples")} {
+		objs, files, err := kubetest.ReadKustomization(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+		for _, f := range all {
+			if filepath.Base(f) != "kustomization.yaml" && !slices.Contains(files, f) {
+				t.Errorf("%s is not listed in %s/kustomization.yaml", f, dir)
+			}
+		}
+		kinds := map[string]int{}
+		for _, o := range objs {
+			if _, err := a.Apply(ctx, o, true); err != nil {
+				t.Errorf("%s: %v", dir, err)
+			}
+			kinds[o.GetKind()]++
+		}
+		t.Logf("%s: %d objects dry-run applied: %v", dir, len(objs), kinds)
+	}
+}
+
+// TestSeedConfigMaps applies the seed's example ConfigMaps for real, reads them back as the
+// coordinator (its Role allows ConfigMaps in its namespace) and checks they make the seed's plan.
+func TestSeedConfigMaps(t *testing.T) {
+	ctx := testContext(t)
+	a, err := kubetest.NewApplier(cluster.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.ReadObjects(filepath.Join(deployDir, "examples", "fence-config-seed.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if _, err := a.Apply(ctx, o, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := kubernetes.NewForConfigOrDie(coordCfg)
+	list, err := cs.CoreV1().ConfigMaps("nodefence").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cms []config.ConfigMap
+	for _, item := range list.Items {
+		if !strings.HasPrefix(item.Name, "fence-") {
+			continue
+		}
+		cm := config.ConfigMap{Kind: "ConfigMap", Data: item.Data, Source: "ConfigMap " + item.Name}
+		cm.Metadata.Name, cm.Metadata.Namespace = item.Name, item.Namespace
+		cms = append(cms, cm)
+	}
+	cfg, err := config.FromConfigMaps(cms, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for n, node := range cfg.Nodes {
+		nodes = append(nodes, n)
+		want := map[string][]string{"isolation": {"fc-off"}, "power_management": {"eaton-off", "eaton-on"}, "recovery": {"fc-on"}}
+		if d := cmp.Diff(want, node.Steps); d != "" {
+			t.Errorf("node %s steps (-want +got):\n%s", n, d)
+		}
+	}
+	sort.Strings(nodes)
+	if d := cmp.Diff([]string{"host0", "host1"}, nodes); d != "" {
+		t.Errorf("nodes (-want +got):\n%s", d)
+	}
+	// The coordinator reads Secrets of its namespace, and nothing of other namespaces.
+	if _, err := cs.CoreV1().Secrets("nodefence").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list secrets in nodefence as the coordinator: %v", err)
+	}
+	if _, err := cs.CoreV1().Secrets("default").List(ctx, metav1.ListOptions{}); err == nil {
+		t.Errorf("the coordinator can list Secrets in default; want forbidden")
+	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "not-allowed"}}, metav1.CreateOptions{}); err == nil {
+		t.Errorf("the coordinator can create Nodes; want forbidden")
+	}
+}
+
+// TestDryRunRejects proves the dry-run above validates: a manifest with an unknown field and one
+// breaking the NodeFence schema are refused.
+func TestDryRunRejects(t *testing.T) {
+	ctx := testContext(t)
+	a, err := kubetest.NewApplier(cluster.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]string{
+		"unknown field": `{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x","namespace":"nodefence"},
+			"spec":{"replicas":1,"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},
+			"spec":{"containers":[{"name":"c","image":"i","imagePullPolicyy":"Always"}]}}}}`,
+		"bad enum": `{"apiVersion":"nodefence.io/v1alpha1","kind":"NodeFence","metadata":{"name":"x"},
+			"spec":{"id":"x","node":"n","action":"reboot"}}`,
+	}
+	for name, doc := range bad {
+		var obj unstructured.Unstructured
+		if err := obj.UnmarshalJSON([]byte(doc)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Apply(ctx, &obj, true); err == nil {
+			t.Errorf("%s: dry-run accepted it", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// The NodeFence custom resource (deploy/crd-nodefences.yaml).
+const (
+	FenceGroup   = "nodefence.io"
+	FenceVersion = "v1alpha1"
+	FenceKind    = "NodeFence"
+	// LabelNode carries the fenced node's name on NodeFence objects (when it is a valid label value),
+	// for kubectl get nodefences -l nodefence.io/node=<node>.
+	LabelNode = "nodefence.io/node"
+)
+
+// FenceResource is the NodeFence resource.
+var FenceResource = schema.GroupVersionResource{Group: FenceGroup, Version: FenceVersion, Resource: "nodefences"}
+
+// FenceSpec is the NodeFence spec: what was asked.
+type FenceSpec struct {
+	ID          string `json:"id"`
+	Node        string `json:"node"`
+	Action      string `json:"action"`
+	Reason      string `json:"reason,omitempty"`
+	RequestedBy string `json:"requestedBy,omitempty"`
+	Automatic   bool   `json:"automatic,omitempty"`
+}
+
+// FenceStatus is the NodeFence status: the record's progress.
+type FenceStatus struct {
+	Step           string           `json:"step,omitempty"`
+	Status         string           `json:"status,omitempty"`
+	Retries        int32            `json:"retries,omitempty"`
+	Polls          int32            `json:"polls,omitempty"`
+	Epoch          int64            `json:"epoch,omitempty"`
+	Error          string           `json:"error,omitempty"`
+	AcknowledgedBy string           `json:"acknowledgedBy,omitempty"`
+	Evidence       []string         `json:"evidence,omitempty"`
+	CreatedAt      *metav1.Time     `json:"createdAt,omitempty"`
+	UpdatedAt      *metav1.Time     `json:"updatedAt,omitempty"`
+	FinishedAt     *metav1.Time     `json:"finishedAt,omitempty"`
+	ConfirmedOffAt *metav1.Time     `json:"confirmedOffAt,omitempty"`
+	NextAttemptAt  *metav1.Time     `json:"nextAttemptAt,omitempty"`
+	Operations     []FenceOperation `json:"operations,omitempty"`
+}
+
+// FenceOperation is one fence-driver call of a NodeFence.
+type FenceOperation struct {
+	OperationID string       `json:"operationId"`
+	Method      string       `json:"method,omitempty"`
+	Driver      string       `json:"driver,omitempty"`
+	Action      string       `json:"action,omitempty"`
+	Step        string       `json:"step,omitempty"`
+	Attempt     int32        `json:"attempt,omitempty"`
+	Required    bool         `json:"required,omitempty"`
+	Epoch       int64        `json:"epoch,omitempty"`
+	Result      string       `json:"result,omitempty"`
+	State       string       `json:"state,omitempty"`
+	Error       string       `json:"error,omitempty"`
+	StartedAt   *metav1.Time `json:"startedAt,omitempty"`
+	FinishedAt  *metav1.Time `json:"finishedAt,omitempty"`
+}
+
+// FenceObjectName is the NodeFence name of a record: its id, lowercased (record ids are
+// <node>-<UTC time> with an upper-case T, and object names must be lowercase).
+func FenceObjectName(id string) (string, error) {
+	name := strings.ToLower(id)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", fmt.Errorf("fence record id %q is no object name: %s", id, strings.Join(errs, "; "))
+	}
+	return name, nil
+}
+
+// FenceObject converts a fence record into its NodeFence object (spec and status).
+func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
+	name, err := FenceObjectName(rec.GetId())
+	if err != nil {
+		return nil, err
+	}
+	spec := FenceSpec{
+		ID: rec.GetId(), Node: rec.GetNode(), Action: fenceAction(rec.GetAction()),
+		Reason: rec.GetReason(), RequestedBy: rec.GetRequestedBy(), Automatic: rec.GetAutomatic(),
+	}
+	st := FenceStatus{
+		Step: fenceStep(rec.GetStep()), Status: fenceStatus(rec.GetStatus()),
+		Retries: rec.GetRetries(), Polls: rec.GetPolls(), Epoch: rec.GetEpoch(), Error: rec.GetError(),
+		AcknowledgedBy: rec.GetAcknowledgedBy(), Evidence: rec.GetEvidence(),
+		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
+		ConfirmedOffAt: ts(rec.GetConfirmedOffAt()), NextAttemptAt: ts(rec.GetNextAttemptAt()),
+	}
+	for _, op := range rec.GetOperations() {
+		st.Operations = append(st.Operations, FenceOperation{
+			OperationID: op.GetOperationId(), Method: op.GetMethod(), Driver: op.GetDriver(), Action: op.GetAction(),
+			Step: fenceStep(op.GetStep()), Attempt: op.GetAttempt(), Required: op.GetRequired(), Epoch: op.GetEpoch(),
+			Result: operationResult(op.GetResult()), State: powerState(op.GetState()), Error: op.GetError(),
+			StartedAt: ts(op.GetStartedAt()), FinishedAt: ts(op.GetFinishedAt()),
+		})
+	}
+	obj := map[string]any{
+		"apiVersion": FenceGroup + "/" + FenceVersion,
+		"kind":       FenceKind,
+		"metadata":   map[string]any{"name": name},
+		"spec":       spec,
+		"status":     st,
+	}
+	if len(validation.IsValidLabelValue(rec.GetNode())) == 0 {
+		obj["metadata"] = map[string]any{"name": name, "labels": map[string]any{LabelNode: rec.GetNode()}}
+	}
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(data); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// MirrorFence creates or updates the NodeFence object of a fence record, spec and status
+// (server-side apply, the status through its subresource). The coordinator's etcd stays the source
+// of truth: the object is only a view, and a record older than the object (by updatedAt, then
+// epoch) is not written over it, so a deposed leader's late mirror cannot roll it back.
+func (w *Writer) MirrorFence(ctx context.Context, rec *coordv1.NodeFence) error {
+	obj, err := FenceObject(rec)
+	if err != nil {
+		return err
+	}
+	res := w.dyn.Resource(FenceResource)
+	cur, err := res.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("get nodefence %s: %w", obj.GetName(), err)
+	default:
+		if newerMirror(cur, rec) {
+			w.log.Debug("nodefence mirror is newer; not rolled back", "nodefence", obj.GetName())
+			return nil
+		}
+	}
+	status := obj.Object["status"]
+	spec := obj.DeepCopy()
+	delete(spec.Object, "status")
+	opts := metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
+	if _, err := res.Apply(ctx, obj.GetName(), spec, opts); err != nil {
+		return fmt.Errorf("apply nodefence %s: %w", obj.GetName(), err)
+	}
+	st := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": obj.GetAPIVersion(), "kind": obj.GetKind(),
+		"metadata": map[string]any{"name": obj.GetName()},
+		"status":   status,
+	}}
+	if _, err := res.ApplyStatus(ctx, obj.GetName(), st, opts); err != nil {
+		return fmt.Errorf("apply nodefence %s status: %w", obj.GetName(), err)
+	}
+	return nil
+}
+
+// GetFence reads the NodeFence object of a record id back as spec and status.
+func (w *Writer) GetFence(ctx context.Context, id string) (FenceSpec, FenceStatus, error) {
+	var spec FenceSpec
+	var st FenceStatus
+	name, err := FenceObjectName(id)
+	if err != nil {
+		return spec, st, err
+	}
+	u, err := w.dyn.Resource(FenceResource).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return spec, st, err
+	}
+	data, err := json.Marshal(u.Object["spec"])
+	if err == nil {
+		err = json.Unmarshal(data, &spec)
+	}
+	if err == nil && u.Object["status"] != nil {
+		if data, err = json.Marshal(u.Object["status"]); err == nil {
+			err = json.Unmarshal(data, &st)
+		}
+	}
+	return spec, st, err
+}
+
+// newerMirror tells whether the object cur already mirrors a later state than rec.
+func newerMirror(cur *unstructured.Unstructured, rec *coordv1.NodeFence) bool {
+	updated, _, _ := unstructured.NestedString(cur.Object, "status", "updatedAt")
+	epoch, _, _ := unstructured.NestedInt64(cur.Object, "status", "epoch")
+	if epoch > rec.GetEpoch() {
+		return true
+	}
+	if updated == "" || rec.GetUpdatedAt() == nil {
+		return false
+	}
+	t, err := time.Parse(time.RFC3339, updated)
+	// The object keeps seconds only: a record in the same second is never older.
+	return err == nil && epoch == rec.GetEpoch() && t.After(rec.GetUpdatedAt().AsTime().Truncate(time.Second))
+}
+
+func ts(t *timestamppb.Timestamp) *metav1.Time {
+	if t == nil {
+		return nil
+	}
+	mt := metav1.NewTime(t.AsTime())
+	return &mt
+}
+
+func fenceAction(a coordv1.FenceAction) string {
+	if a == coordv1.FenceAction_FENCE_ACTION_ON {
+		return "on"
+	}
+	return "off"
+}
+
+func fenceStep(s coordv1.FenceStep) string {
+	switch s {
+	case coordv1.FenceStep_FENCE_STEP_ISOLATION:
+		return "isolation"
+	case coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT:
+		return "power_management"
+	case coordv1.FenceStep_FENCE_STEP_RECOVERY:
+		return "recovery"
+	}
+	return ""
+}
+
+func fenceStatus(s coordv1.FenceStatus) string {
+	switch s {
+	case coordv1.FenceStatus_FENCE_STATUS_NEW:
+		return "new"
+	case coordv1.FenceStatus_FENCE_STATUS_RUNNING:
+		return "running"
+	case coordv1.FenceStatus_FENCE_STATUS_DONE:
+		return "done"
+	case coordv1.FenceStatus_FENCE_STATUS_ERROR:
+		return "error"
+	}
+	return ""
+}
+
+func operationResult(r coordv1.OperationResult) string {
+	switch r {
+	case coordv1.OperationResult_OPERATION_RESULT_CONFIRMED:
+		return "confirmed"
+	case coordv1.OperationResult_OPERATION_RESULT_FAILED:
+		return "failed"
+	}
+	return ""
+}
+
+func powerState(s driverv1.PowerState) string {
+	switch s {
+	case driverv1.PowerState_POWER_STATE_ON:
+		return "on"
+	case driverv1.PowerState_POWER_STATE_OFF:
+		return "off"
+	case driverv1.PowerState_POWER_STATE_UNKNOWN:
+		return "unknown"
+	}
+	return ""
+}

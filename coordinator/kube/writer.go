@@ -1,0 +1,76 @@
+// Package kube is the coordinator's Kubernetes writer: it turns the decisions of the lifecycle
+// engine and of the fence flow into API calls on Nodes, Pods, VolumeAttachments and NodeFence
+// objects, with client-go against a rest.Config.
+//
+// Every method is one idempotent step the coordinator's loop can retry: it reads the current
+// object, computes the change with a pure function, and writes only when something changes, with
+// optimistic concurrency (a conflict re-reads and retries). Decisions stay in the engine; this
+// package never decides on its own to taint, release or fence a node.
+//
+// ReleaseNode is the dangerous one: call it only after a power-off or isolation has been confirmed
+// by a status read-back (the seed's non-graceful shutdown, node.kubernetes.io/out-of-service).
+package kube
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// FieldManager names the coordinator in managedFields and server-side apply.
+const FieldManager = "nodefence-coordinator"
+
+// conflictBackoff paces re-reads after a 409 Conflict on a Node: kubelet, kube-controller-manager
+// and operators write Nodes too, so a few jittered retries are normal.
+var conflictBackoff = wait.Backoff{Steps: 12, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: time.Second}
+
+// Options tune a Writer. The zero value is usable.
+type Options struct {
+	// Now is the clock for taint timeAdded and condition times; nil means time.Now.
+	Now func() time.Time
+	// Log receives one line per change written; nil discards.
+	Log *slog.Logger
+}
+
+// Writer writes the coordinator's decisions to the Kubernetes API. It is safe for concurrent use;
+// concurrent writes to the same Node are serialised by the apiserver's resourceVersion checks.
+type Writer struct {
+	core kubernetes.Interface
+	dyn  dynamic.Interface
+	now  func() time.Time
+	log  *slog.Logger
+}
+
+// New returns a Writer for cfg. It does not contact the apiserver.
+func New(cfg *rest.Config, opts Options) (*Writer, error) {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = FieldManager
+	}
+	core, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	return NewWithClients(core, dyn, opts), nil
+}
+
+// NewWithClients returns a Writer over existing clients (shared with informers, for example).
+func NewWithClients(core kubernetes.Interface, dyn dynamic.Interface, opts Options) *Writer {
+	w := &Writer{core: core, dyn: dyn, now: opts.Now, log: opts.Log}
+	if w.now == nil {
+		w.now = time.Now
+	}
+	if w.log == nil {
+		w.log = slog.New(slog.DiscardHandler)
+	}
+	return w
+}

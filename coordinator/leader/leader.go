@@ -1,0 +1,162 @@
+// Package leader elects one coordinator replica as leader through etcd and guards every write the
+// leader makes with its fencing token.
+//
+// The epoch of a leadership term is the create revision of the replica's election key. Every leader
+// write is a Txn whose first comparison is CreateRevision(key) == epoch, so a replica that lost its
+// lease (and with it the key) can no longer change anything, even if it has not noticed yet. The same
+// epoch travels on every driver call, where drivers reject epochs lower than the highest they saw.
+package leader
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// ErrDeposed is returned by a guarded write whose epoch is no longer the leader's.
+var ErrDeposed = fmt.Errorf("%w: this replica is no longer the leader", fault.ErrStaleEpoch)
+
+// ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change).
+var ErrConflict = fmt.Errorf("%w: concurrent modification", fault.ErrFailedPrecondition)
+
+// Info identifies a replica; it is the value of its election key.
+type Info struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+}
+
+// Elector campaigns for leadership on behalf of one replica.
+type Elector struct {
+	cli    *clientv3.Client
+	prefix string
+	info   Info
+	ttl    int
+	log    *slog.Logger
+}
+
+// NewElector returns an elector under prefix (for example "/nodefence/leader"). ttlSeconds is the
+// lease TTL: how long a dead leader keeps the key before another replica may take over.
+func NewElector(cli *clientv3.Client, prefix string, info Info, ttlSeconds int, log *slog.Logger) *Elector {
+	return &Elector{cli: cli, prefix: prefix, info: info, ttl: ttlSeconds, log: log}
+}
+
+// Term is one leadership term. Its context is cancelled as soon as leadership is lost (lease expired,
+// key deleted, or Resign).
+type Term struct {
+	// Epoch is the fencing token: the election key's create revision.
+	Epoch int64
+	// Key is the election key.
+	Key string
+
+	cli     *clientv3.Client
+	ctx     context.Context
+	cancel  context.CancelFunc
+	session *concurrency.Session
+	el      *concurrency.Election
+}
+
+// Campaign blocks until this replica is leader or ctx ends.
+func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
+	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(e.ttl), concurrency.WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("election session: %w", err)
+	}
+	val, _ := json.Marshal(e.info)
+	el := concurrency.NewElection(session, e.prefix)
+	if err := el.Campaign(ctx, string(val)); err != nil {
+		session.Close()
+		return nil, fmt.Errorf("campaign: %w", err)
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
+	// Leadership ends when the lease is gone or the key is deleted by anyone.
+	watch := e.cli.Watch(tctx, t.Key)
+	go func() {
+		defer cancel()
+		for {
+			select {
+			case <-session.Done():
+				e.log.Warn("leadership lost: election session ended", "epoch", t.Epoch)
+				return
+			case <-tctx.Done():
+				return
+			case wr, ok := <-watch:
+				if !ok {
+					return
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
+						return
+					}
+				}
+			}
+		}
+	}()
+	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
+	return t, nil
+}
+
+// Context is cancelled when the term ends; run leader-only work under it.
+func (t *Term) Context() context.Context { return t.ctx }
+
+// Resign gives up leadership and ends the term.
+func (t *Term) Resign(ctx context.Context) error {
+	defer t.cancel()
+	err := t.el.Resign(ctx)
+	t.session.Close()
+	return err
+}
+
+// Abandon ends the term without resigning (the lease expires on its own): used by tests to simulate
+// a leader that stalls.
+func (t *Term) Abandon() { t.cancel(); t.session.Orphan() }
+
+// Guard is the comparison that makes a Txn valid only for this term.
+func (t *Term) Guard() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(t.Key), "=", t.Epoch)
+}
+
+// Txn commits ops if this term is still the leader's and every extra comparison holds. It returns
+// ErrDeposed when the term is over and ErrConflict when an extra comparison failed.
+func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	resp, err := t.cli.Txn(ctx).
+		If(append([]clientv3.Cmp{t.Guard()}, cmps...)...).
+		Then(ops...).
+		Else(clientv3.OpGet(t.Key)).
+		Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcd txn: %w", err)
+	}
+	if resp.Succeeded {
+		return resp, nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != t.Epoch {
+		t.cancel()
+		return resp, ErrDeposed
+	}
+	return resp, ErrConflict
+}
+
+// Current returns the current leader (the oldest election key under prefix) and its epoch.
+// ok is false when no replica leads.
+func Current(ctx context.Context, cli *clientv3.Client, prefix string) (info Info, epoch int64, ok bool, err error) {
+	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return Info{}, 0, false, fmt.Errorf("read leader: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Info{}, 0, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &info); err != nil {
+		return Info{}, 0, false, errors.New("leader key holds no replica info")
+	}
+	return info, resp.Kvs[0].CreateRevision, true, nil
+}

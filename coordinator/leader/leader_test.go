@@ -1,0 +1,88 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/testbed/etcdtest"
+)
+
+type won struct {
+	id   string
+	term *leader.Term
+}
+
+// Three replicas campaign on one real etcd; the leader is killed (its session orphaned, as when the
+// process dies); another takes over with a higher epoch; the deposed leader's writes are refused.
+func TestFailoverRejectsDeposedLeaderWrites(t *testing.T) {
+	endpoint, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+
+	wins := make(chan won, 3)
+	for _, id := range []string{"a", "b", "c"} {
+		el := leader.NewElector(etcdtest.Client(t, endpoint), "/test/leader", leader.Info{ID: id, Address: id + ":1"}, 1, log)
+		go func() {
+			if term, err := el.Campaign(ctx); err == nil {
+				wins <- won{id, term}
+			}
+		}()
+	}
+	first := await(t, ctx, wins)
+	info, epoch, ok, err := leader.Current(ctx, cli, "/test/leader")
+	if err != nil || !ok || info.ID != first.id || epoch != first.term.Epoch {
+		t.Fatalf("Current = %+v %d %v %v, want leader %s epoch %d", info, epoch, ok, err, first.id, first.term.Epoch)
+	}
+	if _, err := first.term.Txn(ctx, nil, clientv3.OpPut("/test/data", "from-first")); err != nil {
+		t.Fatalf("leader write: %v", err)
+	}
+
+	// Kill the leader: it stops renewing its lease, like a crashed process.
+	first.term.Abandon()
+	second := await(t, ctx, wins)
+	if second.id == first.id || second.term.Epoch <= first.term.Epoch {
+		t.Fatalf("second term %s epoch %d, first %s epoch %d: want another replica with a higher epoch",
+			second.id, second.term.Epoch, first.id, first.term.Epoch)
+	}
+	if _, err := first.term.Txn(ctx, nil, clientv3.OpPut("/test/data", "from-deposed")); !errors.Is(err, leader.ErrDeposed) {
+		t.Fatalf("deposed leader write: err = %v, want ErrDeposed", err)
+	}
+	if _, err := second.term.Txn(ctx, nil, clientv3.OpPut("/test/data", "from-second")); err != nil {
+		t.Fatalf("new leader write: %v", err)
+	}
+	got, err := cli.Get(ctx, "/test/data")
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != "from-second" {
+		t.Fatalf("data = %v %v, want from-second", got, err)
+	}
+	// A failed extra comparison is a conflict, not a deposition.
+	_, err = second.term.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value("/test/data"), "=", "nope")}, clientv3.OpPut("/test/data", "x"))
+	if !errors.Is(err, leader.ErrConflict) {
+		t.Fatalf("failed compare: err = %v, want ErrConflict", err)
+	}
+	if second.term.Context().Err() != nil {
+		t.Fatal("a conflict must not end the term")
+	}
+	select {
+	case w := <-wins:
+		t.Fatalf("a third replica %s became leader while %s leads", w.id, second.id)
+	default:
+	}
+}
+
+func await(t *testing.T, ctx context.Context, wins <-chan won) won {
+	t.Helper()
+	select {
+	case w := <-wins:
+		return w
+	case <-ctx.Done():
+		t.Fatal("no leader elected")
+		return won{}
+	}
+}

@@ -1,0 +1,427 @@
+// Package loop owns the coordinator engine for one leadership term: the only goroutine that touches
+// it. Agent streams and API handlers hand inputs and queries to the loop; the loop ticks the engine,
+// persists its writes under the leader's epoch BEFORE anything else leaves the engine, passes the
+// remaining decisions to consumers, and keeps the Prometheus zone metrics current.
+package loop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/services/fault"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Config configures a loop.
+type Config struct {
+	// Engine is the engine configuration.
+	Engine engine.Config
+	// Term is the leadership term the loop runs in; the loop stops when it ends.
+	Term *leader.Term
+	// Etcd and Prefix locate the persisted engine state (Prefix + "/state/...").
+	Etcd   *clientv3.Client
+	Prefix string
+	// TickInterval is how often time-based decisions are made (100 ms, like the controller's passes).
+	TickInterval time.Duration
+	// Initial inputs applied after LeaderElected and the restore (configured nodes).
+	Initial []engine.Input
+	// OnReady receives the engine's decisions after their writes were persisted. It runs on the
+	// loop goroutine and must not block for long.
+	OnReady func(engine.Ready)
+	// Metrics receives the loop's collectors; nil skips metrics.
+	Metrics *Metrics
+	// Audit, if set, turns each engine event into an audit-trail put written with the state.
+	Audit func(ev engine.Event) clientv3.Op
+	Log   *slog.Logger
+}
+
+// Loop is the running owner of one engine.
+type Loop struct {
+	cfg     Config
+	in      chan engine.Input
+	queries chan func(*engine.Engine)
+	done    chan struct{}
+	err     error
+}
+
+// New returns a loop; Run starts it.
+func New(cfg Config) *Loop {
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = 100 * time.Millisecond
+	}
+	return &Loop{cfg: cfg, in: make(chan engine.Input, 1<<16), queries: make(chan func(*engine.Engine)), done: make(chan struct{})}
+}
+
+// ErrStopped is returned to callers of a loop whose term has ended.
+var ErrStopped = &fault.NotLeaderError{}
+
+// Step hands an input to the loop. It blocks while the loop's queue is full (back-pressure on the
+// agent streams) and fails once the loop has stopped.
+func (l *Loop) Step(ctx context.Context, in engine.Input) error {
+	select {
+	case <-l.done:
+		return ErrStopped
+	default:
+	}
+	select {
+	case l.in <- in:
+		return nil
+	case <-l.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// StepSync is Step, returning only after the input was applied and the state it changed was
+// persisted: an agent event acknowledged after StepSync survives a failover.
+func (l *Loop) StepSync(ctx context.Context, in engine.Input) error {
+	done := make(chan struct{})
+	select {
+	case l.in <- wrapSynced(in, done):
+	case <-l.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-l.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Query runs f on the loop goroutine with the engine and waits for it.
+func (l *Loop) Query(ctx context.Context, f func(*engine.Engine)) error {
+	ran := make(chan struct{})
+	select {
+	case l.queries <- func(e *engine.Engine) { f(e); close(ran) }:
+	case <-l.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-ran:
+		return nil
+	case <-l.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Done is closed when the loop has stopped.
+func (l *Loop) Done() <-chan struct{} { return l.done }
+
+// Err is why the loop stopped (after Done).
+func (l *Loop) Err() error { return l.err }
+
+// Run owns the engine until the term ends or ctx is cancelled.
+func (l *Loop) Run(ctx context.Context) error {
+	defer close(l.done)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.cfg.Term.Context().Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	e := engine.New(l.cfg.Engine)
+	now := time.Now()
+	e.Step(engine.LeaderElected{At: now})
+	recs, paused, err := l.load(ctx)
+	if err != nil {
+		l.err = err
+		return err
+	}
+	e.Step(engine.Restored{Nodes: recs})
+	e.Step(engine.Paused{Paused: paused})
+	for _, in := range l.cfg.Initial {
+		e.Step(in)
+	}
+	tick := time.NewTicker(l.cfg.TickInterval)
+	defer tick.Stop()
+	var waiting []chan struct{}
+	for {
+		select {
+		case <-ctx.Done():
+			l.err = ctx.Err()
+			return nil
+		case in := <-l.in:
+			waiting = l.apply(e, in, waiting)
+			// Drain what is already queued before flushing: one flush per batch.
+			for drained := 0; drained < 4096; drained++ {
+				select {
+				case in := <-l.in:
+					waiting = l.apply(e, in, waiting)
+					continue
+				default:
+				}
+				break
+			}
+		case q := <-l.queries:
+			q(e)
+		case now := <-tick.C:
+			e.Tick(now)
+			if l.cfg.Metrics != nil {
+				l.cfg.Metrics.observeZones(e)
+			}
+		}
+		if err := l.flush(ctx, e); err != nil {
+			l.err = err
+			if errors.Is(err, leader.ErrDeposed) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, w := range waiting {
+			close(w)
+		}
+		waiting = waiting[:0]
+	}
+}
+
+// syncedInput carries a StepSync input through the same queue as every other input, so it is
+// applied in order.
+type syncedInput struct {
+	engine.Input
+	done chan struct{}
+}
+
+func wrapSynced(in engine.Input, done chan struct{}) engine.Input { return syncedInput{in, done} }
+
+func (l *Loop) apply(e *engine.Engine, in engine.Input, waiting []chan struct{}) []chan struct{} {
+	if s, ok := in.(syncedInput); ok {
+		waiting = append(waiting, s.done)
+		in = s.Input
+	}
+	if m, ok := in.(engine.Message); ok && l.cfg.Metrics != nil {
+		if s := m.Msg.GetSample(); s != nil && s.ObservedAt != nil {
+			l.cfg.Metrics.ApplyLatency.Observe(time.Since(s.ObservedAt.AsTime()).Seconds())
+		}
+		l.cfg.Metrics.QueueLatency.Observe(time.Since(m.At).Seconds())
+		l.cfg.Metrics.Updates.Inc()
+	}
+	e.Step(in)
+	return waiting
+}
+
+// flush persists the engine's writes, then hands the rest to OnReady, then advances.
+func (l *Loop) flush(ctx context.Context, e *engine.Engine) error {
+	rd := e.Ready()
+	if rd.Empty() {
+		return nil
+	}
+	if err := l.persist(ctx, rd.Writes, rd.Events); err != nil {
+		return err
+	}
+	for _, ev := range rd.Events {
+		l.cfg.Log.Info(ev.Text, "component", "engine")
+	}
+	if l.cfg.Metrics != nil {
+		for _, ev := range rd.Evictions {
+			l.cfg.Metrics.Evictions.WithLabelValues(ev.Zone).Inc()
+		}
+		for _, sk := range rd.Skips {
+			l.cfg.Metrics.FenceSkips.WithLabelValues(sk.Kind).Inc()
+		}
+		for range rd.Fences {
+			l.cfg.Metrics.FenceRequests.Inc()
+		}
+	}
+	if l.cfg.OnReady != nil {
+		l.cfg.OnReady(rd)
+	}
+	e.Advance()
+	return nil
+}
+
+// maxOps stays under etcd's default --max-txn-ops (128) with room for the guard.
+const maxOps = 100
+
+// persist writes the engine's writes; a key written twice in one batch keeps its last value (etcd
+// refuses a transaction that names a key twice).
+func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engine.Event) error {
+	index := map[string]int{}
+	var ops []clientv3.Op
+	put := func(key string, v any) {
+		b, _ := json.Marshal(v)
+		op := clientv3.OpPut(key, string(b))
+		if i, ok := index[key]; ok {
+			ops[i] = op
+			return
+		}
+		index[key] = len(ops)
+		ops = append(ops, op)
+	}
+	for _, w := range writes {
+		switch {
+		case w.Node != nil:
+			put(l.cfg.Prefix+"/state/nodes/"+w.Node.Name, w.Node)
+		case w.Zone != nil:
+			put(l.cfg.Prefix+"/state/zones/"+w.Zone.Key, w.Zone)
+		case w.Halted != nil:
+			put(l.cfg.Prefix+"/state/halted", *w.Halted)
+		}
+	}
+	if l.cfg.Audit != nil {
+		for _, ev := range events {
+			ops = append(ops, l.cfg.Audit(ev))
+		}
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), maxOps)
+		if _, err := l.cfg.Term.Txn(ctx, nil, ops[:n]...); err != nil {
+			return fmt.Errorf("persist engine state: %w", err)
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+// PausedKey is where the operator's pause flag lives.
+func PausedKey(prefix string) string { return prefix + "/state/evictions-paused" }
+
+// load reads the persisted node records and the pause flag.
+func (l *Loop) load(ctx context.Context) ([]engine.NodeRecord, bool, error) {
+	resp, err := l.cfg.Etcd.Get(ctx, l.cfg.Prefix+"/state/nodes/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, false, fmt.Errorf("load engine state: %w", err)
+	}
+	var recs []engine.NodeRecord
+	for _, kv := range resp.Kvs {
+		var r engine.NodeRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			l.cfg.Log.Warn("skipping unreadable node record", "key", string(kv.Key), "err", err)
+			continue
+		}
+		recs = append(recs, r)
+	}
+	p, err := l.cfg.Etcd.Get(ctx, PausedKey(l.cfg.Prefix))
+	if err != nil {
+		return nil, false, fmt.Errorf("load pause flag: %w", err)
+	}
+	return recs, len(p.Kvs) > 0, nil
+}
+
+// Metrics are the loop's Prometheus collectors, with kube-controller-manager's names under the
+// nodefence_ prefix where Kubernetes has one.
+type Metrics struct {
+	ZoneHealth     *prometheus.GaugeVec
+	ZoneSize       *prometheus.GaugeVec
+	UnhealthyNodes *prometheus.GaugeVec
+	Evictions      *prometheus.CounterVec
+	Updates        prometheus.Counter
+	ApplyLatency   prometheus.Histogram
+	// QueueLatency is the coordinator's own share: from the stream receiving a message to the
+	// engine applying it.
+	QueueLatency  prometheus.Histogram
+	FenceSkips    *prometheus.CounterVec
+	FenceRequests prometheus.Counter
+	// FenceStages observes, per stage, how long a fence took: confirm (record created -> power-off
+	// or isolation confirmed), finish (created -> finished).
+	FenceStages *prometheus.HistogramVec
+	// seen remembers which records' stages were observed (bounded: cleared when large).
+	seen map[string]bool
+	mu   sync.Mutex
+}
+
+// ObserveFence records the stage durations a record reached, once per record and stage.
+func (m *Metrics) ObserveFence(f *coordv1.NodeFence) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.seen) > 10000 {
+		m.seen = map[string]bool{}
+	}
+	created := f.GetCreatedAt().AsTime()
+	if f.ConfirmedOffAt != nil && !m.seen[f.Id+"/confirm"] {
+		m.seen[f.Id+"/confirm"] = true
+		m.FenceStages.WithLabelValues("confirm").Observe(f.ConfirmedOffAt.AsTime().Sub(created).Seconds())
+	}
+	if f.FinishedAt != nil && !m.seen[f.Id+"/finish"] {
+		m.seen[f.Id+"/finish"] = true
+		m.FenceStages.WithLabelValues("finish").Observe(f.FinishedAt.AsTime().Sub(created).Seconds())
+	}
+}
+
+// ObserveStage records one stage duration (detect, decide, release, recover) measured elsewhere.
+func (m *Metrics) ObserveStage(stage string, d time.Duration) {
+	if m != nil {
+		m.FenceStages.WithLabelValues(stage).Observe(d.Seconds())
+	}
+}
+
+// NewMetrics registers the collectors on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		ZoneHealth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_zone_health",
+			Help: "Percentage of healthy nodes per zone."}, []string{"zone"}),
+		ZoneSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_zone_size",
+			Help: "Number of nodes per zone."}, []string{"zone"}),
+		UnhealthyNodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_unhealthy_nodes_in_zone",
+			Help: "Number of not-ready nodes per zone."}, []string{"zone"}),
+		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_evictions_total",
+			Help: "Nodes released from a zone's eviction queue."}, []string{"zone"}),
+		Updates: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodefence_agent_updates_total",
+			Help: "Agent messages applied by the engine."}),
+		ApplyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "nodefence_sample_apply_latency_seconds",
+			Help:    "From a sample's observed_at on the agent to the engine having applied it.",
+			Buckets: []float64{.00025, .0005, .001, .002, .003, .005, .0075, .01, .015, .02, .03, .04, .05, .075, .1, .2, .5, 1, 2, 5}}),
+	}
+	m.QueueLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "nodefence_engine_queue_latency_seconds",
+		Help:    "From the coordinator receiving an agent message to the engine having applied it.",
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .02, .05, .1, .5, 1}})
+	m.FenceSkips = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_fence_skips_total",
+		Help: "Automatic fences held back by the storm guard, by kind."}, []string{"kind"})
+	m.FenceRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "nodefence_fence_requests_total",
+		Help: "Automatic fences requested by the engine."})
+	m.FenceStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nodefence_fence_stage_seconds",
+		Help:    "Duration of each fencing stage: detect (last contact -> not ready), decide (not ready -> fence requested), confirm (requested -> confirmed off), finish (requested -> finished).",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"stage"})
+	m.seen = map[string]bool{}
+	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages)
+	return m
+}
+
+func (m *Metrics) observeZones(e *engine.Engine) {
+	for _, z := range e.Zones() {
+		m.ZoneSize.WithLabelValues(z.Key).Set(float64(z.Size))
+		m.UnhealthyNodes.WithLabelValues(z.Key).Set(float64(z.NotReady))
+		health := 100.0
+		if z.Size > 0 {
+			health = 100 * float64(z.Ready) / float64(z.Size)
+		}
+		m.ZoneHealth.WithLabelValues(z.Key).Set(health)
+	}
+}
+
+// IsEvent reports whether an agent message must be acknowledged at once (everything but
+// heartbeats and samples, which may be acknowledged in batches).
+func IsEvent(m *agentv1.ConnectRequest) bool {
+	switch m.GetMsg().(type) {
+	case *agentv1.ConnectRequest_Heartbeat, *agentv1.ConnectRequest_Sample:
+		return false
+	}
+	return true
+}

@@ -1,0 +1,122 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/testbed/etcdtest"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// A node goes silent and is released (tainted) under one leader; another node announces shutdown.
+// A new leader's loop restores both from etcd: the silent node stays Unknown and tainted without
+// being released a second time, and the shutting-down node is still known to be shutting down.
+// Meanwhile the deposed loop's writes are refused and it stops.
+func TestStateSurvivesLeaderChange(t *testing.T) {
+	endpoint, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	cfg := engine.DefaultConfig()
+	cfg.NodeMonitorGracePeriod = 300 * time.Millisecond
+	cfg.NodeStartupGracePeriod = 300 * time.Millisecond
+
+	term1, err := leader.NewElector(cli, "/t/leader", leader.Info{ID: "one"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var released []string
+	l1 := New(Config{Engine: cfg, Term: term1, Etcd: cli, Prefix: "/t", TickInterval: 20 * time.Millisecond, Log: log,
+		OnReady: func(r engine.Ready) {
+			for _, ev := range r.Evictions {
+				released = append(released, ev.Node)
+			}
+		}})
+	go l1.Run(ctx)
+	now := time.Now()
+	for _, n := range []string{"a", "b", "c"} {
+		if err := l1.StepSync(ctx, engine.Hello{Node: n, Zone: "z", BootID: "boot", At: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shutdown := &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED}}}
+	if err := l1.StepSync(ctx, engine.Message{Node: "b", At: time.Now(), Msg: shutdown}); err != nil {
+		t.Fatal(err)
+	}
+	// c keeps talking; a is silent until it is released.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := l1.Step(ctx, engine.Message{Node: "c", At: time.Now(), Msg: &agentv1.ConnectRequest{}}); err != nil {
+			t.Fatal(err)
+		}
+		var done bool
+		l1.Query(ctx, func(e *engine.Engine) { done = len(released) > 0 })
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a was never released")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var first []string
+	l1.Query(ctx, func(*engine.Engine) { first = append(first, released...) })
+	if len(first) != 1 || first[0] != "a" {
+		t.Fatalf("released %v, want [a]", first)
+	}
+
+	// Leadership moves: the first term is abandoned and a second replica takes over.
+	term1.Abandon()
+	term2, err := leader.NewElector(etcdtest.Client(t, endpoint), "/t/leader", leader.Info{ID: "two"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var released2 []string
+	l2 := New(Config{Engine: cfg, Term: term2, Etcd: cli, Prefix: "/t", TickInterval: 20 * time.Millisecond, Log: log,
+		OnReady: func(r engine.Ready) {
+			for _, ev := range r.Evictions {
+				released2 = append(released2, ev.Node)
+			}
+		}})
+	go l2.Run(ctx)
+	select {
+	case <-l1.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deposed loop did not stop")
+	}
+	if err := l1.Step(ctx, engine.Paused{}); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Step on a stopped loop: %v", err)
+	}
+	// Let the new term's grace period pass with c talking.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		l2.Step(ctx, engine.Message{Node: "c", At: time.Now(), Msg: &agentv1.ConnectRequest{}})
+	}
+	var nodes []*coordv1.Node
+	var again []string
+	if err := l2.Query(ctx, func(e *engine.Engine) { nodes, again = e.Nodes(), append(again, released2...) }); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*coordv1.Node{}
+	for _, n := range nodes {
+		got[n.Name] = n
+	}
+	if got["a"].GetReadiness() != coordv1.Readiness_READINESS_UNKNOWN {
+		t.Errorf("a after failover: %v", got["a"])
+	}
+	if !got["b"].GetShuttingDown() || got["b"].GetReadiness() != coordv1.Readiness_READINESS_NOT_READY {
+		t.Errorf("b after failover: %v, want shutting down and NotReady", got["b"])
+	}
+	if got["c"].GetReadiness() != coordv1.Readiness_READINESS_READY {
+		t.Errorf("c after failover: %v", got["c"])
+	}
+	if len(again) != 0 {
+		t.Errorf("the new leader released %v again; a's taint was already granted", again)
+	}
+}

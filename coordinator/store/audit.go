@@ -1,0 +1,54 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+var auditSeq atomic.Uint64
+
+// AuditOp returns the etcd operation that appends one audit entry. Keys sort by time, so the trail
+// reads oldest first; entries are never rewritten.
+func (s *Store) AuditOp(at time.Time, epoch int64, node, kind, text string) clientv3.Op {
+	e := &coordv1.AuditEntry{At: timestamppb.New(at), Epoch: epoch, Node: node, Kind: kind, Text: text}
+	b, _ := protojson.Marshal(e)
+	key := fmt.Sprintf("%s/audit/%020d-%06d", s.prefix, at.UnixNano(), auditSeq.Add(1)%1000000)
+	return clientv3.OpPut(key, string(b))
+}
+
+// ListAudit returns entries written after revision after, oldest first, at most limit, optionally
+// only those of node.
+func (s *Store) ListAudit(ctx context.Context, node string, after int64, limit int) ([]*coordv1.AuditEntry, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
+	if after > 0 {
+		opts = append(opts, clientv3.WithMinModRev(after+1))
+	}
+	resp, err := s.cli.Get(ctx, s.prefix+"/audit/", opts...)
+	if err != nil {
+		return nil, fmt.Errorf("read audit trail: %w", err)
+	}
+	var out []*coordv1.AuditEntry
+	for _, kv := range resp.Kvs {
+		var e coordv1.AuditEntry
+		if err := protojson.Unmarshal(kv.Value, &e); err != nil {
+			continue
+		}
+		if node != "" && e.Node != node {
+			continue
+		}
+		e.Revision = kv.ModRevision
+		out = append(out, &e)
+		if len(out) == limit {
+			break
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,471 @@
+// Package brocade is the Brocade Fibre Channel switch fence driver: storage isolation by
+// disabling the switch port a node's HBA is cabled to, with the parameters of ClusterLabs
+// fence_brocade.
+//
+// "Off" is the port persistently disabled (the node is cut off from its storage), "on" is the port
+// enabled. The driver logs in over telnet (options refused, so the switch stays a plain NVT) or
+// SSH (password or identity_file, pty and shell), runs `portCfgPersistentDisable N` or
+// `portCfgPersistentEnable N`, and reads the state back from `switchshow`: a port is off exactly
+// when the column after Proto of its row says "Disabled". A port the switch does not list is an
+// invalid target, never off.
+//
+// SSH host keys are checked: a pinned key (ssh_host_key), or a known_hosts file where an unknown
+// switch's key is recorded on first use and a changed key is refused (accept-new). Only the
+// explicit ssh_insecure=1 accepts any key.
+//
+// Logged-in sessions are kept per switch and credentials for a short idle time and reused: a
+// read-back costs one `switchshow`, not a login.
+package brocade
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/nodefence/nodefence/fence-drivers/kit"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// Canonical parameter names (ClusterLabs' where fence_brocade has one).
+const (
+	ParamIP            = "ip"
+	ParamIPPort        = "ipport"
+	ParamUsername      = "username"
+	ParamPassword      = "password"
+	ParamIdentityFile  = "identity_file"
+	ParamPlug          = "plug"
+	ParamSSH           = "ssh"
+	ParamCommandPrompt = "command_prompt"
+	// ParamSSHHostKey pins the switch's SSH host key (authorized_keys format or SHA256:
+	// fingerprint).
+	ParamSSHHostKey = "ssh_host_key"
+	// ParamSSHKnownHosts is the known_hosts file for accept-new.
+	ParamSSHKnownHosts = "ssh_known_hosts"
+	// ParamSSHInsecure accepts any SSH host key; for tests only.
+	ParamSSHInsecure = "ssh_insecure"
+)
+
+// Config configures the driver. Zero fields take the defaults documented on each field.
+type Config struct {
+	// KnownHostsFile is the known_hosts file used for SSH targets that pin no key and name no
+	// file (accept-new). Empty: such targets are invalid.
+	KnownHostsFile string
+	// IdleTimeout is how long a logged-in session is kept for reuse. Default 10 s; negative
+	// disables reuse.
+	IdleTimeout time.Duration
+	// Log receives host-key and session events. Default slog.Default().
+	Log *slog.Logger
+}
+
+// Driver is the Brocade FC switch driver. Use New or NewWith.
+type Driver struct {
+	cfg  Config
+	mu   sync.Mutex
+	idle map[string][]*idleSession // session key -> idle sessions
+}
+
+// idleSession is a session waiting for reuse; its timer closes it when unused.
+type idleSession struct {
+	s     *session
+	timer *time.Timer
+}
+
+var (
+	_ kit.Driver     = (*Driver)(nil)
+	_ kit.Lister     = (*Driver)(nil)
+	_ kit.Monitorer  = (*Driver)(nil)
+	_ kit.Documented = (*Driver)(nil)
+)
+
+// New returns the driver with no default known_hosts file.
+func New() kit.Driver { return NewWith(Config{}) }
+
+// NewWith returns the driver configured by cfg.
+func NewWith(cfg Config) *Driver {
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Driver{cfg: cfg, idle: map[string][]*idleSession{}}
+}
+
+// Name is "brocade".
+func (*Driver) Name() string { return "brocade" }
+
+// Description says what the driver controls.
+func (*Driver) Description() string {
+	return "Isolates nodes from Fibre Channel storage by disabling their Brocade switch port (portCfgPersistentDisable), " +
+		"over telnet or SSH, like fence_brocade; status and verification read switchshow."
+}
+
+// Describe lists the parameters, with ClusterLabs names and aliases.
+func (d *Driver) Describe() []*driverv1.Parameter {
+	kh := "known_hosts file: an unknown switch key is recorded on first use, a changed key is refused"
+	if d.cfg.KnownHostsFile != "" {
+		kh += " (default " + d.cfg.KnownHostsFile + ")"
+	}
+	return []*driverv1.Parameter{
+		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+			Description: "IP address or hostname of the switch"},
+		{Name: ParamIPPort, Type: kit.TypeInteger, Description: "TCP port (default 23, or 22 with ssh)"},
+		{Name: ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString,
+			Description: "switch login name"},
+		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
+			Description: "switch password (required for telnet; for SSH unless identity_file is given)"},
+		{Name: ParamIdentityFile, Type: kit.TypeString, Description: "SSH private key file (PEM or OpenSSH format, unencrypted)"},
+		{Name: ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
+			Description: "switch port index (the Index column of switchshow) the node's HBA is cabled to"},
+		{Name: ParamSSH, Aliases: []string{"secure"}, Type: kit.TypeBoolean, Default: "0",
+			Description: "use SSH instead of telnet"},
+		{Name: ParamSSHHostKey, Type: kit.TypeString,
+			Description: "pinned SSH host key of the switch: an authorized_keys line (ssh-ed25519 AAAA...) or a SHA256: fingerprint"},
+		{Name: ParamSSHKnownHosts, Type: kit.TypeString, Default: d.cfg.KnownHostsFile, Description: kh},
+		{Name: ParamSSHInsecure, Type: kit.TypeBoolean, Default: "0",
+			Description: "accept any SSH host key (tests only: a man in the middle could take the password)"},
+		{Name: ParamCommandPrompt, Aliases: []string{"cmd_prompt"}, Type: kit.TypeString, Default: "> ",
+			Description: "the end of the switch's command prompt"},
+	}
+}
+
+// config is a parsed target.
+type config struct {
+	host, port string
+	username   string
+	password   string
+	plug       int
+	ssh        bool
+	prompt     string
+	signer     ssh.Signer
+	hostKeys   ssh.HostKeyCallback
+	policy     string // host key policy, for the session key
+}
+
+func (c *config) addr() string { return net.JoinHostPort(c.host, c.port) }
+
+// parse reads canonical parameters, naming every bad one. With load, it also reads the identity
+// file and prepares the host key check.
+func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
+	var inv fault.Invalid
+	c := &config{host: strings.TrimSpace(p[ParamIP]), username: p[ParamUsername], password: p[ParamPassword],
+		ssh: p[ParamSSH] == "1", prompt: p[ParamCommandPrompt]}
+	if c.host == "" || strings.ContainsAny(c.host, " /") {
+		inv.Add(ParamIP, "must be an IP address or hostname, got %q", c.host)
+	}
+	c.port = strings.TrimSpace(p[ParamIPPort])
+	if c.port == "" {
+		c.port = "23"
+		if c.ssh {
+			c.port = "22"
+		}
+	}
+	if n, err := strconv.Atoi(c.port); err != nil || n < 1 || n > 65535 {
+		inv.Add(ParamIPPort, "must be a TCP port 1-65535, got %q", c.port)
+	}
+	if strings.TrimSpace(c.username) == "" {
+		inv.Add(ParamUsername, "required: switch login name")
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(p[ParamPlug])); err != nil || n < 0 {
+		inv.Add(ParamPlug, "must be a port index (0, 1, ...), got %q", p[ParamPlug])
+	} else {
+		c.plug = n
+	}
+	if strings.TrimSpace(c.prompt) == "" {
+		inv.Add(ParamCommandPrompt, "must not be empty")
+	}
+	idFile := strings.TrimSpace(p[ParamIdentityFile])
+	switch {
+	case !c.ssh && c.password == "":
+		inv.Add(ParamPassword, "required for telnet")
+	case !c.ssh && idFile != "":
+		inv.Add(ParamIdentityFile, "only for SSH (set ssh=1)")
+	case c.ssh && c.password == "" && idFile == "":
+		inv.Add(ParamPassword, "required for SSH unless identity_file is given")
+	}
+	if c.ssh {
+		d.parseSSH(p, c, idFile, load, &inv)
+	}
+	return c, inv.Err()
+}
+
+func (d *Driver) parseSSH(p map[string]string, c *config, idFile string, load bool, inv *fault.Invalid) {
+	pinned, known, insecure := strings.TrimSpace(p[ParamSSHHostKey]), strings.TrimSpace(p[ParamSSHKnownHosts]), p[ParamSSHInsecure] == "1"
+	switch {
+	case pinned != "":
+		cb, err := pinnedHostKey(pinned)
+		if err != nil {
+			inv.Add(ParamSSHHostKey, "%v", err)
+		}
+		c.hostKeys, c.policy = cb, "pinned "+pinned
+	case insecure: // explicit, so it wins over the default known_hosts file
+		c.hostKeys, c.policy = ssh.InsecureIgnoreHostKey(), "insecure" //nolint:gosec // only with the explicit ssh_insecure=1
+	case known != "":
+		c.hostKeys, c.policy = acceptNew(known, d.cfg.Log), "known_hosts "+known
+	default:
+		inv.Add(ParamSSHHostKey, "SSH needs a host key policy: ssh_host_key (pinned), ssh_known_hosts (accept-new) or, for tests only, ssh_insecure=1")
+	}
+	if idFile != "" && load {
+		pem, err := os.ReadFile(idFile)
+		if err != nil {
+			inv.Add(ParamIdentityFile, "cannot read: %v", err)
+			return
+		}
+		if c.signer, err = ssh.ParsePrivateKey(pem); err != nil {
+			inv.Add(ParamIdentityFile, "not a usable private key: %v", err)
+		}
+	}
+}
+
+// Validate checks canonical parameters.
+func (d *Driver) Validate(params map[string]string) error {
+	_, err := d.parse(params, false)
+	return err
+}
+
+// DeviceKey is the switch's address and the port index.
+func (*Driver) DeviceKey(t kit.Target) string {
+	port := t.Params[ParamIPPort]
+	if port == "" {
+		port = "23"
+		if t.Params[ParamSSH] == "1" {
+			port = "22"
+		}
+	}
+	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), port) + "/" + strings.TrimSpace(t.Params[ParamPlug])
+}
+
+// sessionKey identifies a session's connection parameters, secrets included (hashed, kept in
+// memory only).
+func sessionKey(c *config, p map[string]string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%t\x00%s\x00%s\x00%s", c.addr(), c.username, c.password, c.ssh, c.prompt, c.policy, p[ParamIdentityFile])
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// withSession runs fn on a logged-in session: an idle one if there is one (retried once on a fresh
+// session if the idle one turns out dead), else a new one. The session is kept for reuse when fn
+// succeeds.
+func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session) error) error {
+	c, err := d.parse(t.Params, true)
+	if err != nil {
+		return err
+	}
+	key := sessionKey(c, t.Params)
+	if s := d.take(key); s != nil {
+		err := fn(s)
+		if err == nil {
+			d.put(key, s)
+			return nil
+		}
+		s.close()
+		if !errors.Is(err, fault.ErrUnreachable) || ctx.Err() != nil {
+			return err
+		}
+		d.cfg.Log.Debug("brocade: reused session failed, logging in again", "switch", c.addr(), "err", err)
+	}
+	s, err := dial(ctx, c)
+	if err != nil {
+		return err
+	}
+	if err := fn(s); err != nil {
+		s.close()
+		return err
+	}
+	d.put(key, s)
+	return nil
+}
+
+func (d *Driver) take(key string) *session {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := d.idle[key]
+	for len(l) > 0 {
+		is := l[len(l)-1]
+		l = l[:len(l)-1]
+		d.idle[key] = l
+		if is.timer.Stop() {
+			return is.s
+		}
+	}
+	return nil
+}
+
+func (d *Driver) put(key string, s *session) {
+	if d.cfg.IdleTimeout < 0 {
+		s.close()
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.idle[key]) >= 2 { // switches allow few sessions: keep at most two idle
+		s.close()
+		return
+	}
+	is := &idleSession{s: s}
+	is.timer = time.AfterFunc(d.cfg.IdleTimeout, func() {
+		d.mu.Lock()
+		d.idle[key] = slices.DeleteFunc(d.idle[key], func(x *idleSession) bool { return x == is })
+		d.mu.Unlock()
+		s.close()
+	})
+	d.idle[key] = append(d.idle[key], is)
+}
+
+// Close logs out of every idle session.
+func (d *Driver) Close() {
+	d.mu.Lock()
+	idle := d.idle
+	d.idle = map[string][]*idleSession{}
+	d.mu.Unlock()
+	for _, l := range idle {
+		for _, is := range l {
+			if is.timer.Stop() {
+				is.s.close()
+			}
+		}
+	}
+}
+
+// ports runs switchshow on s and returns its rows.
+func ports(ctx context.Context, s *session, addr string) ([]PortRow, error) {
+	out, err := s.command(ctx, "switchshow")
+	if err != nil {
+		return nil, err
+	}
+	rows, err := ParseSwitchshow(out)
+	if err != nil {
+		return nil, fmt.Errorf("%w: switch %s: %w", fault.ErrDevice, addr, err)
+	}
+	return rows, nil
+}
+
+// port returns the row of port n, or a fault.Invalid naming the plug.
+func port(rows []PortRow, n int, addr string) (PortRow, error) {
+	for _, r := range rows {
+		if r.Index == n {
+			return r, nil
+		}
+	}
+	return PortRow{}, fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
+}
+
+// Status reads the port's row of switchshow: OFF when it says Disabled.
+func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
+	st := driverv1.PowerState_POWER_STATE_UNKNOWN
+	err := d.withSession(ctx, t, func(s *session) error {
+		c, _ := d.parse(t.Params, false)
+		rows, err := ports(ctx, s, c.addr())
+		if err != nil {
+			return err
+		}
+		r, err := port(rows, c.plug, c.addr())
+		if err != nil {
+			return err
+		}
+		st = driverv1.PowerState_POWER_STATE_ON
+		if r.Disabled {
+			st = driverv1.PowerState_POWER_STATE_OFF
+		}
+		return nil
+	})
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
+	}
+	return st, nil
+}
+
+// PowerOff persistently disables the port (isolation).
+func (d *Driver) PowerOff(ctx context.Context, t kit.Target) error {
+	return d.set(ctx, t, true)
+}
+
+// PowerOn persistently enables the port.
+func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
+	return d.set(ctx, t, false)
+}
+
+// set checks that the port exists, then sends the command unless the port is already in the
+// wanted state. The kit verifies the effect by reading switchshow again.
+func (d *Driver) set(ctx context.Context, t kit.Target, disable bool) error {
+	return d.withSession(ctx, t, func(s *session) error {
+		c, _ := d.parse(t.Params, false)
+		rows, err := ports(ctx, s, c.addr())
+		if err != nil {
+			return err
+		}
+		r, err := port(rows, c.plug, c.addr())
+		if err != nil {
+			return err
+		}
+		if r.Disabled == disable {
+			return nil
+		}
+		cmd := "portCfgPersistentEnable " + strconv.Itoa(c.plug)
+		if disable {
+			cmd = "portCfgPersistentDisable " + strconv.Itoa(c.plug)
+		}
+		out, err := s.command(ctx, cmd)
+		if err != nil {
+			return err
+		}
+		if commandFailed(out) {
+			return fmt.Errorf("%w: switch %s: %s: %s", fault.ErrDevice, c.addr(), cmd, firstLine(out))
+		}
+		return nil
+	})
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
+
+// List returns the switch's ports, with their state.
+func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
+	var plugs []*driverv1.Plug
+	err := d.withSession(ctx, t, func(s *session) error {
+		c, _ := d.parse(t.Params, false)
+		rows, err := ports(ctx, s, c.addr())
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			st := driverv1.PowerState_POWER_STATE_ON
+			if r.Disabled {
+				st = driverv1.PowerState_POWER_STATE_OFF
+			}
+			plugs = append(plugs, &driverv1.Plug{Id: strconv.Itoa(r.Index), Name: r.State, State: st})
+		}
+		return nil
+	})
+	return plugs, err
+}
+
+// Monitor logs in and runs switchshow.
+func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
+	return d.withSession(ctx, t, func(s *session) error {
+		c, _ := d.parse(t.Params, false)
+		_, err := ports(ctx, s, c.addr())
+		return err
+	})
+}

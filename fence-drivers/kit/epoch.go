@@ -1,0 +1,134 @@
+package kit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// epochFile is the name of the persisted epoch table inside Options.StateDir.
+const epochFile = "epochs.json"
+
+// epochState is the on-disk form of the epoch table.
+type epochState struct {
+	// Version is the file format version, 1.
+	Version int `json:"version"`
+	// Epochs maps a device key to the highest epoch seen for it.
+	Epochs map[string]int64 `json:"epochs"`
+}
+
+// epochStore remembers the highest fencing token seen per device, on disk.
+type epochStore struct {
+	mu     sync.Mutex
+	path   string
+	epochs map[string]int64
+}
+
+// loadEpochs opens (or creates) the epoch table in dir. A file that cannot be read is an error:
+// forgetting epochs would let a deposed leader act.
+func loadEpochs(dir string) (*epochStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	s := &epochStore{path: filepath.Join(dir, epochFile), epochs: map[string]int64{}}
+	data, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, s.persist(s.epochs) // prove now that the directory is writable
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read epochs: %w", err)
+	}
+	var st epochState
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("epochs file %s is corrupt (refusing to start without it): %w", s.path, err)
+	}
+	if st.Version != 1 {
+		return nil, fmt.Errorf("epochs file %s: unsupported version %d", s.path, st.Version)
+	}
+	for k, v := range st.Epochs {
+		s.epochs[k] = v
+	}
+	return s, nil
+}
+
+// check rejects an epoch lower than the highest seen for key, without recording anything.
+func (s *epochStore) check(key string, epoch int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return staleErr(key, epoch, s.epochs[key])
+}
+
+// observe rejects an epoch lower than the highest seen for key and records (and persists, before
+// returning) a higher one. The in-memory table changes only once the file is durable.
+func (s *epochStore) observe(key string, epoch int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	high := s.epochs[key]
+	if err := staleErr(key, epoch, high); err != nil {
+		return err
+	}
+	if epoch == high {
+		return nil
+	}
+	next := make(map[string]int64, len(s.epochs)+1)
+	for k, v := range s.epochs {
+		next[k] = v
+	}
+	next[key] = epoch
+	if err := s.persist(next); err != nil {
+		return fmt.Errorf("persist epoch %d for %s: %w", epoch, key, err)
+	}
+	s.epochs = next
+	return nil
+}
+
+func staleErr(key string, epoch, high int64) error {
+	if epoch < high {
+		return fmt.Errorf("%w: epoch %d is lower than %d already seen for device %s", fault.ErrStaleEpoch, epoch, high, key)
+	}
+	return nil
+}
+
+// persist writes the table atomically: temporary file, fsync, rename, fsync of the directory.
+func (s *epochStore) persist(epochs map[string]int64) error {
+	data, err := json.MarshalIndent(epochState{Version: 1, Epochs: epochs}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(s.path, append(data, '\n'))
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,113 @@
+// Package kit is the shared fence-driver kit: it implements the nodefence.driver.v1
+// FenceDriverService over a small Driver interface, so that a driver is only its protocol.
+//
+// The kit owns everything that must behave the same for every device:
+//   - request validation and parameter canonicalisation (ClusterLabs aliases, defaults, types),
+//     driven by the driver's own parameter descriptions;
+//   - the fencing token: a mutating call whose epoch is lower than the highest seen for the same
+//     device is rejected with fault.ErrStaleEpoch; a higher epoch is persisted atomically in the
+//     state directory BEFORE the device is touched, so it survives restarts;
+//   - operation_id de-duplication: a repeat of a completed operation returns the first result
+//     without touching the device, and a repeat of a running one waits for it;
+//   - one mutating operation at a time per device;
+//   - the deadline (request timeout or the default), enforced even if a driver ignores its context;
+//   - verification by read-back: an action succeeds only once Status has read the wanted state
+//     several times in a row (a flapping device is never confirmed);
+//   - one audit log line per operation, with secret parameters masked.
+package kit
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// Target is one fenceable thing as a driver sees it.
+type Target struct {
+	// Name is a human label (usually the node name) for logs.
+	Name string
+	// Params are the target parameters, canonicalised: names are the canonical names of the
+	// driver's Describe (aliases resolved, lower case, '-' read as '_'), defaults filled in,
+	// booleans "1" or "0". Parameters the driver does not describe are passed through unchanged.
+	Params map[string]string
+}
+
+// Driver is a fence device protocol. The kit calls it only with validated, canonical targets and
+// a context carrying the operation's deadline; the driver must honour that context.
+type Driver interface {
+	// Name is the driver name as given to `fence-driver --driver`.
+	Name() string
+	// Describe lists the parameters the driver accepts, like a fence agent's metadata. The kit
+	// uses it to resolve aliases, fill defaults, check required and typed values and mask secrets.
+	Describe() []*driverv1.Parameter
+	// Validate checks canonical parameters and returns a fault.Invalid naming each bad one.
+	Validate(params map[string]string) error
+	// DeviceKey identifies the physical device and plug: the scope of epochs and locking.
+	DeviceKey(t Target) string
+	// PowerOff asks the device to turn the target off. It need not wait for the effect.
+	PowerOff(ctx context.Context, t Target) error
+	// PowerOn asks the device to turn the target on. It need not wait for the effect.
+	PowerOn(ctx context.Context, t Target) error
+	// Status reads the power state. It returns POWER_STATE_UNKNOWN (or an error) whenever the
+	// answer is in doubt, and never POWER_STATE_OFF unless the device said so.
+	Status(ctx context.Context, t Target) (driverv1.PowerState, error)
+}
+
+// Lister is implemented by drivers whose devices have plugs or ports to enumerate.
+type Lister interface {
+	// List returns the plugs of the target's device.
+	List(ctx context.Context, t Target) ([]*driverv1.Plug, error)
+}
+
+// Monitorer is implemented by drivers that can check a device without changing power.
+type Monitorer interface {
+	// Monitor returns nil when the device answered and accepted the credentials; otherwise an
+	// error wrapping fault.ErrUnreachable, fault.ErrUnauthenticated or the context's error.
+	Monitor(ctx context.Context, t Target) error
+}
+
+// Documented is implemented by drivers that describe their devices in words for Describe.
+type Documented interface {
+	// Description says what devices the driver controls.
+	Description() string
+}
+
+// Options configures a Service. Zero fields take the defaults documented on each field.
+type Options struct {
+	// StateDir holds the persisted epochs. Required; created if missing.
+	StateDir string
+	// DefaultTimeout bounds an operation whose request has no timeout. Default 20 s.
+	DefaultTimeout time.Duration
+	// PollInterval is the pause between status reads while verifying an action. Default 100 ms.
+	PollInterval time.Duration
+	// ConfirmReads is how many consecutive status reads must see the wanted state before an
+	// action is confirmed; the confirming reads follow each other without a pause. A device
+	// whose status flaps is never confirmed. Default 2.
+	ConfirmReads int
+	// Log receives the audit lines. Default slog.Default().
+	Log *slog.Logger
+}
+
+// SetDefaults fills the zero fields.
+func (o *Options) SetDefaults() {
+	if o.DefaultTimeout == 0 {
+		o.DefaultTimeout = 20 * time.Second
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = 100 * time.Millisecond
+	}
+	if o.ConfirmReads == 0 {
+		o.ConfirmReads = 2
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+}
+
+// TargetDescriber is an optional capability: a driver whose parameters depend on the target (the
+// fence-agent runner describes the agent a target names) answers Describe for a given target.
+type TargetDescriber interface {
+	DescribeTarget(params map[string]string) ([]*driverv1.Parameter, string, error)
+}

@@ -1,0 +1,212 @@
+package kit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+var testDesc = []*driverv1.Parameter{
+	{Name: "ip", Aliases: []string{"ipaddr"}, Required: true, Type: TypeString},
+	{Name: "ipport", Type: TypeInteger, Default: "623"},
+	{Name: "password", Aliases: []string{"passwd"}, Secret: true, Type: TypeString},
+	{Name: "lanplus", Type: TypeBoolean, Default: "1"},
+	{Name: "snmp_priv_passwd", Type: TypeString},
+}
+
+func TestCanonicalize(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      map[string]string
+		want    map[string]string
+		wantErr []string // field names in the fault.Invalid
+	}{
+		{
+			name: "aliases, defaults, normalised names",
+			in:   map[string]string{"IPADDR": "10.0.0.1", "passwd": "s", "snmp-priv-passwd": "p", "plug": "3"},
+			want: map[string]string{"ip": "10.0.0.1", "ipport": "623", "password": "s", "lanplus": "1", "snmp_priv_passwd": "p", "plug": "3"},
+		},
+		{
+			name: "booleans",
+			in:   map[string]string{"ip": "h", "lanplus": "off"},
+			want: map[string]string{"ip": "h", "ipport": "623", "lanplus": "0"},
+		},
+		{
+			name: "same value under two names is fine",
+			in:   map[string]string{"ip": "h", "ipaddr": "h"},
+			want: map[string]string{"ip": "h", "ipport": "623", "lanplus": "1"},
+		},
+		{name: "missing required", in: map[string]string{"ipport": "1"}, wantErr: []string{"ip"}},
+		{name: "empty required", in: map[string]string{"ip": " "}, wantErr: []string{"ip"}},
+		{name: "conflicting aliases", in: map[string]string{"ip": "a", "ipaddr": "b"}, wantErr: []string{"ip"}},
+		{
+			name:    "bad types, all reported",
+			in:      map[string]string{"ip": "h", "ipport": "x", "lanplus": "maybe"},
+			wantErr: []string{"ipport", "lanplus"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Canonicalize(tt.in, testDesc)
+			var inv fault.Invalid
+			if tt.wantErr != nil {
+				if !errors.As(err, &inv) {
+					t.Fatalf("err = %v, want fault.Invalid", err)
+				}
+				var fields []string
+				for _, e := range inv {
+					fields = append(fields, e.Field)
+				}
+				if diff := cmp.Diff(tt.wantErr, fields); diff != "" {
+					t.Errorf("invalid fields (-want +got):\n%s", diff)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("Canonicalize (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMaskedHidesSecrets(t *testing.T) {
+	got := Masked(map[string]string{"ip": "h", "password": "a", "passwd": "b", "community": "c", "snmp_priv_passwd": "d"}, testDesc)
+	want := map[string]string{"ip": "h", "password": "***", "passwd": "***", "community": "***", "snmp_priv_passwd": "***"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Masked (-want +got):\n%s", diff)
+	}
+}
+
+func TestEpochStorePersists(t *testing.T) {
+	dir := t.TempDir()
+	s, err := loadEpochs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.observe("dev", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.observe("dev", 4); !errors.Is(err, fault.ErrStaleEpoch) {
+		t.Fatalf("observe lower epoch = %v, want ErrStaleEpoch", err)
+	}
+	s2, err := loadEpochs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.check("dev", 4); !errors.Is(err, fault.ErrStaleEpoch) {
+		t.Fatalf("after reload, epoch 4 = %v, want ErrStaleEpoch", err)
+	}
+	if err := s2.check("other", 1); err != nil {
+		t.Fatalf("other device: %v", err)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, "*.tmp-*"))
+	if len(leftovers) != 0 {
+		t.Errorf("temporary files left: %v", leftovers)
+	}
+	if err := os.WriteFile(filepath.Join(dir, epochFile), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadEpochs(dir); err == nil {
+		t.Error("a corrupt epochs file was accepted")
+	}
+}
+
+// fakeDriver is an in-memory device; hang makes every call ignore its context for that long.
+type fakeDriver struct {
+	mu     sync.Mutex
+	on     bool
+	hang   time.Duration
+	failed int // remaining PowerOff calls that fail
+	offs   int
+}
+
+func (*fakeDriver) Name() string                            { return "fake" }
+func (*fakeDriver) Describe() []*driverv1.Parameter         { return testDesc }
+func (*fakeDriver) Validate(map[string]string) error        { return nil }
+func (*fakeDriver) DeviceKey(t Target) string               { return "fake/" + t.Params["ip"] }
+func (f *fakeDriver) PowerOn(context.Context, Target) error { f.set(true); return nil }
+func (f *fakeDriver) PowerOff(ctx context.Context, _ Target) error {
+	time.Sleep(f.hang) // deliberately deaf to ctx
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.offs++
+	if f.failed > 0 {
+		f.failed--
+		return errors.New("device said no")
+	}
+	f.on = false
+	return nil
+}
+func (f *fakeDriver) set(on bool) { f.mu.Lock(); f.on = on; f.mu.Unlock() }
+func (f *fakeDriver) Status(context.Context, Target) (driverv1.PowerState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.on {
+		return driverv1.PowerState_POWER_STATE_ON, nil
+	}
+	return driverv1.PowerState_POWER_STATE_OFF, nil
+}
+
+func newTestService(t *testing.T, d Driver) *Service {
+	t.Helper()
+	s, err := NewService(d, Options{StateDir: t.TempDir(), PollInterval: 10 * time.Millisecond, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func offReq(id string, timeout time.Duration) *driverv1.PowerOffRequest {
+	return &driverv1.PowerOffRequest{OperationId: id, Epoch: 1, Timeout: durationpb.New(timeout),
+		Target: &driverv1.Target{Name: "n", Parameters: map[string]string{"ip": "h", "password": "secret"}}}
+}
+
+func TestDeadlineEnforcedOnDeafDriver(t *testing.T) {
+	d := &fakeDriver{on: true, hang: 2 * time.Second}
+	s := newTestService(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := s.PowerOff(ctx, offReq("a", 300*time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("PowerOff on a deaf driver = %v, want DeadlineExceeded", err)
+	}
+	if el := time.Since(start); el > 400*time.Millisecond {
+		t.Errorf("returned after %s with a 300ms timeout", el)
+	}
+}
+
+func TestFailedOperationIsRetried(t *testing.T) {
+	d := &fakeDriver{on: true, failed: 1}
+	s := newTestService(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.PowerOff(ctx, offReq("a", time.Second)); err == nil || !strings.Contains(err.Error(), "device said no") {
+		t.Fatalf("first PowerOff = %v, want the device's error", err)
+	}
+	resp, err := s.PowerOff(ctx, offReq("a", time.Second))
+	if err != nil || resp.GetState() != driverv1.PowerState_POWER_STATE_OFF {
+		t.Fatalf("retried PowerOff = %v, %v", resp, err)
+	}
+	if _, err := s.PowerOff(ctx, offReq("a", time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d.offs != 2 {
+		t.Errorf("device asked %d times, want 2 (failure retried, success remembered)", d.offs)
+	}
+}

@@ -1,0 +1,334 @@
+// Package agent is the node agent's client of the coordinator: one long-lived, resumable
+// AgentService.Connect stream that carries heartbeats, signal samples and events with sequence
+// numbers, resends what the coordinator has not acknowledged after every reconnect, follows leader
+// redirects and backs off with jitter.
+//
+// The bookkeeping (Outbox) and the wait between attempts (Backoff) are pure and tested on their own;
+// Agent does the I/O.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// Sampler reads the node's eviction signals. It is an interface here, where it is used, so that
+// tests can feed the agent fixed values; signals.HostSampler is the real one.
+type Sampler interface {
+	Sample(ctx context.Context) (*agentv1.SignalSample, error)
+}
+
+// maxRedirects is how many leader redirects in a row are followed at once; beyond that (followers
+// pointing at each other during an election) the normal backoff applies.
+const maxRedirects = 3
+
+// Agent keeps one stream to the coordinator leader. Create it with New, then call Run once.
+type Agent struct {
+	cfg     Config
+	sampler Sampler
+	log     *slog.Logger
+	version string
+
+	notify    chan struct{} // a message was queued; capacity 1
+	cfgNotify chan struct{} // a new AgentConfig arrived; capacity 1
+	connected atomic.Bool
+
+	mu        sync.Mutex
+	out       *Outbox
+	heartbeat time.Duration        // current heartbeat interval (coordinator's when it sent one)
+	sample    time.Duration        // current sample interval
+	newConfig *agentv1.AgentConfig // the latest AgentConfig not yet applied by the stream loop
+}
+
+// New validates cfg (after SetDefaults) and returns an agent that samples with s.
+func New(cfg Config, s Sampler) (*Agent, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if s == nil {
+		return nil, fault.Invalid{{Field: "Sampler", Problem: "required"}}
+	}
+	version := "(unknown)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+	}
+	return &Agent{
+		cfg: cfg, sampler: s, log: cfg.Log, version: version,
+		notify: make(chan struct{}, 1), cfgNotify: make(chan struct{}, 1),
+		out: NewOutbox(cfg.BufferSize), heartbeat: cfg.HeartbeatInterval, sample: cfg.SampleInterval,
+	}, nil
+}
+
+// Connected reports whether a stream is up: the coordinator has answered this stream's Hello.
+func (a *Agent) Connected() bool { return a.connected.Load() }
+
+// Send queues an event (a condition change, shutdown event or eviction candidates) for the
+// coordinator. The agent assigns the seq; msg is copied, so the caller keeps ownership. Events are
+// resent on every new stream until acknowledged and are never dropped. A Hello or an empty message is
+// ignored (and logged): the agent sends its own Hellos.
+func (a *Agent) Send(msg *agentv1.ConnectRequest) {
+	if msg == nil || msg.Msg == nil || msg.GetHello() != nil {
+		a.log.Error("agent: Send ignores empty messages and hellos", "msg", msg)
+		return
+	}
+	a.push(proto.Clone(msg).(*agentv1.ConnectRequest))
+}
+
+func (a *Agent) push(m *agentv1.ConnectRequest) {
+	a.mu.Lock()
+	seq, dropped := a.out.Push(m)
+	n := a.out.Len()
+	a.mu.Unlock()
+	if len(dropped) > 0 {
+		a.log.Warn("outbox full: dropped unacked samples/heartbeats", "dropped_seqs", dropped, "unacked", n)
+	}
+	if n > a.cfg.BufferSize {
+		a.log.Warn("outbox over its limit with events that are never dropped", "unacked", n, "limit", a.cfg.BufferSize, "seq", seq)
+	}
+	select {
+	case a.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Unacked returns how many messages wait for an acknowledgement.
+func (a *Agent) Unacked() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.out.Len()
+}
+
+// Run keeps a stream to the coordinator leader until ctx is done, then returns nil. It reconnects
+// forever: to the leader a follower named (at once, up to a few redirects in a row), to the same
+// coordinator after a stream that worked, and otherwise to the next address in Coordinators, waiting
+// Backoff between attempts (the attempt count is reset by a stream that worked).
+func (a *Agent) Run(ctx context.Context) error {
+	idx, attempt, redirects := 0, 0, 0
+	addr := a.cfg.Coordinators[0]
+	for {
+		res := a.session(ctx, addr)
+		if ctx.Err() != nil {
+			return nil
+		}
+		log := a.log.With("coordinator", addr, "code", status.Code(res.err).String(), "error", res.err)
+		if res.worked {
+			attempt, redirects = 0, 0
+		}
+		if res.leader != "" && redirects < maxRedirects {
+			redirects++
+			log.Info("coordinator is not the leader; following the redirect", "leader", res.leader)
+			addr = res.leader
+			continue
+		}
+		if !res.worked {
+			idx = (idx + 1) % len(a.cfg.Coordinators)
+			addr = a.cfg.Coordinators[idx]
+		}
+		wait := Backoff(attempt, a.cfg.MinBackoff, a.cfg.MaxBackoff, rand.Float64())
+		attempt, redirects = attempt+1, 0
+		log.Warn("stream ended; reconnecting", "next", addr, "backoff", wait, "worked", res.worked)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// result is how one stream ended.
+type result struct {
+	worked bool   // the coordinator answered the Hello
+	leader string // the leader a follower named, if it did
+	err    error
+}
+
+type recvEnd struct {
+	err     error
+	trailer metadata.MD
+}
+
+// session runs one stream to addr until it ends or ctx is done.
+func (a *Agent) session(ctx context.Context, addr string) (res result) {
+	defer a.connected.Store(false)
+	conn, err := dial.New(addr, a.cfg.TLS)
+	if err != nil {
+		return result{err: err}
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := agentv1.NewAgentServiceClient(conn).Connect(sctx)
+	if err != nil {
+		return result{err: err}
+	}
+
+	a.mu.Lock()
+	helloSeq, resume := a.out.Resume()
+	a.mu.Unlock()
+	hello := &agentv1.ConnectRequest{Seq: helloSeq, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
+		NodeName: a.cfg.NodeName, BootId: a.cfg.BootID, Zone: a.cfg.Zone, Region: a.cfg.Region,
+		Labels: a.cfg.Labels, Capacity: a.cfg.Capacity, AgentVersion: a.version, ResumeFromSeq: resume,
+	}}}
+	if err := st.Send(hello); err != nil && !errors.Is(err, io.EOF) {
+		return result{err: err}
+	}
+
+	var worked atomic.Bool
+	ended := make(chan recvEnd, 1)
+	go func() {
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				ended <- recvEnd{err: err, trailer: st.Trailer()}
+				return
+			}
+			if !worked.Swap(true) {
+				a.connected.Store(true)
+				a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
+			}
+			a.receive(resp)
+		}
+	}()
+	finish := func(e recvEnd) result {
+		r := result{worked: worked.Load(), err: e.err}
+		if status.Code(e.err) == codes.Unavailable {
+			r.leader = fault.LeaderFromTrailer(e.trailer)
+		}
+		return r
+	}
+
+	a.mu.Lock()
+	hbEvery, sampleEvery := a.heartbeat, a.sample
+	a.mu.Unlock()
+	hb := time.NewTicker(hbEvery)
+	defer hb.Stop()
+	sm := time.NewTicker(sampleEvery)
+	defer sm.Stop()
+	a.takeSample(sctx, sampleEvery)
+
+	lastSent := helloSeq
+	for {
+		a.mu.Lock()
+		pending := a.out.After(lastSent)
+		a.mu.Unlock()
+		for _, m := range pending {
+			if err := st.Send(m); err != nil {
+				// The stream is over; Recv tells why.
+				select {
+				case e := <-ended:
+					return finish(e)
+				case <-ctx.Done():
+					cancel()
+					return finish(<-ended)
+				}
+			}
+			lastSent = m.Seq
+		}
+		select {
+		case <-ctx.Done():
+			cancel()
+			return finish(<-ended)
+		case e := <-ended:
+			return finish(e)
+		case <-a.notify:
+		case <-hb.C:
+			a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
+		case <-sm.C:
+			a.takeSample(sctx, sampleEvery)
+		case <-a.cfgNotify:
+			h, s := a.applyConfig()
+			if h != hbEvery {
+				hbEvery = h
+				hb.Reset(h)
+			}
+			if s != sampleEvery {
+				sampleEvery = s
+				sm.Reset(s)
+			}
+		}
+	}
+}
+
+// receive handles one coordinator message.
+func (a *Agent) receive(resp *agentv1.ConnectResponse) {
+	switch m := resp.Msg.(type) {
+	case *agentv1.ConnectResponse_Ack:
+		a.mu.Lock()
+		n := a.out.Ack(m.Ack.AckedSeq)
+		last := a.out.Last()
+		a.mu.Unlock()
+		if m.Ack.AckedSeq > last {
+			a.log.Warn("coordinator acked a seq the agent never sent", "acked_seq", m.Ack.AckedSeq, "last_seq", last)
+		}
+		a.log.Debug("ack", "acked_seq", m.Ack.AckedSeq, "removed", n)
+	case *agentv1.ConnectResponse_Config:
+		a.mu.Lock()
+		a.newConfig = m.Config
+		a.mu.Unlock()
+		select {
+		case a.cfgNotify <- struct{}{}:
+		default:
+		}
+	case *agentv1.ConnectResponse_Grant:
+		if a.cfg.Grants == nil {
+			a.log.Warn("eviction grant received; no pods to evict in standalone mode", "signal", m.Grant.Signal, "pods", len(m.Grant.Pods))
+			return
+		}
+		a.cfg.Grants.Grant(m.Grant)
+	default:
+		a.log.Warn("unknown coordinator message", "msg", fmt.Sprintf("%T", resp.Msg))
+	}
+}
+
+// applyConfig takes the latest AgentConfig into the agent's intervals (ignoring unset or
+// non-positive durations) and returns the intervals now in force.
+func (a *Agent) applyConfig() (heartbeat, sample time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c := a.newConfig; c != nil {
+		if d := c.GetHeartbeatInterval().AsDuration(); c.HeartbeatInterval != nil && d > 0 {
+			a.heartbeat = d
+		}
+		if d := c.GetSampleInterval().AsDuration(); c.SampleInterval != nil && d > 0 {
+			a.sample = d
+		}
+		a.log.Info("coordinator config", "heartbeat_interval", a.heartbeat, "sample_interval", a.sample, "epoch", c.Epoch)
+		a.newConfig = nil
+	}
+	return a.heartbeat, a.sample
+}
+
+// takeSample reads the signals (within one interval) and queues them.
+func (a *Agent) takeSample(ctx context.Context, within time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	s, err := a.sampler.Sample(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			a.log.Warn("sampling the eviction signals failed", "error", err)
+		}
+		return
+	}
+	a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Sample{Sample: s}})
+}

@@ -1,0 +1,439 @@
+// Command node-agent runs on every node: it reads the node's eviction signals and streams them, with
+// heartbeats and events, to the nodefence coordinator leader. It evaluates kubelet's eviction
+// thresholds (every --housekeeping-interval, and memory.available every --memory-fast-interval),
+// sends pressure condition changes at once, and, with --shutdown-grace-period or
+// --shutdown-grace-period-by-pod-priority, holds a logind delay inhibitor lock to run a graceful
+// node shutdown. --metrics-listen serves Prometheus metrics.
+//
+// With --kubeconfig (a path, or "in-cluster" inside a pod) the agent runs in Kubernetes mode: it
+// watches its node's pods, ranks them for eviction with their cgroups' usage (--cgroup-driver),
+// evicts the pods the coordinator grants through the Eviction API, and deletes the node's pods
+// phase by phase in a graceful shutdown. Without it (standalone) it only reports.
+//
+// --shutdown-grace-period-by-pod-priority takes comma-separated priority:duration pairs, the
+// flag form of kubelet's shutdownGracePeriodByPodPriority: "100000:10s,10000:3m,1000:2m,0:1m" means
+// pods of priority >= 100000 get 10s, [10000, 100000) 3m, [1000, 10000) 2m, the rest 1m.
+//
+// Invalid flags make it exit with status 2 after listing every problem found.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/eviction"
+	"github.com/nodefence/nodefence/node-agent/kubepods"
+	"github.com/nodefence/nodefence/node-agent/metrics"
+	"github.com/nodefence/nodefence/node-agent/pressure"
+	"github.com/nodefence/nodefence/node-agent/shutdown"
+	"github.com/nodefence/nodefence/node-agent/signals"
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options is everything the flags configure.
+type options struct {
+	agent    agent.Config
+	reader   signals.Reader
+	eviction eviction.Config
+	pressure pressure.Config
+	shutdown shutdown.Config
+	// logindBus is the D-Bus address logind is reached on ("" = the system bus).
+	logindBus string
+	// metricsListen is the metrics address ("" = no metrics endpoint).
+	metricsListen string
+	// kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster" ("" = standalone).
+	kubeconfig string
+	// cgroupDriver is how the kubelet names pod cgroups.
+	cgroupDriver kubepods.Driver
+	logLevel     slog.Level
+}
+
+// problems collects flag value errors so that all of them are reported, not just the first.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+// value is a flag.Value that parses with set and records a failure instead of stopping the parse.
+type value struct {
+	name string
+	text string
+	set  func(string) error
+	errs *problems
+}
+
+func (v *value) String() string { return v.text }
+func (v *value) Set(s string) error {
+	v.text = s
+	if err := v.set(s); err != nil {
+		v.errs.add("--%s: %q: %v", v.name, s, err)
+	}
+	return nil
+}
+
+// flagFor names the flag behind each agent.Config field, for error messages.
+var flagFor = map[string]string{
+	"Coordinators": "--coordinator", "NodeName": "--node-name", "BootID": "--boot-id-file",
+	"Zone": "--zone", "Region": "--region", "Labels": "--label",
+	"HeartbeatInterval": "--heartbeat-interval", "SampleInterval": "--sample-interval",
+}
+
+// parse turns args into options, returning every problem found. A nil error list with help=true
+// means --help was asked for.
+func parse(args []string, stderr io.Writer) (opts options, errs problems, help bool) {
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: node-agent --coordinator=host:port[,host:port...] [flags]")
+		fs.PrintDefaults()
+	}
+	a := &opts.agent
+	a.Labels = map[string]string{}
+	var coordinators, nodeName, bootIDFile string
+	a.HeartbeatInterval, a.SampleInterval = agent.DefaultHeartbeatInterval, agent.DefaultSampleInterval
+	var ev eviction.Flags
+	ev.PressureTransitionPeriod = 5 * time.Minute
+
+	duration := func(name string, dst *time.Duration, usage string) {
+		v := &value{name: name, text: dst.String(), errs: &errs, set: func(s string) error {
+			d, err := time.ParseDuration(s)
+			if err == nil {
+				*dst = d
+			}
+			return err
+		}}
+		fs.Var(v, name, usage)
+	}
+	fs.StringVar(&coordinators, "coordinator", "", "comma-separated coordinator addresses (host:port); the agent follows the leader (required)")
+	fs.StringVar(&nodeName, "node-name", "", "the node's name (default: the lowercased hostname)")
+	fs.StringVar(&a.Zone, "zone", "", "the node's topology.kubernetes.io/zone")
+	fs.StringVar(&a.Region, "region", "", "the node's topology.kubernetes.io/region")
+	fs.Var(&value{name: "label", errs: &errs, set: func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return errors.New("want key=value")
+		}
+		if _, dup := a.Labels[k]; dup {
+			return fmt.Errorf("label %q given twice", k)
+		}
+		a.Labels[k] = v
+		return nil
+	}}, "label", "an extra node label key=value (repeatable)")
+	fs.StringVar(&bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "file holding the boot id")
+	duration("heartbeat-interval", &a.HeartbeatInterval, "heartbeat interval until the coordinator sets one")
+	duration("sample-interval", &a.SampleInterval, "signal sample interval until the coordinator sets one")
+	fs.StringVar(&opts.reader.ProcRoot, "proc-root", signals.DefaultProcRoot, "where procfs is mounted")
+	fs.StringVar(&opts.reader.CgroupRoot, "cgroup-root", signals.DefaultCgroupRoot, "where the cgroup filesystems are mounted")
+	fs.Var(&value{name: "cgroup-version", text: "auto", errs: &errs, set: func(s string) (err error) {
+		opts.reader.CgroupVersion, err = signals.ParseCgroupVersion(s)
+		return err
+	}}, "cgroup-version", "cgroup hierarchy memory.available is read from: auto, 1 or 2")
+	a.TLS.RegisterFlags(fs, "", "the coordinator connection")
+	fs.Var(&value{name: "log-level", text: "info", errs: &errs, set: func(s string) error {
+		return opts.logLevel.UnmarshalText([]byte(s))
+	}}, "log-level", "debug, info, warn or error")
+
+	fs.Var(&value{name: "eviction-hard", text: eviction.DefaultHard, errs: &errs, set: func(s string) error {
+		ev.Hard, ev.HardSet = s, true
+		return nil
+	}}, "eviction-hard", "kubelet's hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10% (validated; applied in a later release)")
+	fs.StringVar(&ev.Soft, "eviction-soft", "", "kubelet's soft eviction thresholds, e.g. memory.available<1.5Gi (validated; applied in a later release)")
+	fs.StringVar(&ev.SoftGracePeriod, "eviction-soft-grace-period", "", "grace periods of the soft thresholds, e.g. memory.available=1m30s")
+	fs.StringVar(&ev.MinimumReclaim, "eviction-minimum-reclaim", "", "minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi")
+	duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
+	fs.Var(&value{name: "eviction-max-pod-grace-period", text: "0", errs: &errs, set: func(s string) (err error) {
+		ev.MaxPodGracePeriod, err = strconv.Atoi(s)
+		return err
+	}}, "eviction-max-pod-grace-period", "maximum pod grace period in seconds for soft evictions (0: evicted pods are killed at once, as kubelet does)")
+	opts.pressure.HousekeepingInterval = pressure.DefaultHousekeepingInterval
+	opts.pressure.FastInterval = pressure.DefaultFastInterval
+	duration("housekeeping-interval", &opts.pressure.HousekeepingInterval, "how often every eviction signal is read and the thresholds evaluated (kubelet's)")
+	opts.pressure.FastCeiling = pressure.DefaultFastCeiling
+	duration("memory-fast-max-interval", &opts.pressure.FastCeiling, "longest wait between memory.available reads on the fast path: the detection bound when memory falls faster than expected")
+	duration("memory-fast-interval", &opts.pressure.FastInterval, "shortest wait between memory.available reads on the fast path, which waits longer the further memory is from its thresholds (0 turns it off)")
+	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "/", "a path on nodefs, kubelet's root filesystem (its --root-dir); empty: no filesystem signals")
+	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: --nodefs-path)")
+	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: --imagefs-path)")
+	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
+	duration("shutdown-grace-period-critical-pods", &opts.shutdown.CriticalGracePeriod, "kubelet's shutdownGracePeriodCriticalPods: the part of --shutdown-grace-period kept for critical pods")
+	fs.Var(&value{name: "shutdown-grace-period-by-pod-priority", errs: &errs, set: func(s string) (err error) {
+		opts.shutdown.ByPriority, err = shutdown.ParseByPriority(s)
+		return err
+	}}, "shutdown-grace-period-by-pod-priority", "kubelet's shutdownGracePeriodByPodPriority as priority:duration pairs, e.g. 100000:10s,10000:3m,0:1m")
+	fs.StringVar(&opts.logindBus, "logind-bus", "", "D-Bus address logind is reached on (default: the system bus)")
+	fs.StringVar(&opts.kubeconfig, "kubeconfig", "", `Kubernetes mode: a kubeconfig path, or "in-cluster" inside a pod (default: standalone, no pods)`)
+	fs.Var(&value{name: "cgroup-driver", text: "auto", errs: &errs, set: func(s string) (err error) {
+		opts.cgroupDriver, err = kubepods.ParseDriver(s)
+		return err
+	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
+	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return opts, nil, true
+		}
+		errs = append(errs, err)
+		return opts, errs, false
+	}
+	if fs.NArg() > 0 {
+		errs.add("unexpected arguments: %q", fs.Args())
+	}
+
+	for _, c := range strings.Split(coordinators, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			a.Coordinators = append(a.Coordinators, c)
+		}
+	}
+	if nodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			errs.add("--node-name: not set and the hostname is unknown: %v", err)
+		}
+		nodeName = strings.ToLower(host)
+	}
+	a.NodeName = nodeName
+	if id, err := os.ReadFile(bootIDFile); err != nil {
+		errs.add("--boot-id-file: %v", err)
+	} else if a.BootID = strings.TrimSpace(string(id)); a.BootID == "" {
+		errs.add("--boot-id-file: %s is empty", bootIDFile)
+	}
+	if err := a.Validate(); err != nil {
+		var inv fault.Invalid
+		if !errors.As(err, &inv) {
+			errs = append(errs, err)
+		}
+		for _, fe := range inv {
+			if fe.Field == "TLS" {
+				errs.add("%s", fe.Problem) // already names the --tls-* flag
+				continue
+			}
+			field, _, _ := strings.Cut(fe.Field, "[")
+			if fe.Field == "BootID" && a.BootID == "" {
+				continue // reported above with the file's error
+			}
+			name, ok := flagFor[field]
+			if !ok {
+				name = fe.Field
+			}
+			errs.add("%s: %s", name, fe.Problem)
+		}
+	}
+	var evErrs []error
+	opts.eviction, evErrs = eviction.Parse(ev)
+	errs = append(errs, evErrs...)
+	if opts.pressure.HousekeepingInterval <= 0 {
+		errs.add("--housekeeping-interval: %v: must be positive", opts.pressure.HousekeepingInterval)
+	}
+	switch {
+	case opts.pressure.FastInterval < 0:
+		errs.add("--memory-fast-interval: %v: must not be negative", opts.pressure.FastInterval)
+	case opts.pressure.FastInterval == 0:
+		opts.pressure.FastInterval = -1 // off
+	case opts.pressure.FastCeiling < opts.pressure.FastInterval:
+		errs.add("--memory-fast-max-interval: %v is below --memory-fast-interval %v", opts.pressure.FastCeiling, opts.pressure.FastInterval)
+	}
+	errs = append(errs, opts.shutdown.Validate()...)
+	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
+	return opts, errs, false
+}
+
+// run is the whole program; it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	opts, errs, help := parse(args, stderr)
+	if help {
+		return 0
+	}
+	if len(errs) > 0 {
+		for _, err := range errs {
+			fmt.Fprintf(stderr, "node-agent: %v\n", err)
+		}
+		fmt.Fprintf(stderr, "node-agent: %d invalid flag(s); see --help\n", len(errs))
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: opts.logLevel}))
+	opts.agent.Log = log
+
+	// Fail fast when the signals cannot be read at all.
+	version, dir, err := opts.reader.Detect()
+	if err != nil {
+		log.Error("cannot find the memory cgroup", "error", err)
+		return 1
+	}
+	if _, err := opts.reader.Read(); err != nil {
+		log.Error("cannot read the eviction signals", "reader", opts.reader.String(), "error", err)
+		return 1
+	}
+	if c, err := opts.reader.Capacity(); err != nil {
+		log.Warn("cannot read the node capacity; the hello will carry none", "error", err)
+	} else {
+		opts.agent.Capacity = c
+	}
+
+	layout := eviction.LayoutSingle
+	if opts.reader.FS.NodeFS != "" {
+		var err error
+		if _, _, _, layout, err = opts.reader.FS.Disks(); err != nil {
+			log.Error("cannot measure the filesystems", "error", err)
+			return 1
+		}
+	}
+	evCfg, warnings := eviction.DeriveContainerFS(opts.eviction, layout)
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+
+	var kube *kubeMode
+	if opts.kubeconfig != "" {
+		if kube, err = newKubeMode(opts, log); err != nil {
+			log.Error("cannot start Kubernetes mode", "error", err)
+			return 1
+		}
+		opts.agent.Grants = kube.evictor
+	}
+
+	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
+	if err != nil {
+		log.Error("invalid agent configuration", "error", err)
+		return 2
+	}
+	met := metrics.New(a)
+	opts.pressure.Eviction, opts.pressure.Layout, opts.pressure.Log = evCfg, layout, log
+	var pods pressure.PodSource
+	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
+	if kube != nil {
+		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
+	}
+	mon, err := pressure.New(opts.pressure, opts.reader, a, pods, met)
+	if err != nil {
+		log.Error("invalid pressure configuration", "error", err)
+		return 2
+	}
+	var shut *shutdown.Manager
+	if opts.shutdown.Enabled() {
+		l, err := shutdown.DialLogind(ctx, opts.logindBus)
+		if err != nil {
+			log.Error("graceful shutdown needs logind", "error", err)
+			return 1
+		}
+		defer l.Close()
+		if us, err := l.InhibitDelayMax(ctx); err != nil {
+			log.Warn("cannot read logind's InhibitDelayMaxUSec", "error", err)
+		} else if max := time.Duration(us) * time.Microsecond; max < opts.shutdown.Total() {
+			log.Warn("logind's InhibitDelayMaxSec is below the shutdown grace period: the shutdown will not wait that long",
+				"inhibit_delay_max", max, "grace_period", opts.shutdown.Total())
+		}
+		shutOpts.Inhibitor = shutdown.LogindInhibitor{Logind: l}
+		shut, err = shutdown.NewManager(opts.shutdown, shutOpts)
+		if err != nil {
+			log.Error("invalid shutdown configuration", "error", err)
+			return 2
+		}
+	}
+	var metricsLis net.Listener
+	if opts.metricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", opts.metricsListen); err != nil {
+			log.Error("cannot listen for metrics", "address", opts.metricsListen, "error", err)
+			return 1
+		}
+	}
+	log.Info("node-agent starting", "node", opts.agent.NodeName, "boot_id", opts.agent.BootID,
+		"coordinators", opts.agent.Coordinators, "cgroup_version", version.String(), "memory_cgroup", dir,
+		"hard_thresholds", len(evCfg.Hard), "soft_thresholds", len(evCfg.Soft), "fs_layout", layout.String(),
+		"housekeeping_interval", opts.pressure.HousekeepingInterval, "graceful_shutdown", opts.shutdown.Enabled(),
+		"kubernetes_mode", kube != nil)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type task struct {
+		name string
+		run  func(context.Context) error
+	}
+	tasks := []task{{"agent", a.Run}, {"pressure", mon.Run}}
+	if shut != nil {
+		tasks = append(tasks, task{"shutdown", shut.Run})
+	}
+	if kube != nil {
+		tasks = append(tasks, task{"pod source", kube.source.Run}, task{"evictor", kube.evictor.Run})
+	}
+	if metricsLis != nil {
+		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, log) }})
+	}
+	errc := make(chan error, len(tasks))
+	for _, t := range tasks {
+		go func() {
+			err := t.run(ctx)
+			if err != nil {
+				err = fmt.Errorf("%s: %w", t.name, err)
+			}
+			cancel() // one part stopping stops the agent
+			errc <- err
+		}()
+	}
+	code := 0
+	for range tasks {
+		if err := <-errc; err != nil {
+			log.Error("agent stopped", "error", err)
+			code = 1
+		}
+	}
+	log.Info("node-agent stopped")
+	return code
+}
+
+// kubeMode is what Kubernetes mode adds: the node's pods, the evictor of granted pods and the
+// shutdown's terminator.
+type kubeMode struct {
+	source     *kubepods.Source
+	evictor    *kubepods.Evictor
+	terminator *kubepods.Terminator
+}
+
+func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
+	var rc *rest.Config
+	var err error
+	if opts.kubeconfig == "in-cluster" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", opts.kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver}
+	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log)
+	if err != nil {
+		return nil, err
+	}
+	return &kubeMode{
+		source:     src,
+		evictor:    kubepods.NewEvictor(cs, kubepods.EvictorConfig{Log: log}),
+		terminator: kubepods.NewTerminator(cs, kubepods.TerminatorConfig{Log: log}),
+	}, nil
+}

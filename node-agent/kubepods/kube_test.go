@@ -1,0 +1,411 @@
+package kubepods
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/nodefence/nodefence/node-agent/eviction"
+	"github.com/nodefence/nodefence/node-agent/shutdown"
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+)
+
+// runSource starts a Source for node as the agent until the end of the test.
+func runSource(t *testing.T, node string, usage UsageReader) *Source {
+	t.Helper()
+	src, err := NewSource(agentClient(t, nil), node, usage, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = src.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return src
+}
+
+// TestSourceListsThisNodesPods: only the node's unfinished pods, with the QoS class the apiserver
+// also computed, the priority its admission resolved, the requests, the markers, and the usage of
+// the one pod that has a cgroup.
+func TestSourceListsThisNodesPods(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node, other = "node-src-a", "node-src-b"
+	mk := func(s podSpec) *corev1.Pod { return createPod(ctx, t, ns, s) }
+	guaranteed := mk(podSpec{name: "guaranteed", node: node, priorityClass: "nf-high",
+		requests: rl("cpu", "1", "memory", "1Gi"), limits: rl("cpu", "1", "memory", "1Gi")})
+	mk(podSpec{name: "burstable", node: node, priorityClass: "nf-mid", requests: rl("memory", "100Mi", "ephemeral-storage", "2Gi")})
+	mk(podSpec{name: "besteffort", node: node, grace: 5})
+	mk(podSpec{name: "daemon", node: node, daemonSet: true, requests: rl("memory", "10Mi")})
+	mk(podSpec{name: "kube-proxy", node: node, mirror: true, priorityClass: "system-node-critical"})
+	done := mk(podSpec{name: "finished", node: node})
+	done.Status.Phase = corev1.PodSucceeded
+	if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, done, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mk(podSpec{name: "elsewhere", node: other})
+	mk(podSpec{name: "unscheduled"})
+
+	// A cgroup v2 tree, cgroupfs driver, with the guaranteed pod's cgroup: 512Mi - 128Mi.
+	root := t.TempDir()
+	dir := filepath.Join(root, PodCgroup(DriverCgroupfs, eviction.Guaranteed, string(guaranteed.UID)))
+	for path, content := range map[string]string{
+		filepath.Join(root, "cgroup.controllers"): "memory pids\n",
+		filepath.Join(dir, "memory.current"):      "536870912\n",
+		filepath.Join(dir, "memory.stat"):         "anon 402653184\ninactive_file 134217728\n",
+		filepath.Join(dir, "pids.current"):        "12\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := runSource(t, node, Cgroups{Root: root})
+
+	var got []eviction.Pod
+	eventually(ctx, t, "the node's five pods", func() bool {
+		pods, err := src.Pods(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = nil
+		for _, p := range pods {
+			if p.Namespace == ns {
+				got = append(got, p)
+			}
+		}
+		return len(got) == 5
+	})
+	for i := range got {
+		got[i].UID = "" // checked against the apiserver below
+	}
+	want := []eviction.Pod{
+		{Namespace: ns, Name: "besteffort", QoS: eviction.BestEffort, GracePeriod: 5 * time.Second, MemoryUsageUnknown: true},
+		{Namespace: ns, Name: "burstable", Priority: 10000, QoS: eviction.Burstable, GracePeriod: 30 * time.Second,
+			MemoryRequest: 100 << 20, StorageRequest: 2 << 30, MemoryUsageUnknown: true},
+		{Namespace: ns, Name: "daemon", QoS: eviction.Burstable, GracePeriod: 30 * time.Second, MemoryRequest: 10 << 20,
+			MemoryUsageUnknown: true, DaemonSet: true},
+		{Namespace: ns, Name: "guaranteed", Priority: 100000, QoS: eviction.Guaranteed, GracePeriod: 30 * time.Second,
+			MemoryRequest: 1 << 30, MemoryUsage: 384 << 20, Processes: 12},
+		{Namespace: ns, Name: "kube-proxy", Priority: 2000001000, QoS: eviction.BestEffort, GracePeriod: 30 * time.Second,
+			MemoryUsageUnknown: true, Static: true, Critical: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("pods (-want +got):\n%s", diff)
+	}
+
+	// The QoS class computed here is the one the apiserver computed.
+	api, err := src.APIPods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range api {
+		if p.Namespace != ns {
+			continue
+		}
+		if got := QoS(p).String(); got != string(p.Status.QOSClass) {
+			t.Errorf("%s: QoS %s; the apiserver says %s", p.Name, got, p.Status.QOSClass)
+		}
+		if p.Spec.NodeName != node {
+			t.Errorf("%s is on %q", p.Name, p.Spec.NodeName)
+		}
+	}
+}
+
+// TestEvictorHonoursPDB: a granted pod without a budget is evicted (Terminating, with the grant's
+// grace period: no kubelet finishes it); a pod whose PodDisruptionBudget allows no disruption
+// gets 429s, is retried and never deleted, and is evicted once the budget allows it.
+func TestEvictorHonoursPDB(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-ev"
+	free := createPod(ctx, t, ns, podSpec{name: "free", node: node})
+	guarded := createPod(ctx, t, ns, podSpec{name: "guarded", node: node, labels: map[string]string{"app": "guarded"}})
+	minAvailable := intstr.FromInt32(1)
+	pdb, err := admin.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "guarded"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "guarded"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the disruption controller (absent here) would write: the budget is spent.
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: 0,
+		CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1}
+	if pdb, err = admin.PolicyV1().PodDisruptionBudgets(ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	reqs := &requestLog{}
+	ev := NewEvictor(agentClient(t, reqs.wrap), EvictorConfig{RetryInterval: 100 * time.Millisecond, Log: testLog(t)})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ev.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	getPod := func(name string) *corev1.Pod {
+		p, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	grant := func(p *corev1.Pod, grace time.Duration) {
+		ev.Grant(&agentv1.EvictionGrant{Signal: "memory.available", Pods: []*agentv1.EvictionCandidate{
+			{Namespace: p.Namespace, Name: p.Name, Uid: string(p.UID), GracePeriod: durationpb.New(grace)}}})
+	}
+
+	grant(free, 7*time.Second)
+	eventually(ctx, t, "free to be Terminating", func() bool { return getPod("free").DeletionTimestamp != nil })
+	if g := getPod("free").DeletionGracePeriodSeconds; g == nil || *g != 7 {
+		t.Errorf("free: deletion grace period %v; want 7", g)
+	}
+
+	grant(guarded, 0)
+	eventually(ctx, t, "three refused evictions of guarded", func() bool { return reqs.count("POST", "/pods/guarded/eviction") >= 3 })
+	if p := getPod("guarded"); p.DeletionTimestamp != nil {
+		t.Fatalf("guarded is being deleted despite its budget")
+	}
+	if n := ev.Pending(); n != 1 {
+		t.Errorf("Pending() = %d; want 1", n)
+	}
+	out, _, err := ev.Evict(ctx, eviction.Candidate{Namespace: ns, Name: "guarded", UID: string(guarded.UID)})
+	if out != Retry {
+		t.Errorf("Evict(guarded) = %v, %v; want retry (429)", out, err)
+	}
+
+	// Another replica became healthy: the budget allows one disruption, and the next retry evicts.
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: 1,
+		CurrentHealthy: 2, DesiredHealthy: 1, ExpectedPods: 2}
+	if _, err := admin.PolicyV1().PodDisruptionBudgets(ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, "guarded to be Terminating", func() bool { return getPod("guarded").DeletionTimestamp != nil })
+	if g := getPod("guarded").DeletionGracePeriodSeconds; g == nil || *g != 1 {
+		t.Errorf("guarded: deletion grace period %v; want 1 (a hard eviction through the API keeps the kubelet's confirmation)", g)
+	}
+	eventually(ctx, t, "the queue to empty", func() bool { return ev.Pending() == 0 })
+	if n := reqs.count("DELETE", ""); n != 0 {
+		t.Errorf("%d DELETE requests; the evictor must only use the Eviction API", n)
+	}
+
+	// A name now held by another pod (another uid) is not evicted.
+	other := createPod(ctx, t, ns, podSpec{name: "recreated", node: node})
+	out, _, err = ev.Evict(ctx, eviction.Candidate{Namespace: ns, Name: other.Name, UID: "00000000-0000-0000-0000-000000000000"})
+	if out != Gone {
+		t.Errorf("Evict with a stale uid = %v, %v; want gone", out, err)
+	}
+	if getPod("recreated").DeletionTimestamp != nil {
+		t.Error("the recreated pod was evicted")
+	}
+	if out, _, err := ev.Evict(ctx, eviction.Candidate{Namespace: ns, Name: "nonexistent"}); out != Gone {
+		t.Errorf("Evict(nonexistent) = %v, %v; want gone", out, err)
+	}
+}
+
+// fakeInhibitor stands in for logind: it hands out one lock and announces the shutdown.
+type fakeInhibitor struct {
+	prepare  chan bool
+	released chan struct{}
+}
+
+func (f *fakeInhibitor) Inhibit(context.Context, string, string, string, string) (io.Closer, error) {
+	return closerFunc(func() error { close(f.released); return nil }), nil
+}
+func (f *fakeInhibitor) PrepareForShutdown() <-chan bool { return f.prepare }
+
+type closerFunc func() error
+
+func (c closerFunc) Close() error { return c() }
+
+// discard is a shutdown.Sender that drops the events.
+type discard struct{}
+
+func (discard) Send(*agentv1.ConnectRequest) {}
+
+// deletion is a pod deletion a kubelet stand-in saw.
+type deletion struct {
+	Name  string
+	Grace int64
+}
+
+// TestTerminatorShutdownPhases runs a graceful shutdown through shutdown.Manager with this
+// package's Source and Terminator: each phase deletes its priority range's pods with the phase's
+// grace period, lowest priority first, never the DaemonSet's or the static pod; a kubelet
+// stand-in finishes the deleted pods so each phase ends as soon as its pods are gone.
+func TestTerminatorShutdownPhases(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-shut"
+	createPod(ctx, t, ns, podSpec{name: "app-low", node: node})
+	createPod(ctx, t, ns, podSpec{name: "app-low-2", node: node})
+	createPod(ctx, t, ns, podSpec{name: "app-mid", node: node, priorityClass: "nf-mid"})
+	createPod(ctx, t, ns, podSpec{name: "dns", node: node, priorityClass: "system-node-critical"})
+	createPod(ctx, t, ns, podSpec{name: "daemon", node: node, daemonSet: true})
+	createPod(ctx, t, ns, podSpec{name: "static", node: node, mirror: true, priorityClass: "system-node-critical"})
+	createPod(ctx, t, ns, podSpec{name: "neighbour", node: "node-shut-other"})
+
+	// The kubelet stand-in: it notes each deletion and finishes it.
+	var mu sync.Mutex
+	var seen []deletion
+	kctx, stopKubelet := context.WithCancel(ctx)
+	kubeletDone := make(chan struct{})
+	go func() {
+		defer close(kubeletDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		zero := int64(0)
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-tick.C:
+			}
+			pods, err := admin.CoreV1().Pods(ns).List(kctx, metav1.ListOptions{FieldSelector: NodeSelector(node)})
+			if err != nil {
+				continue
+			}
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp == nil {
+					continue
+				}
+				mu.Lock()
+				seen = append(seen, deletion{p.Name, *p.DeletionGracePeriodSeconds})
+				mu.Unlock()
+				_ = admin.CoreV1().Pods(ns).Delete(kctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+			}
+		}
+	}()
+	defer func() { stopKubelet(); <-kubeletDone }()
+
+	src := runSource(t, node, nil)
+	eventually(ctx, t, "the source to see six pods", func() bool {
+		pods, _ := src.Pods(ctx)
+		return len(pods) == 6
+	})
+	inh := &fakeInhibitor{prepare: make(chan bool, 1), released: make(chan struct{})}
+	cfg := shutdown.Config{ByPriority: []shutdown.PriorityGrace{
+		{Priority: 0, GracePeriod: 20 * time.Second}, {Priority: 10000, GracePeriod: 15 * time.Second},
+		{Priority: 100000, GracePeriod: 10 * time.Second}, // empty: skipped
+		{Priority: shutdown.SystemCriticalPriority, GracePeriod: 12 * time.Second}}}
+	m, err := shutdown.NewManager(cfg, shutdown.Options{Inhibitor: inh, Sender: discard{}, Pods: src,
+		Terminator: NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)}),
+		Log:        testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, stopManager := context.WithCancel(ctx)
+	mdone := make(chan error, 1)
+	go func() { mdone <- m.Run(mctx) }()
+	defer func() {
+		stopManager()
+		if err := <-mdone; err != nil {
+			t.Errorf("Manager.Run: %v", err)
+		}
+	}()
+	inh.prepare <- true
+	start := time.Now()
+	select {
+	case <-inh.released:
+	case <-ctx.Done():
+		t.Fatal("the shutdown never released its lock")
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("shutdown took %v: phases should end when their pods are gone", took)
+	}
+	mu.Lock()
+	got := slices.Clone(seen)
+	mu.Unlock()
+	// Within a phase the order is the deletes'; compare phase by phase.
+	want := [][]deletion{{{"app-low", 20}, {"app-low-2", 20}}, {{"app-mid", 15}}, {{"dns", 12}}}
+	if len(got) != 4 {
+		t.Fatalf("deletions %v; want %v", got, want)
+	}
+	slices.SortFunc(got[:2], func(a, b deletion) int { return cmpString(a.Name, b.Name) })
+	if diff := cmp.Diff(want, [][]deletion{got[:2], got[2:3], got[3:]}); diff != "" {
+		t.Errorf("deletions by phase (-want +got):\n%s", diff)
+	}
+	for _, name := range []string{"daemon", "static"} {
+		p, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || p.DeletionTimestamp != nil {
+			t.Errorf("%s: %v, deleting %v; a shutdown must leave it alone", name, err, p.GetDeletionTimestamp())
+		}
+	}
+	if p, err := admin.CoreV1().Pods(ns).Get(ctx, "neighbour", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+		t.Errorf("another node's pod was touched: %v", err)
+	}
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// TestTerminatorWaitsForThePods: without a kubelet the deleted pod stays Terminating, and
+// Terminate reports it when the phase's time is up.
+func TestTerminatorWaitsForThePods(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	p := Convert(createPod(ctx, t, ns, podSpec{name: "stuck", node: "node-stuck"}))
+	term := NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)})
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err := term.Terminate(pctx, []eviction.Pod{p}, 1500*time.Millisecond)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Terminate = %v; want the deadline", err)
+	}
+	got, gerr := admin.CoreV1().Pods(ns).Get(ctx, "stuck", metav1.GetOptions{})
+	if gerr != nil || got.DeletionTimestamp == nil || *got.DeletionGracePeriodSeconds != 2 {
+		t.Errorf("stuck: %v, deletion grace %v; want Terminating with 2s (1.5s rounded up)", gerr, got.GetDeletionGracePeriodSeconds())
+	}
+}
+
+// TestEvictUnsyncedBudget: a budget the disruption controller has not processed yet is refused
+// with a Retry-After, which comes back as the delay at once (client-go does not sleep on it).
+func TestEvictUnsyncedBudget(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	p := createPod(ctx, t, ns, podSpec{name: "db-0", node: "node-unsynced", labels: map[string]string{"app": "db"}})
+	one := intstr.FromInt32(1)
+	if _, err := admin.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "db"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ev := NewEvictor(agentClient(t, nil), EvictorConfig{MaxRetryDelay: 4 * time.Second, Log: testLog(t)})
+	start := time.Now()
+	out, delay, err := ev.Evict(ctx, eviction.Candidate{Namespace: ns, Name: p.Name, UID: string(p.UID)})
+	if out != Retry || delay != 4*time.Second {
+		t.Errorf("Evict = %v, %v, %v; want retry after 4s (the apiserver's 10s, capped)", out, delay, err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Evict took %v: it must not wait out the Retry-After itself", took)
+	}
+}

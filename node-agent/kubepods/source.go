@@ -1,0 +1,137 @@
+package kubepods
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodefence/nodefence/node-agent/eviction"
+)
+
+// UsageReader reads a pod's usage from its cgroup; Cgroups is the real one. An interface so that a
+// node without the kubelet's cgroups (a test) can say "unknown" for every pod.
+type UsageReader interface {
+	Read(qos eviction.QoSClass, uid string) (u Usage, ok bool, err error)
+}
+
+// Source is the node's pods, from an informer watching the pods bound to the node. It implements
+// pressure.PodSource and shutdown.PodSource. Create it with NewSource, start it with Run.
+type Source struct {
+	node    string
+	factory informers.SharedInformerFactory
+	synced  cache.InformerSynced
+	lister  corelisters.PodLister
+	usage   UsageReader
+	log     *slog.Logger
+}
+
+// NewSource returns a Source for the pods on node; usage may be nil (usage unknown for every pod).
+// The client needs get, list and watch on pods.
+func NewSource(client kubernetes.Interface, node string, usage UsageReader, log *slog.Logger) (*Source, error) {
+	if node == "" {
+		return nil, errors.New("kubepods: a node name is required")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = NodeSelector(node)
+		}))
+	inf := factory.Core().V1().Pods()
+	s := &Source{node: node, factory: factory, synced: inf.Informer().HasSynced, lister: inf.Lister(),
+		usage: usage, log: log.With("component", "kubepods", "node", node)}
+	return s, nil
+}
+
+// NodeSelector is the field selector of the pods bound to node.
+func NodeSelector(node string) string {
+	return fields.OneTermEqualSelector("spec.nodeName", node).String()
+}
+
+// Run watches the node's pods until ctx is done, then returns nil.
+func (s *Source) Run(ctx context.Context) error {
+	s.factory.Start(ctx.Done())
+	<-ctx.Done()
+	s.factory.Shutdown()
+	return nil
+}
+
+// WaitForSync waits until the first list has arrived or ctx ends.
+func (s *Source) WaitForSync(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), s.synced) {
+		return fmt.Errorf("kubepods: the pods of node %s were not listed: %w", s.node, context.Cause(ctx))
+	}
+	return nil
+}
+
+// SyncTimeout bounds how long Pods and APIPods wait for the first list: a graceful shutdown with
+// an unreachable apiserver must go on without the pods rather than wait out its grace period.
+const SyncTimeout = 5 * time.Second
+
+// APIPods returns the node's pods that are not finished (phase Succeeded or Failed), sorted by
+// namespace/name. It waits for the informer's first list, at most SyncTimeout.
+func (s *Source) APIPods(ctx context.Context) ([]*corev1.Pod, error) {
+	if !s.synced() {
+		sctx, cancel := context.WithTimeout(ctx, SyncTimeout)
+		err := s.WaitForSync(sctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	all, err := s.lister.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, 0, len(all))
+	for _, p := range all {
+		if p.Spec.NodeName != s.node || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out, nil
+}
+
+// Pods returns the node's running pods as eviction.Pods (see Convert) with their memory working
+// set and process count from their cgroups; a pod whose cgroup is absent or unreadable keeps
+// MemoryUsageUnknown.
+func (s *Source) Pods(ctx context.Context) ([]eviction.Pod, error) {
+	api, err := s.APIPods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]eviction.Pod, 0, len(api))
+	for _, p := range api {
+		ep := Convert(p)
+		if s.usage != nil {
+			u, ok, err := s.usage.Read(ep.QoS, ep.UID)
+			switch {
+			case err != nil:
+				s.log.Warn("cannot read the pod's cgroup; its usage is unknown", "pod", ep.Namespace+"/"+ep.Name, "error", err)
+			case ok:
+				ep.MemoryUsage, ep.MemoryUsageUnknown, ep.Processes = u.MemoryWorkingSet, false, u.Processes
+			}
+		}
+		out = append(out, ep)
+	}
+	return out, nil
+}

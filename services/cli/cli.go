@@ -1,0 +1,60 @@
+// Package cli holds what every nodefence binary's main does the same way: a JSON or text slog
+// logger at a chosen level, and a context cancelled by SIGINT or SIGTERM.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Logger returns a slog logger writing to w at level ("debug", "info", "warn", "error"), as JSON
+// when json is set.
+func Logger(w io.Writer, level string, json bool) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %q is not one of debug, info, warn, error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if json {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+// SignalContext is cancelled on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// Errors lists the errors of an errors.Join result (or of a single error), one string each, so a
+// binary that refuses to start can print every problem on its own line.
+func Errors(err error) []string {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []string
+		for _, e := range j.Unwrap() {
+			out = append(out, Errors(e)...)
+		}
+		return out
+	}
+	return []string{err.Error()}
+}
+
+// EnumWord turns a protobuf enum value name into the lowercase word after its type prefix, for
+// human output: FENCE_STATUS_DONE -> done, READINESS_NOT_READY -> not_ready.
+func EnumWord(name string) string {
+	for _, prefix := range []string{"FENCE_STATUS_", "FENCE_ACTION_", "FENCE_STEP_", "READINESS_", "ZONE_STATE_", "OPERATION_RESULT_", "POWER_STATE_"} {
+		if s, ok := strings.CutPrefix(name, prefix); ok {
+			return strings.ToLower(s)
+		}
+	}
+	return strings.ToLower(name)
+}

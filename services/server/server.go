@@ -1,0 +1,306 @@
+// Package server builds the gRPC server every nodefence binary runs: TLS or mutual TLS (plaintext
+// only when asked for), keepalive, health and reflection, and one interceptor chain — Prometheus
+// metrics, slog logging, domain-error mapping (package fault), a per-method authorization hook and
+// panic recovery. Binaries register their services and call Serve; Stop drains with a deadline.
+package server
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+)
+
+// Authorizer decides whether the caller in ctx may call the full gRPC method name. It returns an
+// error wrapping fault.ErrPermissionDenied to refuse. Binaries pass their own policy; the default
+// allows every caller that passed the transport's authentication (mutual TLS when configured).
+type Authorizer func(ctx context.Context, fullMethod string) error
+
+// Config configures a server. The zero value plus SetDefaults is a plaintext-refusing server on
+// 127.0.0.1 with an ephemeral port.
+type Config struct {
+	// Listen is the gRPC listen address (host:port). Port 0 picks a free port.
+	Listen string
+	// MetricsListen is the Prometheus /metrics HTTP address; empty disables it.
+	MetricsListen string
+	// TLS holds the certificate files; TLS.Insecure allows plaintext.
+	TLS tlsfiles.Files
+	// MaxConnectionAge bounds a connection's life so load spreads after a failover; streams are cut
+	// and clients reconnect. Zero means 30 minutes.
+	MaxConnectionAge time.Duration
+	// KeepaliveTime is how often an idle connection is pinged. Zero means 20 s.
+	KeepaliveTime time.Duration
+	// KeepaliveTimeout is how long a ping may go unanswered. Zero means 10 s.
+	KeepaliveTimeout time.Duration
+	// DrainTimeout bounds GracefulStop before connections are closed hard. Zero means 10 s.
+	DrainTimeout time.Duration
+	// Authorize is the per-method authorization hook; nil allows every authenticated caller.
+	Authorize Authorizer
+	// Pprof serves Go's /debug/pprof handlers on MetricsListen (profiling; off by default).
+	Pprof bool
+}
+
+// RegisterFlags binds the server flags shared by every binary.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultListen string) {
+	c.Listen = defaultListen
+	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC listen address (host:port)")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (empty: off)")
+	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "keepalive MaxConnectionAge (0: 30m)")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "graceful stop deadline (0: 10s)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve /debug/pprof on --metrics-listen")
+	c.TLS.RegisterFlags(fs, "", "the gRPC server")
+}
+
+// SetDefaults fills zero fields.
+func (c *Config) SetDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.MaxConnectionAge == 0 {
+		c.MaxConnectionAge = 30 * time.Minute
+	}
+	if c.KeepaliveTime == 0 {
+		c.KeepaliveTime = 20 * time.Second
+	}
+	if c.KeepaliveTimeout == 0 {
+		c.KeepaliveTimeout = 10 * time.Second
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+}
+
+// Validate returns every problem with the configuration.
+func (c Config) Validate() []error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("--listen: %q is not host:port", c.Listen))
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-listen: %q is not host:port", c.MetricsListen))
+		}
+	} else if c.Pprof {
+		errs = append(errs, errors.New("--pprof: needs --metrics-listen"))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"max-connection-age", c.MaxConnectionAge}, {"drain-timeout", c.DrainTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s: must not be negative", d.flag))
+		}
+	}
+	return append(errs, c.TLS.Validate("", true)...)
+}
+
+// Server is a configured gRPC server with health, reflection and metrics.
+type Server struct {
+	// GRPC is the server to register services on before Serve.
+	GRPC *grpc.Server
+	// Health is the health service; binaries set per-service status on it.
+	Health *health.Server
+	// Registry is the Prometheus registry served on MetricsListen; binaries add their collectors.
+	Registry *prometheus.Registry
+
+	cfg     Config
+	log     *slog.Logger
+	lis     net.Listener
+	metrics *grpcprom.ServerMetrics
+	httpSrv *http.Server
+	httpLis net.Listener
+}
+
+// New validates cfg, binds the listeners and builds the server. Nothing is served until Serve.
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	cfg.SetDefaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	tlsCfg, err := cfg.TLS.Server()
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0005, .001, .005, .01, .05, .1, .5, 1, 5, 30}),
+	))
+	reg.MustRegister(metrics)
+
+	authorize := cfg.Authorize
+	if authorize == nil {
+		authorize = func(context.Context, string) error { return nil }
+	}
+	authFn := func(ctx context.Context) (context.Context, error) {
+		method, _ := grpc.Method(ctx)
+		if err := authorize(ctx, method); err != nil {
+			return nil, status.Error(codes.PermissionDenied, err.Error())
+		}
+		return ctx, nil
+	}
+	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		method, _ := grpc.Method(ctx)
+		log.Error("panic in handler", "method", method, "panic", fmt.Sprint(p))
+		return status.Error(codes.Internal, "internal error (see the server log)")
+	})
+
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.DrainTimeout,
+			Time:                  cfg.KeepaliveTime,
+			Timeout:               cfg.KeepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(
+			metrics.UnaryServerInterceptor(),
+			logging.UnaryServerInterceptor(logger, logOpts...),
+			fault.UnaryServerInterceptor(),
+			auth.UnaryServerInterceptor(authFn),
+			recovery.UnaryServerInterceptor(recoverOpt),
+		),
+		grpc.ChainStreamInterceptor(
+			metrics.StreamServerInterceptor(),
+			logging.StreamServerInterceptor(logger, logOpts...),
+			fault.StreamServerInterceptor(),
+			auth.StreamServerInterceptor(authFn),
+			recovery.StreamServerInterceptor(recoverOpt),
+		),
+	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	}
+	s := &Server{
+		GRPC:     grpc.NewServer(opts...),
+		Health:   health.NewServer(),
+		Registry: reg,
+		cfg:      cfg,
+		log:      log,
+		lis:      lis,
+		metrics:  metrics,
+	}
+	healthpb.RegisterHealthServer(s.GRPC, s.Health)
+	reflection.Register(s.GRPC)
+	if cfg.MetricsListen != "" {
+		s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if cfg.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
+		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+	return s, nil
+}
+
+// Addr is the bound gRPC address (useful with port 0).
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// MetricsAddr is the bound metrics address, or "" when metrics are off.
+func (s *Server) MetricsAddr() string {
+	if s.httpLis == nil {
+		return ""
+	}
+	return s.httpLis.Addr().String()
+}
+
+// Serve serves until Stop. Register every service before calling it.
+func (s *Server) Serve() error {
+	s.metrics.InitializeMetrics(s.GRPC)
+	if s.httpSrv != nil {
+		go func() {
+			if err := s.httpSrv.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("metrics server stopped", "err", err)
+			}
+		}()
+	}
+	s.log.Info("serving gRPC", "addr", s.Addr(), "tls", !s.cfg.TLS.Insecure, "mutual_tls", !s.cfg.TLS.Insecure && s.cfg.TLS.CAFile != "")
+	return s.GRPC.Serve(s.lis)
+}
+
+// Stop marks the server not serving, drains in-flight calls for at most DrainTimeout, then closes
+// every connection.
+func (s *Server) Stop() {
+	s.Health.Shutdown()
+	done := make(chan struct{})
+	go func() { s.GRPC.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.DrainTimeout):
+		s.log.Warn("drain deadline passed, closing connections", "deadline", s.cfg.DrainTimeout)
+		s.GRPC.Stop()
+		<-done
+	}
+	if s.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = s.httpSrv.Shutdown(ctx)
+	}
+}
+
+// PeerIdentity names the caller: the verified client certificate's common name under mutual TLS,
+// else the remote address, else "anonymous".
+func PeerIdentity(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "anonymous"
+	}
+	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+		if chains := ti.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
+			return commonName(chains[0][0])
+		}
+	}
+	if p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "anonymous"
+}
+
+func commonName(c *x509.Certificate) string {
+	if c.Subject.CommonName != "" {
+		return c.Subject.CommonName
+	}
+	return c.Subject.String()
+}

@@ -1,0 +1,295 @@
+// Command bench-ingest measures how many agent updates the coordinator applies per second. It starts
+// a real coordinator process (bin/coordinator, embedded etcd) and, in this process, N simulated agents
+// over real gRPC streams on 127.0.0.1, each sending signal samples at a fixed rate. After a warm-up it
+// measures for a window: updates applied per second (the coordinator's own counter), latency from a
+// sample's send time to the engine having applied it (the coordinator's histogram), and the
+// coordinator's RSS and CPU. The LAST line of output is one JSON object.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/procs"
+	"github.com/nodefence/nodefence/testbed/promscrape"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+)
+
+type result struct {
+	Bench        string  `json:"bench"`
+	Agents       int     `json:"agents"`
+	UpdatesPerS  float64 `json:"updates_per_s"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
+	ServerP99ms  float64 `json:"coordinator_queue_p99_ms"`
+	RSSMB        float64 `json:"coordinator_rss_mb"`
+	CPUCores     int     `json:"cpu_cores"`
+	CoordCPU     float64 `json:"coordinator_cpu_cores_used"`
+	OfferedPerS  float64 `json:"offered_per_s"`
+	SendErrors   int64   `json:"send_errors"`
+	WindowS      float64 `json:"window_s"`
+	RatePerAgent float64 `json:"rate_per_agent"`
+}
+
+func main() {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	exe, _ := os.Executable()
+	agents := flag.Int("agents", 10000, "simulated agents (one stream each)")
+	rate := flag.Float64("rate", 5, "updates per second per agent")
+	perConn := flag.Int("streams-per-conn", 100, "streams per gRPC connection")
+	warmup := flag.Duration("warmup", 10*time.Second, "time after all agents connected before measuring")
+	window := flag.Duration("window", 20*time.Second, "measurement window")
+	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
+	flag.Parse()
+	var problems []string
+	if *agents < 1 || *agents > 100000 {
+		problems = append(problems, "--agents: must be 1..100000")
+	}
+	if *rate <= 0 || *rate > 100 {
+		problems = append(problems, "--rate: must be in (0, 100]")
+	}
+	if *perConn < 1 {
+		problems = append(problems, "--streams-per-conn: must be positive")
+	}
+	if *window < time.Second || *window > 10*time.Minute || *warmup < 0 || *warmup > 10*time.Minute {
+		problems = append(problems, "--window: 1s..10m, --warmup: 0..10m")
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, "bench-ingest:", p)
+		}
+		os.Exit(2)
+	}
+	res, err := run(ctx, *binDir, *agents, *rate, *perConn, *warmup, *window)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
+		os.Exit(1)
+	}
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+}
+
+func run(ctx context.Context, binDir string, agents int, rate float64, perConn int, warmup, window time.Duration) (*result, error) {
+	dir, err := os.MkdirTemp("", "bench-ingest-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	cfg := filepath.Join(dir, "fence.yaml")
+	// The configuration needs one fenceable node; the driver is never called in this benchmark.
+	if err := os.WriteFile(cfg, []byte("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\nnodes:\n  agent-0:\n    methods: {bmc: {driver: ipmi}}\n    steps: {power_management: [bmc]}\n"), 0o600); err != nil {
+		return nil, err
+	}
+	port, err := procs.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	mport, err := procs.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr, maddr := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(mport)
+	coord, err := procs.Start("coordinator", filepath.Join(dir, "coordinator.log"), filepath.Join(binDir, "coordinator"),
+		"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--kdump-listen=", "--driver-insecure", "--config", cfg,
+		"--data-dir", filepath.Join(dir, "data"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
+		"--etcd-unsafe-no-fsync", "--log-level", "warn", "--node-monitor-grace-period", "1h", "--node-startup-grace-period", "1h",
+		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second)/rate)))
+	if err != nil {
+		return nil, err
+	}
+	defer coord.Stop(10 * time.Second)
+	if err := coord.WaitTCP(addr, 60*time.Second); err != nil {
+		return nil, err
+	}
+	fmt.Printf("coordinator pid %d on %s; connecting %d agents at %g updates/s each (%d streams per connection)\n", coord.PID(), addr, agents, rate, perConn)
+
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < (agents+perConn-1)/perConn; i++ {
+		c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var connected, sendErrs atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < agents; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := agent(runCtx, conns[i/perConn], i, rate, &connected); err != nil && runCtx.Err() == nil {
+				sendErrs.Add(1)
+			}
+		}()
+		if i%500 == 499 {
+			time.Sleep(50 * time.Millisecond) // a gentle ramp: 10,000 hellos in about a second
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Minute); connected.Load() < int64(agents); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("only %d of %d agents connected", connected.Load(), agents)
+		}
+	}
+	fmt.Printf("all %d agents connected; warming up for %s\n", agents, warmup)
+	time.Sleep(warmup)
+	metricsURL := "http://" + maddr + "/metrics"
+	before, err := promscrape.Get(metricsURL)
+	if err != nil {
+		return nil, err
+	}
+	cpu0, err := cpuSeconds(coord.PID())
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	if p := os.Getenv("BENCH_PROFILE"); p != "" {
+		go profile("http://"+maddr+"/debug/pprof/profile?seconds="+strconv.Itoa(int(window.Seconds())-1), p)
+	}
+	time.Sleep(window)
+	after, err := promscrape.Get(metricsURL)
+	if err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(t0).Seconds()
+	cpu1, _ := cpuSeconds(coord.PID())
+	rss, err := rssMB(coord.PID())
+	if err != nil {
+		return nil, err
+	}
+	stop()
+	wg.Wait()
+	p50, err := promscrape.Quantile(before, after, "nodefence_sample_apply_latency_seconds", 0.50)
+	if err != nil {
+		return nil, err
+	}
+	p99, _ := promscrape.Quantile(before, after, "nodefence_sample_apply_latency_seconds", 0.99)
+	sp99, _ := promscrape.Quantile(before, after, "nodefence_engine_queue_latency_seconds", 0.99)
+	updates := after["nodefence_agent_updates_total"] - before["nodefence_agent_updates_total"]
+	return &result{
+		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
+		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed),
+		OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
+	}, nil
+}
+
+// agent is one simulated agent: a hello, then samples at rate, reading acks.
+func agent(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, connected *atomic.Int64) error {
+	stream, err := agentv1.NewAgentServiceClient(conn).Connect(ctx)
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("agent-%d", i)
+	seq := uint64(1)
+	if err := stream.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
+		NodeName: name, BootId: "bench", Zone: fmt.Sprintf("zone-%d", i%10), Region: "bench"}}}); err != nil {
+		return err
+	}
+	if _, err := stream.Recv(); err != nil { // the AgentConfig
+		return err
+	}
+	connected.Add(1)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	interval := time.Duration(float64(time.Second) / rate)
+	time.Sleep(time.Duration(rand.Int64N(int64(interval)))) // spread the agents over the interval
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stream.CloseSend()
+			return nil
+		case <-tick.C:
+		}
+		seq++
+		now := time.Now()
+		err := stream.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Sample{Sample: &agentv1.SignalSample{
+			ObservedAt: timestamppb.New(now),
+			Signals: []*agentv1.Signal{
+				{Name: "memory.available", Available: 8<<30 + int64(seq%1024)<<20, Capacity: 64 << 30},
+				{Name: "pid.available", Available: 4000000, Capacity: 4194304},
+			}}}})
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// profile saves a CPU profile of the coordinator (BENCH_PROFILE=file) taken during the window.
+func profile(url, path string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "profile:", err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	io.Copy(f, resp.Body)
+}
+
+func rssMB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// cpuSeconds is utime+stime of pid (clock ticks are 100 Hz on Linux).
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseFloat(f[11], 64)
+	k, _ := strconv.ParseFloat(f[12], 64)
+	return (u + k) / 100, nil
+}
+
+func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/procs"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+type options struct {
+	binDir, workDir string
+	simulated       int
+	grace           time.Duration
+	fenceTimeout    time.Duration
+	keep            bool
+}
+
+// sim is a simulated node: an in-process agent and its own BMC.
+type sim struct {
+	name, zone string
+	bmc        *ipmisim.BMC
+	cancel     context.CancelFunc
+	done       chan struct{}
+}
+
+type cluster struct {
+	opts                  options
+	dir                   string
+	ownDir                bool
+	hostName              string
+	coordAddr, driverAddr string
+	procs                 []*procs.Proc
+	sims                  []*sim
+	conn                  *grpc.ClientConn
+	log                   *slog.Logger
+}
+
+func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
+	c := &cluster{opts: opts, dir: opts.workDir, log: log}
+	if c.dir == "" {
+		d, err := os.MkdirTemp("", "nodefence-testbed-")
+		if err != nil {
+			return nil, err
+		}
+		c.dir, c.ownDir = d, true
+	}
+	step := func(format string, args ...any) {
+		fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	}
+	host, _ := os.Hostname()
+	c.hostName = strings.ToLower(host)
+
+	// BMCs, one per simulated node.
+	for i := 1; i <= opts.simulated; i++ {
+		name := fmt.Sprintf("sim-%d", i)
+		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), 0, "admin", "password")
+		if err != nil {
+			return c, fmt.Errorf("start BMC for %s: %w", name, err)
+		}
+		// sim-2 is alone in zone-b (a one-node zone is fully disrupted when that node dies, and the
+		// storm guard never fences there); the others share zone-a with this host.
+		zone := "zone-a"
+		if i == 2 {
+			zone = "zone-b"
+		}
+		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
+	}
+	step("started %d ipmi_sim BMCs: %s", len(c.sims), strings.Join(c.bmcList(), ", "))
+
+	driverPort, err := procs.FreePort()
+	if err != nil {
+		return c, err
+	}
+	c.driverAddr = "127.0.0.1:" + strconv.Itoa(driverPort)
+	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(opts.binDir, "fence-driver"),
+		"--driver", "ipmi", "--listen", c.driverAddr, "--state-dir", filepath.Join(c.dir, "driver-state"), "--insecure")
+	if err != nil {
+		return c, err
+	}
+	c.procs = append(c.procs, p)
+	if err := p.WaitTCP(c.driverAddr, 15*time.Second); err != nil {
+		return c, err
+	}
+	step("fence-driver (ipmi) listening on %s, pid %d", c.driverAddr, p.PID())
+
+	cfgPath, err := c.writeFenceConfig()
+	if err != nil {
+		return c, err
+	}
+	coordPort, err := procs.FreePort()
+	if err != nil {
+		return c, err
+	}
+	c.coordAddr = "127.0.0.1:" + strconv.Itoa(coordPort)
+	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"),
+		"--listen", c.coordAddr, "--insecure", "--driver-insecure", "--config", cfgPath,
+		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
+		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2 * opts.grace).String(),
+		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
+		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
+		"--kdump-listen", "127.0.0.1:0")
+	if err != nil {
+		return c, err
+	}
+	c.procs = append(c.procs, p)
+	if err := p.WaitTCP(c.coordAddr, 60*time.Second); err != nil {
+		return c, err
+	}
+	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
+
+	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"),
+		"--coordinator", c.coordAddr, "--insecure", "--node-name", c.hostName, "--zone", "zone-a", "--region", "local")
+	if err != nil {
+		return c, err
+	}
+	c.procs = append(c.procs, p)
+	step("node-agent for this host (%s) started, pid %d", c.hostName, p.PID())
+
+	for _, s := range c.sims {
+		if err := c.startSim(s); err != nil {
+			return c, err
+		}
+	}
+	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
+
+	if c.conn, err = dial.New(c.coordAddr, tlsfiles.Files{Insecure: true}); err != nil {
+		return c, err
+	}
+	want := append(c.simNames(), c.hostName)
+	if err := c.waitNodes(ctx, 30*time.Second, func(n *coordv1.Node) bool {
+		return n.Readiness == coordv1.Readiness_READINESS_READY && n.Connected
+	}, want...); err != nil {
+		return c, err
+	}
+	step("all %d nodes Ready and connected", len(want))
+	return c, nil
+}
+
+// writeFenceConfig writes the standalone fence configuration: one IPMI method per simulated node.
+func (c *cluster) writeFenceConfig() (string, error) {
+	pw := filepath.Join(c.dir, "bmc-password")
+	if err := os.WriteFile(pw, []byte("password\n"), 0o600); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "drivers:\n  ipmi: {endpoint: %q}\n", c.driverAddr)
+	fmt.Fprintf(&b, "templates:\n  bmc:\n    driver: ipmi\n    parameters: {lanplus: \"1\", cipher: \"3\", username: admin, password_file: %q}\n", pw)
+	b.WriteString("nodes:\n")
+	for _, s := range c.sims {
+		fmt.Fprintf(&b, "  %s:\n    zone: %s\n    region: local\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}\n    steps:\n      power_management: [bmc]\n",
+			s.name, s.zone, s.bmc.Port)
+	}
+	path := filepath.Join(c.dir, "fence.yaml")
+	return path, os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+// startSim runs a simulated agent in this process.
+func (c *cluster) startSim(s *sim) error {
+	a, err := agent.New(agent.Config{
+		Coordinators: []string{c.coordAddr}, TLS: tlsfiles.Files{Insecure: true},
+		NodeName: s.name, BootID: "boot-" + s.name, Zone: s.zone, Region: "local", Log: c.log,
+		Capacity: &agentv1.Capacity{MemoryBytes: 64 << 30, CpuMillis: 32000, Pids: 4194304},
+	}, simSampler{})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan struct{})
+	go func() { defer close(s.done); _ = a.Run(ctx) }()
+	return nil
+}
+
+// simSampler reports a healthy, slowly varying memory.available.
+type simSampler struct{}
+
+func (simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
+	now := time.Now()
+	avail := int64(40<<30) + int64(now.Second())<<24
+	return &agentv1.SignalSample{ObservedAt: timestamppb.New(now), Signals: []*agentv1.Signal{
+		{Name: "memory.available", Available: avail, Capacity: 64 << 30},
+	}}, nil
+}
+
+// silence stops a simulated node's agent, as if the node died.
+func (s *sim) silence() {
+	if s.cancel != nil {
+		s.cancel()
+		<-s.done
+		s.cancel = nil
+	}
+}
+
+// waitNodes polls ListNodes until every named node satisfies ok.
+func (c *cluster) waitNodes(ctx context.Context, timeout time.Duration, ok func(*coordv1.Node) bool, names ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cli := coordv1.NewClusterServiceClient(c.conn)
+	var last string
+	for {
+		resp, err := cli.ListNodes(ctx, &coordv1.ListNodesRequest{})
+		if err == nil {
+			byName := map[string]*coordv1.Node{}
+			for _, n := range resp.Nodes {
+				byName[n.Name] = n
+			}
+			all := true
+			var states []string
+			for _, name := range names {
+				n := byName[name]
+				if n == nil || !ok(n) {
+					all = false
+				}
+				if n != nil {
+					states = append(states, name+"="+n.Readiness.String())
+				} else {
+					states = append(states, name+"=absent")
+				}
+			}
+			if all {
+				return nil
+			}
+			last = strings.Join(states, " ")
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nodes not as expected after %s: %s", timeout, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *cluster) bmcList() []string {
+	var out []string
+	for _, s := range c.sims {
+		out = append(out, fmt.Sprintf("%s=udp/%d", s.name, s.bmc.Port))
+	}
+	return out
+}
+
+func (c *cluster) simNames() []string {
+	var out []string
+	for _, s := range c.sims {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+// stop stops everything this cluster started, agents first, by PID.
+func (c *cluster) stop(out io.Writer) {
+	for _, s := range c.sims {
+		s.silence()
+	}
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if err := c.procs[i].Stop(10 * time.Second); err != nil {
+			fmt.Fprintln(out, "warning:", err)
+		}
+	}
+	for _, s := range c.sims {
+		if s.bmc != nil {
+			_ = s.bmc.Stop()
+		}
+	}
+	if c.ownDir && !c.opts.keep {
+		os.RemoveAll(c.dir)
+	} else {
+		fmt.Fprintf(out, "logs and state kept in %s\n", c.dir)
+	}
+}

@@ -1,0 +1,704 @@
+// Package e2e runs the coordinator, the IPMI fence-driver and node agents together over real gRPC on
+// 127.0.0.1, against real ipmi_sim BMCs and a real embedded etcd, and checks the results with an
+// independent client (ipmitool).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/coordinator/app"
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/fence-drivers/ipmi"
+	"github.com/nodefence/nodefence/fence-drivers/kit"
+	"github.com/nodefence/nodefence/fence-drivers/kit/kittest"
+	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+var insecure = tlsfiles.Files{Insecure: true}
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// startDriver serves the IPMI driver on 127.0.0.1 with its epoch state in stateDir.
+func startDriver(t *testing.T, stateDir string) string {
+	t.Helper()
+	addr, _ := kittest.Serve(t, ipmi.New(), kit.Options{StateDir: stateDir, Log: testLog(t)})
+	return addr
+}
+
+type node struct {
+	name, password string
+	bmc            *ipmisim.BMC
+	addr           string // the node's IP, for fence_kdump (each test node gets its own loopback address)
+}
+
+func startBMC(t *testing.T, name string) *ipmisim.BMC {
+	t.Helper()
+	bmc, err := ipmisim.Start(filepath.Join(t.TempDir(), name), 0, "admin", "password")
+	if err != nil {
+		t.Fatalf("ipmi_sim for %s: %v", name, err)
+	}
+	t.Cleanup(func() { bmc.Stop() })
+	return bmc
+}
+
+// writeConfig writes a fence configuration with one IPMI method per node.
+func writeConfig(t *testing.T, driverAddr string, nodes []node) string {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "drivers:\n  ipmi: {endpoint: %q}\ntemplates:\n  bmc: {driver: ipmi, parameters: {lanplus: \"1\", cipher: \"3\", username: admin}}\nnodes:\n", driverAddr)
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "  %s:\n    zone: a\n    addresses: [%s]\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\", password: %q}}\n    steps:\n      power_management: [bmc]\n",
+			n.name, n.addr, n.bmc.Port, n.password)
+	}
+	p := filepath.Join(t.TempDir(), "fence.yaml")
+	t.Logf("fence configuration:\n%s", b.String())
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type coordinator struct {
+	app    *app.App
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *coordinator) stop() { c.cancel(); <-c.done }
+
+func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
+	t.Helper()
+	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second}
+	cfg.DriverTLS = insecure
+	if cfg.DataDir == "" && len(cfg.EtcdEndpoints) == 0 {
+		cfg.DataDir = t.TempDir()
+		cfg.EtcdClientListen, cfg.EtcdPeerListen = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.EtcdUnsafeNoFsync = true
+	}
+	if cfg.ElectionTTL == 0 {
+		cfg.ElectionTTL = time.Second
+	}
+	if cfg.FenceOpTimeout == 0 {
+		cfg.FenceOpTimeout = 5 * time.Second
+	}
+	if cfg.Fencing == (fencing.Policy{}) {
+		cfg.Fencing = fencing.Policy{Retries: 1, Backoff: 100 * time.Millisecond, IsolationWait: time.Second, Polls: 3, PollInterval: 100 * time.Millisecond}
+	}
+	a, err := app.New(cfg, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &coordinator{app: a, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(c.done); a.Run(ctx) }()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func conn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := dial.New(addr, insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// eventually polls f every 50 ms until it returns nil or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+}
+
+// watchUntilFinal follows a record and returns every state seen.
+func watchUntilFinal(t *testing.T, ctx context.Context, fc coordv1.FenceServiceClient, id string) []*coordv1.NodeFence {
+	t.Helper()
+	stream, err := fc.WatchFence(ctx, &coordv1.WatchFenceRequest{Id: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []*coordv1.NodeFence
+	for {
+		r, err := stream.Recv()
+		if err == io.EOF {
+			return seen
+		}
+		if err != nil {
+			t.Fatalf("watch %s: %v (seen %d states)", id, err, len(seen))
+		}
+		seen = append(seen, r.Fence)
+	}
+}
+
+func leaderReady(t *testing.T, cc *grpc.ClientConn) {
+	t.Helper()
+	eventually(t, 20*time.Second, "leader elected", func() error {
+		_, err := coordv1.NewClusterServiceClient(cc).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
+		return err
+	})
+}
+
+// Fence -> confirmed off (ipmitool agrees) -> Unfence -> confirmed on; a wrong BMC password ends in
+// ERROR with a clear message and nothing reported fenced.
+func TestFenceAndUnfenceAgainstIPMISim(t *testing.T) {
+	good := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	badpw := node{name: "node-2", password: "wrong-password", bmc: startBMC(t, "node-2")}
+	driver := startDriver(t, t.TempDir())
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{good, badpw})})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	fc := coordv1.NewFenceServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	if p, err := ipmisim.IpmitoolPower(ctx, good.bmc.Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("before: ipmitool = %q, %v; want on", p, err)
+	}
+	resp, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: good.name, Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+	final := states[len(states)-1]
+	if final.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		t.Fatalf("fence ended %s: %s", final.Status, final.Error)
+	}
+	if final.ConfirmedOffAt == nil {
+		t.Fatal("fence done without confirmed_off_at")
+	}
+	if len(final.Operations) != 1 || final.Operations[0].Result != coordv1.OperationResult_OPERATION_RESULT_CONFIRMED ||
+		final.Operations[0].State != driverv1.PowerState_POWER_STATE_OFF || final.Operations[0].Epoch <= 0 {
+		t.Fatalf("operations = %v, want one confirmed off with an epoch", final.Operations)
+	}
+	var statuses []coordv1.FenceStatus
+	for _, s := range states {
+		if len(statuses) == 0 || statuses[len(statuses)-1] != s.Status {
+			statuses = append(statuses, s.Status)
+		}
+	}
+	if statuses[len(statuses)-2] != coordv1.FenceStatus_FENCE_STATUS_RUNNING {
+		t.Fatalf("status sequence %v: want RUNNING before DONE", statuses)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, good.bmc.Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("after fence: ipmitool = %q, %v; want off", p, err)
+	}
+
+	un, err := fc.Unfence(ctx, &coordv1.UnfenceRequest{Node: good.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states = watchUntilFinal(t, ctx, fc, un.Fence.Id)
+	if final := states[len(states)-1]; final.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || final.Action != coordv1.FenceAction_FENCE_ACTION_ON {
+		t.Fatalf("unfence ended %s %s: %s", final.Action, final.Status, final.Error)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, good.bmc.Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("after unfence: ipmitool = %q, %v; want on", p, err)
+	}
+
+	resp, err = fc.Fence(ctx, &coordv1.FenceRequest{Node: badpw.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states = watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+	final = states[len(states)-1]
+	if final.Status != coordv1.FenceStatus_FENCE_STATUS_ERROR {
+		t.Fatalf("wrong password: fence ended %s, want ERROR", final.Status)
+	}
+	if len(final.Operations) != 2 || final.Retries != 1 || final.ConfirmedOffAt != nil {
+		t.Fatalf("wrong password: want one retry (2 operations) and never confirmed off, got retries=%d ops=%d confirmed_off_at=%v",
+			final.Retries, len(final.Operations), final.ConfirmedOffAt)
+	}
+	for _, op := range final.Operations {
+		if op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED || op.State == driverv1.PowerState_POWER_STATE_OFF {
+			t.Fatalf("wrong password: operation %v reported confirmed/off", op)
+		}
+	}
+	if n := len(final.Evidence); n == 0 || !strings.Contains(final.Evidence[n-1], "escalated after 2 attempts") {
+		t.Fatalf("wrong password: evidence %q does not record the escalation", final.Evidence)
+	}
+	if !strings.Contains(strings.ToLower(final.Error), "credential") && !strings.Contains(strings.ToLower(final.Error), "unauthenticated") {
+		t.Fatalf("wrong password: error %q does not say the credentials were rejected", final.Error)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, badpw.bmc.Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("wrong password: ipmitool = %q, %v; the node must still be on", p, err)
+	}
+
+	// The record list shows all three, newest first.
+	list, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{})
+	if err != nil || len(list.Fences) != 3 || list.Fences[0].Node != badpw.name {
+		t.Fatalf("ListFences = %v, %v", list, err)
+	}
+}
+
+// Bad requests get InvalidArgument or NotFound naming the problem; nothing panics.
+func TestAPIRejectsBadInput(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	driver := startDriver(t, t.TempDir())
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n})})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	fc := coordv1.NewFenceServiceClient(cc)
+	cl := coordv1.NewClusterServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		call  func() error
+		code  codes.Code
+		field string
+	}{
+		{"fence without node", func() error { _, err := fc.Fence(ctx, &coordv1.FenceRequest{}); return err }, codes.InvalidArgument, "node"},
+		{"fence unknown node", func() error { _, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: "ghost"}); return err }, codes.NotFound, "ghost"},
+		{"ack without operator", func() error {
+			_, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name})
+			return err
+		}, codes.InvalidArgument, "operator"},
+		{"get without id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{}); return err }, codes.InvalidArgument, "id"},
+		{"get unknown id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{Id: "nope"}); return err }, codes.NotFound, "nope"},
+		{"list with bad limit", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Limit: -1}); return err }, codes.InvalidArgument, "limit"},
+		{"list with bad status", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Status: 99}); return err }, codes.InvalidArgument, "status"},
+		{"get node without name", func() error { _, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{}); return err }, codes.InvalidArgument, "name"},
+		{"watch without id or node", func() error {
+			s, err := fc.WatchFence(ctx, &coordv1.WatchFenceRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = s.Recv()
+			return err
+		}, codes.InvalidArgument, "id"},
+		{"agent stream without hello", func() error {
+			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx)
+			if err != nil {
+				return err
+			}
+			s.Send(&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
+			_, err = s.Recv()
+			return err
+		}, codes.InvalidArgument, "hello"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.field) {
+				t.Fatalf("err = %v, want %s naming %q", err, tc.code, tc.field)
+			}
+		})
+	}
+	// Acknowledge records a manual confirmation, DONE without any driver call.
+	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Operator: "alice", Reason: "pulled the plug"})
+	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || ack.Fence.AcknowledgedBy != "alice" || len(ack.Fence.Operations) != 0 {
+		t.Fatalf("Acknowledge = %v, %v", ack, err)
+	}
+}
+
+// Two coordinators on one etcd: the follower refuses mutations naming the leader; the leader dies;
+// the follower takes over with a higher epoch; the driver then refuses the deposed leader's epoch.
+func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	driver := startDriver(t, t.TempDir())
+	cfgPath := writeConfig(t, driver, []node{n})
+	first := startCoordinator(t, app.Config{ID: "first", FenceConfig: cfgPath})
+	leaderReady(t, conn(t, first.app.Addr()))
+	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	secondConn := conn(t, second.app.Addr())
+	var trailer metadata.MD
+	_, err := coordv1.NewFenceServiceClient(secondConn).Fence(ctx, &coordv1.FenceRequest{Node: n.name}, grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable || fault.LeaderFromTrailer(trailer) != first.app.Addr() || !strings.Contains(err.Error(), "first") {
+		t.Fatalf("follower Fence: err = %v trailer = %v; want Unavailable naming leader first at %s", err, trailer, first.app.Addr())
+	}
+	gl, err := coordv1.NewClusterServiceClient(secondConn).GetLeader(ctx, &coordv1.GetLeaderRequest{})
+	if err != nil || gl.Id != "first" || gl.IsSelf {
+		t.Fatalf("GetLeader from follower = %v, %v", gl, err)
+	}
+	oldEpoch := first.app.Term().Epoch
+	// Wait until the second replica is queued in the election; otherwise the stalled first replica,
+	// still alive, could campaign again ahead of it and rightly win.
+	eventually(t, 10*time.Second, "second campaigning", func() error {
+		r, err := first.app.Etcd().Get(ctx, first.app.Store().LeaderPrefix()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if r.Count != 2 {
+			return fmt.Errorf("%d election keys", r.Count)
+		}
+		return nil
+	})
+
+	// The leader's process "dies" without resigning: its lease must expire. The embedded etcd lives
+	// in the first coordinator, so only its election is abandoned here.
+	first.app.Term().Abandon()
+	eventually(t, 20*time.Second, "second becomes leader", func() error {
+		if second.app.Term() == nil {
+			return fmt.Errorf("second not leading")
+		}
+		return nil
+	})
+	newEpoch := second.app.Term().Epoch
+	if newEpoch <= oldEpoch {
+		t.Fatalf("new epoch %d <= old %d", newEpoch, oldEpoch)
+	}
+	resp, err := coordv1.NewFenceServiceClient(secondConn).Fence(ctx, &coordv1.FenceRequest{Node: n.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := watchUntilFinal(t, ctx, coordv1.NewFenceServiceClient(secondConn), resp.Fence.Id)
+	if f := states[len(states)-1]; f.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || f.Operations[0].Epoch != newEpoch {
+		t.Fatalf("fence by new leader: %v", f)
+	}
+	// The deposed leader's epoch reaches the driver: refused, the BMC untouched.
+	dc := driverv1.NewFenceDriverServiceClient(conn(t, driver))
+	_, err = dc.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: "stale-1", Epoch: oldEpoch, Timeout: durationpb.New(5 * time.Second),
+		Target: &driverv1.Target{Name: n.name, Parameters: map[string]string{"ip": "127.0.0.1", "ipport": fmt.Sprint(n.bmc.Port), "username": "admin", "password": "password", "lanplus": "1", "cipher": "3"}}})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("stale epoch PowerOn: %v, want FailedPrecondition", err)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, n.bmc.Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("after stale PowerOn: ipmitool = %q, %v; want still off", p, err)
+	}
+}
+
+type fixedSampler struct{}
+
+func (fixedSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
+	return &agentv1.SignalSample{ObservedAt: timestamppb.Now(), Signals: []*agentv1.Signal{{Name: "memory.available", Available: 3 << 30, Capacity: 8 << 30}}}, nil
+}
+
+// Agents over real gRPC: every node Ready while reporting; one goes silent and is Unknown after the
+// grace period; a node that announced shutdown is NotReady with kubelet's reason, never Unknown.
+func TestAgentsReadinessOverGRPC(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	driver := startDriver(t, t.TempDir())
+	grace := 1500 * time.Millisecond
+	eng := engine.DefaultConfig()
+	eng.NodeMonitorGracePeriod = grace
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n}), Engine: eng,
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	cl := coordv1.NewClusterServiceClient(cc)
+
+	names := []string{"node-1", "w-1", "w-2", "w-3"}
+	cancels := map[string]context.CancelFunc{}
+	agents := map[string]*agent.Agent{}
+	for _, name := range names {
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: name, BootID: "b-" + name, Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		cancels[name] = func() { cancel(); <-done }
+		agents[name] = a
+		t.Cleanup(cancels[name])
+	}
+	get := func(name string) *coordv1.Node {
+		r, err := cl.GetNode(context.Background(), &coordv1.GetNodeRequest{Name: name})
+		if err != nil {
+			t.Logf("GetNode(%s): %v", name, err)
+			return &coordv1.Node{Name: name, Reason: err.Error()}
+		}
+		return r.Node
+	}
+	for _, name := range names {
+		eventually(t, 10*time.Second, name+" ready", func() error {
+			nd := get(name)
+			if nd.Readiness != coordv1.Readiness_READINESS_READY || !nd.Connected || nd.Signals["memory.available"] != 3<<30 {
+				return fmt.Errorf("%v", nd)
+			}
+			return nil
+		})
+	}
+	cancels["w-1"]()
+	var unknownAt time.Time
+	var lastSeen time.Time
+	eventually(t, grace+5*time.Second, "w-1 unknown", func() error {
+		nd := get("w-1")
+		if nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN {
+			return fmt.Errorf("%s: %s", nd.Readiness, nd.Reason)
+		}
+		unknownAt, lastSeen = time.Now(), nd.LastSeen.AsTime()
+		return nil
+	})
+	if silent := unknownAt.Sub(lastSeen); silent < grace {
+		t.Fatalf("w-1 judged Unknown %s after its last contact, before the %s grace period", silent, grace)
+	}
+
+	agents["w-2"].Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{
+		Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, At: timestamppb.Now(), GracePeriod: durationpb.New(30 * time.Second)}}})
+	eventually(t, 5*time.Second, "w-2 shutting down", func() error {
+		if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY || nd.Reason != "node is shutting down" {
+			return fmt.Errorf("%s: %s", nd.Readiness, nd.Reason)
+		}
+		return nil
+	})
+	cancels["w-2"]()
+	time.Sleep(grace + 500*time.Millisecond) // the judgement must hold past the grace period
+	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY {
+		t.Fatalf("w-2 after shutdown and silence: %s (%s), want NotReady", nd.Readiness, nd.Reason)
+	}
+	if nd := get("w-3"); nd.Readiness != coordv1.Readiness_READINESS_READY {
+		t.Fatalf("w-3 still reporting: %s", nd.Readiness)
+	}
+	zones, err := cl.ListZones(context.Background(), &coordv1.ListZonesRequest{})
+	if err != nil || len(zones.Zones) != 1 || zones.Zones[0].Size != 4 || zones.Zones[0].NotReady != 2 {
+		t.Fatalf("ListZones = %v, %v", zones, err)
+	}
+}
+
+// grpcurl (an independent client) lists every service through reflection.
+func TestGrpcurlListsServices(t *testing.T) {
+	grpcurl, err := exec.LookPath("grpcurl")
+	if err != nil {
+		root, _ := filepath.Abs("../..")
+		grpcurl = filepath.Join(root, "bin", "tools", "grpcurl")
+		if _, err := os.Stat(grpcurl); err != nil {
+			t.Fatalf("grpcurl not found on PATH or in bin/tools (run `make tools`): %v", err)
+		}
+	}
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	driver := startDriver(t, t.TempDir())
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n})})
+	for addr, want := range map[string][]string{
+		c.app.Addr(): {"grpc.health.v1.Health", "nodefence.agent.v1.AgentService", "nodefence.coordinator.v1.ClusterService", "nodefence.coordinator.v1.FenceService"},
+		driver:       {"grpc.health.v1.Health", "nodefence.driver.v1.FenceDriverService"},
+	} {
+		out, err := exec.Command(grpcurl, "-plaintext", addr, "list").CombinedOutput()
+		if err != nil {
+			t.Fatalf("grpcurl list %s: %v\n%s", addr, err, out)
+		}
+		for _, svc := range want {
+			if !strings.Contains(string(out), svc+"\n") {
+				t.Errorf("grpcurl list %s: %s missing in\n%s", addr, svc, out)
+			}
+		}
+	}
+}
+
+// Automatic fencing end to end: a node's agent stops while its BMC says on; after the grace period
+// and the fence timeout the coordinator fences it on its own, confirms the power-off by read-back
+// (ipmitool agrees), and the record is done. A node whose BMC accepts commands but never changes
+// state ends in ERROR after its retries, escalated, never confirmed off.
+func TestAutomaticFencing(t *testing.T) {
+	var nodes []node
+	for _, name := range []string{"node-1", "node-2", "node-3", "node-4"} {
+		nodes = append(nodes, node{name: name, password: "password", bmc: startBMC(t, name)})
+	}
+	driver := startDriver(t, t.TempDir())
+	eng := engine.DefaultConfig()
+	eng.NodeMonitorGracePeriod, eng.NodeStartupGracePeriod = time.Second, 2*time.Second
+	eng.NodeEvictionRate = 10
+	eng.Fence.Timeout = time.Second
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng,
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	fc := coordv1.NewFenceServiceClient(cc)
+	stop := map[string]func(){}
+	for _, n := range nodes {
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b", Zone: "a", Log: testLog(t)}, fixedSampler{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		stop[n.name] = func() { cancel(); <-done }
+		t.Cleanup(stop[n.name])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	fenceOf := func(name string) *coordv1.NodeFence {
+		r, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Node: name})
+		if err != nil || len(r.Fences) == 0 {
+			return nil
+		}
+		return r.Fences[0]
+	}
+	time.Sleep(2 * time.Second) // every agent has reported for a while: no fence may exist yet
+	for _, n := range nodes {
+		if f := fenceOf(n.name); f != nil {
+			t.Fatalf("%s fenced while reporting: %v", n.name, f)
+		}
+	}
+
+	victim := nodes[1]
+	silenced := time.Now()
+	stop[victim.name]()
+	var rec *coordv1.NodeFence
+	eventually(t, 30*time.Second, victim.name+" fenced automatically", func() error {
+		if rec = fenceOf(victim.name); rec == nil || rec.FinishedAt == nil {
+			return fmt.Errorf("record %v", rec)
+		}
+		return nil
+	})
+	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !rec.Automatic || rec.ConfirmedOffAt == nil || rec.RequestedBy != "coordinator" {
+		t.Fatalf("automatic fence: %v", rec)
+	}
+	// The last contact was at most one heartbeat (200ms) before the agent stopped.
+	if took := rec.ConfirmedOffAt.AsTime().Sub(silenced); took < 1800*time.Millisecond {
+		t.Fatalf("fenced %s after the agent stopped, before grace (1s) + fence timeout (1s) since its last contact", took)
+	}
+	if !strings.Contains(strings.Join(rec.Evidence, "\n"), "Unknown since") {
+		t.Fatalf("evidence does not say why: %q", rec.Evidence)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, victim.bmc.Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("ipmitool after automatic fence: %q, %v", p, err)
+	}
+	// The audit trail tells the story: judged Unknown, released by pacing, fence requested, fenced.
+	audit, err := coordv1.NewClusterServiceClient(cc).ListAudit(ctx, &coordv1.ListAuditRequest{Node: victim.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range audit.Entries {
+		if len(kinds) == 0 || kinds[len(kinds)-1] != e.Kind {
+			kinds = append(kinds, e.Kind)
+		}
+	}
+	if got := strings.Join(kinds, ","); !strings.HasPrefix(got, "readiness,eviction,fence-requested,fence") {
+		t.Fatalf("audit kinds for %s: %s\n%v", victim.name, got, audit.Entries)
+	}
+	t.Logf("automatic fence confirmed %.2fs after the agent stopped", rec.ConfirmedOffAt.AsTime().Sub(silenced).Seconds())
+
+	stuck := nodes[2]
+	if err := stuck.bmc.SetFault(ipmisim.FaultStuck); err != nil {
+		t.Fatal(err)
+	}
+	stop[stuck.name]()
+	eventually(t, 60*time.Second, stuck.name+" fence finished", func() error {
+		if rec = fenceOf(stuck.name); rec == nil || rec.FinishedAt == nil {
+			return fmt.Errorf("record %v", rec)
+		}
+		return nil
+	})
+	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_ERROR || rec.ConfirmedOffAt != nil || rec.Retries != 1 {
+		t.Fatalf("stuck BMC: want ERROR after 1 retry, never confirmed off; got %v", rec)
+	}
+	for _, op := range rec.Operations {
+		if op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED {
+			t.Fatalf("stuck BMC: operation reported confirmed: %v", op)
+		}
+	}
+	if on, err := stuck.bmc.Power(); err != nil || !on {
+		t.Fatalf("stuck BMC power state %v, %v: want still on", on, err)
+	}
+	// The nodes that kept reporting were never fenced.
+	for _, n := range []node{nodes[0], nodes[3]} {
+		if f := fenceOf(n.name); f != nil {
+			t.Fatalf("%s fenced: %v", n.name, f)
+		}
+	}
+}
+
+// fence_kdump end to end with the real sender: a crashed node's kdump kernel reports itself; the
+// coordinator takes it as down at once (long before the 30 s grace period), confirms it off for pod
+// release from the dump alone, and powers it off only after the dump has finished.
+func TestKdumpWithRealSender(t *testing.T) {
+	var nodes []node
+	for i, name := range []string{"node-1", "node-2", "node-3", "node-4"} {
+		n := node{name: name, password: "password", bmc: startBMC(t, name)}
+		if i == 1 {
+			n.addr = "127.0.0.1" // fence_kdump_send on this machine sends from 127.0.0.1
+		}
+		nodes = append(nodes, n)
+	}
+	driver := startDriver(t, t.TempDir())
+	eng := engine.DefaultConfig()
+	eng.NodeMonitorGracePeriod, eng.NodeStartupGracePeriod = 30*time.Second, 30*time.Second
+	eng.NodeEvictionRate = 10
+	eng.Fence.Timeout = 500 * time.Millisecond
+	eng.KdumpIdle, eng.KdumpTimeout = 2*time.Second, 20*time.Second
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0"})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
+	sent := time.Now()
+	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "3", "-i", "1", "127.0.0.1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
+	}
+	lastMessage := time.Now()
+	fc := coordv1.NewFenceServiceClient(cc)
+	var rec *coordv1.NodeFence
+	eventually(t, 30*time.Second, "node-2 fenced after its dump", func() error {
+		r, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Node: "node-2"})
+		if err != nil || len(r.Fences) == 0 || r.Fences[0].FinishedAt == nil {
+			return fmt.Errorf("%v %v", r, err)
+		}
+		rec = r.Fences[0]
+		return nil
+	})
+	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || rec.ConfirmedOffAt == nil || len(rec.Operations) != 1 {
+		t.Fatalf("kdump fence: %v", rec)
+	}
+	if rec.CreatedAt.AsTime().Sub(sent) > 10*time.Second {
+		t.Fatalf("fence started %s after the dump began: the node should be down at once, not after the 30s grace", rec.CreatedAt.AsTime().Sub(sent))
+	}
+	op := rec.Operations[0]
+	if !rec.ConfirmedOffAt.AsTime().Before(op.StartedAt.AsTime()) {
+		t.Fatalf("confirmed off at %s, power-off started %s: a dumping node may be released before its power-off", rec.ConfirmedOffAt.AsTime(), op.StartedAt.AsTime())
+	}
+	if op.StartedAt.AsTime().Before(lastMessage.Add(eng.KdumpIdle - 200*time.Millisecond)) {
+		t.Fatalf("power management started at %s, before the dump ended (last message %s + idle %s)", op.StartedAt.AsTime(), lastMessage, eng.KdumpIdle)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, nodes[1].bmc.Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("ipmitool after the dump: %q %v", p, err)
+	}
+	for _, n := range []node{nodes[0], nodes[2], nodes[3]} {
+		r, _ := fc.ListFences(ctx, &coordv1.ListFencesRequest{Node: n.name})
+		if len(r.GetFences()) != 0 {
+			t.Fatalf("%s fenced", n.name)
+		}
+	}
+}

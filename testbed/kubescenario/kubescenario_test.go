@@ -1,0 +1,229 @@
+package kubescenario
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// The payoff, against a real kube-apiserver: a StatefulSet member on a node whose agent goes silent
+// (BMC still on) is released only after the coordinator powered the node off and read it back —
+// out-of-service taint, pod force-deleted, VolumeAttachment deleted, NodeFence object done. With a
+// BMC that never turns off: no taint, no deletion, NodeFence in error.
+func TestKubernetesEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	env, err := Start(ctx, t.TempDir(), Options{Healthy: 4, Victims: 3, Grace: time.Second, FenceTimeout: time.Second,
+		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	victim, stuck, leaving := env.Nodes[4], env.Nodes[5], env.Nodes[6]
+
+	// An agent's pressure condition reaches the Node object.
+	env.ReportMemoryPressure(env.Nodes[0])
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		node, err := env.Admin.CoreV1().Nodes().Get(ctx, env.Nodes[0].Name, metav1.GetOptions{})
+		found := false
+		for _, c := range node.Status.Conditions {
+			found = found || (c.Type == corev1.NodeMemoryPressure && c.Status == corev1.ConditionTrue && c.Reason == "KubeletHasInsufficientMemory")
+		}
+		if err == nil && found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: MemoryPressure=True never written (%v)", env.Nodes[0].Name, err)
+		}
+	}
+
+	// A node that announced a graceful shutdown and then went silent is never fenced or released.
+	env.AnnounceShutdown(leaving)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		node, err := env.Admin.CoreV1().Nodes().Get(ctx, leaving.Name, metav1.GetOptions{})
+		if err == nil && readyStatus(node) == corev1.ConditionFalse {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: Ready condition never False after the shutdown announcement", leaving.Name)
+		}
+	}
+	env.Fail(leaving)
+
+	failed := env.Fail(victim)
+	released, err := env.WaitReleased(ctx, victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: pod released %.2fs after its agent stopped (grace 1s + fence timeout 1s)", victim.Name, released.Sub(failed).Seconds())
+	recs, err := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == victim.Name })
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("fence records of %s: %v %v", victim.Name, recs, err)
+	}
+	rec := recs[0]
+	if rec.ConfirmedOffAt == nil || rec.ConfirmedOffAt.AsTime().After(released) {
+		t.Fatalf("pod released at %s but power-off confirmed at %v: release must follow the read-back", released, rec.ConfirmedOffAt)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, victim.BMC.Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("ipmitool: %q %v", p, err)
+	}
+	if ok, err := env.HasOutOfServiceTaint(ctx, victim); err != nil || !ok {
+		t.Fatalf("out-of-service taint on %s: %v %v", victim.Name, ok, err)
+	}
+	node, err := env.Admin.CoreV1().Nodes().Get(ctx, victim.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ready := readyStatus(node); ready != corev1.ConditionUnknown {
+		t.Fatalf("%s Ready condition %q, want Unknown", victim.Name, readyStatus(node))
+	}
+	w, err := kube.New(env.Cluster.Config(), kube.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, st, err := w.GetFence(ctx, rec.Id)
+		if err == nil && st.Status == "done" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NodeFence %s: %+v %v", rec.Id, st, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The stuck BMC: accepted commands, state never changes.
+	if err := stuck.BMC.SetFault(ipmisim.FaultStuck); err != nil {
+		t.Fatal(err)
+	}
+	env.Fail(stuck)
+	var srec *coordv1.NodeFence
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == stuck.Name })
+		if len(recs) == 1 && recs[0].FinishedAt != nil {
+			srec = recs[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stuck BMC: fence of %s never finished: %v", stuck.Name, recs)
+		}
+	}
+	if srec.Status != coordv1.FenceStatus_FENCE_STATUS_ERROR || srec.ConfirmedOffAt != nil {
+		t.Fatalf("stuck BMC: %v", srec)
+	}
+	time.Sleep(time.Second) // give a wrong release every chance to happen
+	if _, err := env.Admin.CoreV1().Pods("apps").Get(ctx, stuck.Pod, metav1.GetOptions{}); err != nil {
+		t.Fatalf("stuck BMC: the pod was released: %v", err)
+	}
+	if _, err := env.Admin.StorageV1().VolumeAttachments().Get(ctx, stuck.VA, metav1.GetOptions{}); err != nil {
+		t.Fatalf("stuck BMC: the VolumeAttachment was deleted: %v", err)
+	}
+	if ok, _ := env.HasOutOfServiceTaint(ctx, stuck); ok {
+		t.Fatal("stuck BMC: out-of-service taint applied")
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, st, err := w.GetFence(ctx, srec.Id)
+		if err == nil && st.Status == "error" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NodeFence %s: %+v %v", srec.Id, st, err)
+		}
+	}
+	// A node added while everything runs (Node, ConfigMaps, pod) is fenceable within seconds: the
+	// coordinator's informers saw the new fence configuration (its periodic reload is 30 s).
+	late, err := env.AddVictim(ctx, "node-late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if func() bool {
+			n, err := env.nodeView(ctx, late.Name)
+			return err == nil && n.Fenceable && n.Connected
+		}() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never became fenceable and connected", late.Name)
+		}
+	}
+	lateFailed := env.Fail(late)
+	lateCtx, lateCancel := context.WithTimeout(ctx, 20*time.Second)
+	defer lateCancel()
+	if at, err := env.WaitReleased(lateCtx, late); err != nil {
+		t.Fatalf("%s: %v", late.Name, err)
+	} else {
+		t.Logf("%s (added at run time) released %.2fs after its agent stopped", late.Name, at.Sub(lateFailed).Seconds())
+	}
+
+	// The shutting-down node and the healthy nodes were never fenced, and the shutting-down node's
+	// pod is still there.
+	if _, err := env.Admin.CoreV1().Pods("apps").Get(ctx, leaving.Pod, metav1.GetOptions{}); err != nil {
+		t.Fatalf("%s (shutting down): its pod was released: %v", leaving.Name, err)
+	}
+	for _, n := range append(env.Nodes[:4:4], leaving) {
+		if recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name }); len(recs) != 0 {
+			t.Fatalf("%s fenced: %v", n.Name, recs)
+		}
+	}
+}
+
+func readyStatus(n *corev1.Node) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// A storm: three of a zone's five nodes go silent at once (60%: PartialDisruption). The storm guard
+// and the zone's pacing hold everything back: no out-of-service taint, no deletion, no fence.
+func TestStormReleasesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env, err := Start(ctx, t.TempDir(), Options{Healthy: 2, Victims: 3, Grace: time.Second, FenceTimeout: time.Second,
+		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	for _, n := range env.Nodes[2:] {
+		env.Fail(n)
+	}
+	// Long enough for grace + fence timeout several times over.
+	time.Sleep(6 * time.Second)
+	for _, n := range env.Nodes[2:] {
+		if _, err := env.Admin.CoreV1().Pods("apps").Get(ctx, n.Pod, metav1.GetOptions{}); err != nil {
+			t.Fatalf("%s: pod released during a storm: %v", n.Name, err)
+		}
+		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
+			t.Fatalf("%s: out-of-service taint during a storm", n.Name)
+		}
+		if recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name }); len(recs) != 0 {
+			t.Fatalf("%s fenced during a storm: %v", n.Name, recs)
+		}
+		node, err := env.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil || readyStatus(node) != corev1.ConditionUnknown {
+			t.Fatalf("%s: Ready %q (%v), want Unknown: the judgement is made, only the action is held back", n.Name, readyStatus(node), err)
+		}
+	}
+}

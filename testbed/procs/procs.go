@@ -1,0 +1,122 @@
+// Package procs starts and stops the child processes of the local testbed: each in its own process
+// group, output to a log file, stopped by PID (SIGTERM, then SIGKILL after a deadline).
+package procs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// Proc is a started child process.
+type Proc struct {
+	Name string
+	Log  string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// Start runs bin with args, logging stdout and stderr to logPath.
+func Start(name, logPath, bin string, args ...string) (*Proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Proc{Name: name, Log: logPath, cmd: cmd, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait(); f.Close() }()
+	return p, nil
+}
+
+// PID is the process id.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended, and how.
+func (p *Proc) Exited() (bool, error) {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it.
+func (p *Proc) Stop(grace time.Duration) error {
+	if exited, _ := p.Exited(); exited {
+		return nil
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+		<-p.done
+		return fmt.Errorf("%s (pid %d) did not stop within %s and was killed", p.Name, p.PID(), grace)
+	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// WaitTCP waits until addr accepts connections or the process exits or timeout passes.
+func (p *Proc) WaitTCP(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if exited, err := p.Exited(); exited {
+			return fmt.Errorf("%s exited before listening on %s (%v); see %s", p.Name, addr, err, p.Log)
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New(p.Name + " is not listening on " + addr + " after " + timeout.String() + "; see " + p.Log)
+}
+
+// Terminate stops a started command by its PID: SIGTERM, then SIGKILL after grace; exited must be
+// closed once the command's Wait returned. name labels errors.
+func Terminate(cmd *exec.Cmd, exited <-chan struct{}, grace time.Duration, name string) error {
+	if cmd == nil || cmd.Process == nil {
+		return nil
+	}
+	select {
+	case <-exited:
+		return nil
+	default:
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("stop %s pid %d: %w", name, cmd.Process.Pid, err)
+	}
+	select {
+	case <-exited:
+		return nil
+	case <-time.After(grace):
+	}
+	if err := cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill %s pid %d: %w", name, cmd.Process.Pid, err)
+	}
+	<-exited
+	return nil
+}
