@@ -381,8 +381,8 @@ func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderReque
 // ackEvery bounds how long a heartbeat or sample may wait for its (cumulative) acknowledgement.
 const ackEvery = time.Second
 
-// Connect serves one agent stream. Heartbeats and samples are acknowledged cumulatively at most once
-// a second; every other message (conditions, shutdown announcements) only after the engine applied it
+// Connect serves one agent stream. Heartbeats and samples are applied on the stream's own goroutine
+// (Loop.Observe) and acknowledged cumulatively at most once a second; every other message (conditions, shutdown announcements) only after the engine applied it
 // and persisted what it changed, so an acknowledged event survives a failover.
 func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
@@ -430,12 +430,15 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		if m.GetHello() != nil {
 			return fault.Invalid{{Field: "hello", Problem: "hello may only be the first message"}}
 		}
-		in := engine.Message{Node: name, At: s.now(), Msg: m}
+		at := s.now()
 		event := loop.IsEvent(m)
-		if event {
-			err = l.Loop.StepSync(ctx, in)
-		} else {
-			err = l.Loop.Step(ctx, in)
+		applied := false
+		if !event {
+			// The hot path: a heartbeat or sample of a known node is recorded on this goroutine.
+			applied, err = l.Loop.Observe(name, at, m.GetSample())
+		}
+		if err == nil && !applied {
+			err = l.Loop.StepSync(ctx, engine.Message{Node: name, At: at, Msg: m})
 		}
 		if err != nil {
 			if errors.Is(err, loop.ErrStopped) {

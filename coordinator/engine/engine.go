@@ -114,7 +114,7 @@ type Engine struct {
 	floor  time.Time // start of the current leadership term: no silence before it counts
 	now    time.Time // latest Tick
 	nodes  map[string]*node
-	order  []string // node names in natural order, kept sorted as nodes are added
+	order  []*node // the nodes in natural order of their names, kept sorted as nodes are added
 	zones  map[string]*zone
 	paused bool
 	halted bool
@@ -123,6 +123,7 @@ type Engine struct {
 
 type node struct {
 	name, region, zone string
+	zoneKey            string // nodes.ZoneKey(region, zone), kept by enterZone
 	firstSeen          time.Time
 	lastContact        time.Time
 	shuttingDown       bool
@@ -173,10 +174,10 @@ func (e *Engine) node(name, region, zone string, at time.Time) *node {
 		n = &node{name: name, region: region, zone: zone, firstSeen: at, readiness: coordv1.Readiness_READINESS_READY, transition: at,
 			signals: map[string]int64{}, conditions: map[string]*coordv1.NodeCondition{}}
 		e.nodes[name] = n
-		i := sort.Search(len(e.order), func(i int) bool { return !naturalLess(e.order[i], name) })
-		e.order = append(e.order, "")
+		i := sort.Search(len(e.order), func(i int) bool { return !naturalLess(e.order[i].name, name) })
+		e.order = append(e.order, nil)
 		copy(e.order[i+1:], e.order[i:])
-		e.order[i] = name
+		e.order[i] = n
 		e.enterZone(n)
 	}
 	return n
@@ -184,6 +185,7 @@ func (e *Engine) node(name, region, zone string, at time.Time) *node {
 
 func (e *Engine) enterZone(n *node) {
 	k := nodes.ZoneKey(n.region, n.zone)
+	n.zoneKey = k
 	z, ok := e.zones[k]
 	if !ok {
 		z = &zone{key: k, state: coordv1.ZoneState_ZONE_STATE_INITIAL}
@@ -193,7 +195,7 @@ func (e *Engine) enterZone(n *node) {
 }
 
 func (e *Engine) leaveZone(n *node) {
-	k := nodes.ZoneKey(n.region, n.zone)
+	k := n.zoneKey
 	z := e.zones[k]
 	z.size--
 	z.queue = remove(z.queue, n.name)
@@ -231,17 +233,14 @@ func (e *Engine) Tick(now time.Time) {
 		now = e.now // time never goes backwards inside the engine
 	}
 	e.now = now
-	for _, name := range e.sortedNodes() {
-		e.judge(e.nodes[name], now)
+	for _, n := range e.order {
+		e.judge(n, now)
 	}
 	e.updateZones(now)
 	e.release(now)
 	e.markEligible(now)
 	e.fence(now)
 }
-
-// sortedNodes returns the node names in natural order (the engine's own slice: do not modify).
-func (e *Engine) sortedNodes() []string { return e.order }
 
 // naturalLess orders names with their digit runs compared as numbers (a2 before a10), so queues
 // filled in one tick read in the order an operator expects.
@@ -315,7 +314,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 	if rd == coordv1.Readiness_READINESS_READY {
 		n.notReadySince, n.eligibleSent, n.fenceRequested, n.fenceBlocked = time.Time{}, false, false, ""
 		if n.queued {
-			z := e.zones[nodes.ZoneKey(n.region, n.zone)]
+			z := e.zones[n.zoneKey]
 			z.queue = remove(z.queue, n.name)
 			n.queued = false
 			change += "; leaves the eviction queue"
@@ -342,7 +341,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 	if n.shuttingDown {
 		// A node shutting down gracefully is not failed: its kubelet terminates its pods itself.
 		if n.queued {
-			z := e.zones[nodes.ZoneKey(n.region, n.zone)]
+			z := e.zones[n.zoneKey]
 			z.queue = remove(z.queue, n.name)
 			n.queued = false
 		}
@@ -359,7 +358,7 @@ func (e *Engine) dumping(n *node, now time.Time) bool {
 
 // enqueue appends n to its zone's eviction queue and says so.
 func (e *Engine) enqueue(n *node, at time.Time) string {
-	z := e.zones[nodes.ZoneKey(n.region, n.zone)]
+	z := e.zones[n.zoneKey]
 	z.queue = append(z.queue, n.name)
 	n.queued, n.queuedAt = true, at
 	return fmt.Sprintf("queued for eviction in zone %s (position %d)", z.key, len(z.queue))
@@ -377,9 +376,9 @@ func (e *Engine) updateZones(now time.Time) {
 	for _, z := range e.zones {
 		z.ready = 0
 	}
-	for _, n := range e.nodes {
+	for _, n := range e.order {
 		if n.readiness == coordv1.Readiness_READINESS_READY {
-			e.zones[nodes.ZoneKey(n.region, n.zone)].ready++
+			e.zones[n.zoneKey].ready++
 		}
 	}
 	allFull := len(e.zones) > 0
@@ -458,8 +457,8 @@ func (e *Engine) markEligible(now time.Time) {
 	if e.halted || e.paused {
 		return
 	}
-	for _, name := range e.sortedNodes() {
-		n := e.nodes[name]
+	for _, n := range e.order {
+		name := n.name
 		if n.taint == TaintNone || n.eligibleSent || n.notReadySince.IsZero() || now.Sub(n.notReadySince) < e.cfg.PodEvictionTimeout {
 			continue
 		}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nodefence/nodefence/coordinator/nodes"
-
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -52,14 +50,14 @@ func (e *Engine) fence(now time.Time) {
 		return
 	}
 	total, unready := 0, 0
-	for _, n := range e.nodes {
+	for _, n := range e.order {
 		total++
 		if n.readiness != coordv1.Readiness_READINESS_READY && !n.shuttingDown {
 			unready++
 		}
 	}
-	for _, name := range e.sortedNodes() {
-		n := e.nodes[name]
+	for _, n := range e.order {
+		name := n.name
 		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown ||
 			n.notReadySince.IsZero() || now.Sub(n.notReadySince) < fc.Timeout {
 			if n.taint == TaintNone || n.shuttingDown {
@@ -67,7 +65,7 @@ func (e *Engine) fence(now time.Time) {
 			}
 			continue
 		}
-		k := nodes.ZoneKey(n.region, n.zone)
+		k := n.zoneKey
 		z := e.zones[k]
 		kind, reason := e.guard(z, total, unready, now)
 		if reason != "" {

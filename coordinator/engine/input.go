@@ -6,8 +6,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/nodes"
-
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -78,9 +76,7 @@ func (e *Engine) Step(in Input) {
 	switch in := in.(type) {
 	case Message:
 		n := e.node(in.Node, "", "", in.At)
-		if in.At.After(n.lastContact) {
-			n.lastContact = in.At
-		}
+		n.contact(in.At)
 		e.apply(n, in)
 	case Hello:
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
@@ -94,9 +90,7 @@ func (e *Engine) Step(in Input) {
 		}
 		n.bootID = in.BootID
 		n.streams++
-		if in.At.After(n.lastContact) {
-			n.lastContact = in.At
-		}
+		n.contact(in.At)
 		if in.Region != "" || in.Zone != "" {
 			e.setLocation(n, in.Region, in.Zone)
 		}
@@ -139,12 +133,38 @@ func (e *Engine) Step(in Input) {
 	}
 }
 
+// Observe is the hot path for heartbeats and signal samples (sample may be nil) of a node the
+// engine already knows: it records the contact and the sample and returns true, touching nothing
+// that Ready reports, so it may run while the loop persists a batch. For an unknown node it changes
+// nothing and returns false; the caller steps a Message instead.
+func (e *Engine) Observe(name string, at time.Time, sample *agentv1.SignalSample) bool {
+	n, ok := e.nodes[name]
+	if !ok {
+		return false
+	}
+	n.contact(at)
+	if sample != nil {
+		n.observe(sample)
+	}
+	return true
+}
+
+func (n *node) contact(at time.Time) {
+	if at.After(n.lastContact) {
+		n.lastContact = at
+	}
+}
+
+func (n *node) observe(s *agentv1.SignalSample) {
+	for _, sig := range s.Signals {
+		n.signals[sig.Name] = sig.Available
+	}
+}
+
 func (e *Engine) apply(n *node, in Message) {
 	switch m := in.Msg.GetMsg().(type) {
 	case *agentv1.ConnectRequest_Sample:
-		for _, s := range m.Sample.Signals {
-			n.signals[s.Name] = s.Available
-		}
+		n.observe(m.Sample)
 	case *agentv1.ConnectRequest_Condition:
 		c := m.Condition
 		status := "False"
@@ -305,8 +325,8 @@ func (e *Engine) Paused() bool { return e.paused }
 // Nodes returns the API view of every node, sorted by name.
 func (e *Engine) Nodes() []*coordv1.Node {
 	out := make([]*coordv1.Node, 0, len(e.nodes))
-	for _, name := range e.sortedNodes() {
-		out = append(out, e.view(e.nodes[name]))
+	for _, n := range e.order {
+		out = append(out, e.view(n))
 	}
 	return out
 }
@@ -376,6 +396,6 @@ func (e *Engine) ZoneOf(name string) (string, coordv1.ZoneState, bool) {
 	if !ok {
 		return "", coordv1.ZoneState_ZONE_STATE_UNSPECIFIED, false
 	}
-	k := nodes.ZoneKey(n.region, n.zone)
+	k := n.zoneKey
 	return k, e.zones[k].state, true
 }

@@ -23,12 +23,12 @@ func TestNodeOrderMatchesFullSort(t *testing.T) {
 			}
 		}
 		sort.Slice(names, func(i, j int) bool { return naturalLess(names[i], names[j]) })
-		got := e.sortedNodes()
+		got := e.order
 		if len(got) != len(names) {
 			return false
 		}
 		for i := range got {
-			if got[i] != names[i] {
+			if got[i].name != names[i] {
 				return false
 			}
 		}

@@ -1,5 +1,7 @@
-// Package loop owns the coordinator engine for one leadership term: the only goroutine that touches
-// it. Agent streams and API handlers hand inputs and queries to the loop; the loop ticks the engine,
+// Package loop owns the coordinator engine for one leadership term. Agent streams and API handlers
+// hand inputs and queries to the loop goroutine; the one exception is the hot path (Observe), where a
+// stream records a heartbeat or signal sample of a known node itself, under the loop's engine lock,
+// instead of waiting for the loop goroutine to be scheduled. The loop ticks the engine,
 // persists its writes under the leader's epoch BEFORE anything else leaves the engine, passes the
 // remaining decisions to consumers, and keeps the Prometheus zone metrics current.
 package loop
@@ -54,6 +56,12 @@ type Loop struct {
 	queries chan func(*engine.Engine)
 	done    chan struct{}
 	err     error
+
+	// mu guards eng. The loop goroutine holds it for every engine call except while it persists a
+	// batch: Observe, the only other caller, never touches what Ready reports.
+	mu      sync.Mutex
+	eng     *engine.Engine
+	stopped bool
 }
 
 // New returns a loop; Run starts it.
@@ -106,6 +114,35 @@ func (l *Loop) StepSync(ctx context.Context, in engine.Input) error {
 	}
 }
 
+// Observe records a heartbeat (sample nil) or signal sample of a node at once, on the caller's
+// goroutine. It returns false, having changed nothing, while the loop has no engine yet or the node
+// is unknown to it; the caller then steps a Message instead. It fails once the loop has stopped.
+func (l *Loop) Observe(node string, at time.Time, sample *agentv1.SignalSample) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return false, ErrStopped
+	}
+	if l.eng == nil || !l.eng.Observe(node, at, sample) {
+		return false, nil
+	}
+	l.observed(at, sample)
+	return true, nil
+}
+
+// observed updates the ingest metrics for one heartbeat or sample received at at.
+func (l *Loop) observed(at time.Time, sample *agentv1.SignalSample) {
+	m := l.cfg.Metrics
+	if m == nil {
+		return
+	}
+	if sample != nil && sample.ObservedAt != nil {
+		m.ApplyLatency.Observe(time.Since(sample.ObservedAt.AsTime()).Seconds())
+	}
+	m.QueueLatency.Observe(time.Since(at).Seconds())
+	m.Updates.Inc()
+}
+
 // Query runs f on the loop goroutine with the engine and waits for it.
 func (l *Loop) Query(ctx context.Context, f func(*engine.Engine)) error {
 	ran := make(chan struct{})
@@ -135,6 +172,11 @@ func (l *Loop) Err() error { return l.err }
 // Run owns the engine until the term ends or ctx is cancelled.
 func (l *Loop) Run(ctx context.Context) error {
 	defer close(l.done)
+	defer func() {
+		l.mu.Lock()
+		l.stopped = true
+		l.mu.Unlock()
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -160,12 +202,18 @@ func (l *Loop) Run(ctx context.Context) error {
 	tick := time.NewTicker(l.cfg.TickInterval)
 	defer tick.Stop()
 	var waiting []chan struct{}
+	l.mu.Lock()
+	defer l.mu.Unlock() // the loop goroutine holds the engine lock except while it waits or persists
+	l.eng = e
 	for {
+		l.mu.Unlock()
 		select {
 		case <-ctx.Done():
+			l.mu.Lock()
 			l.err = ctx.Err()
 			return nil
 		case in := <-l.in:
+			l.mu.Lock()
 			waiting = l.apply(e, in, waiting)
 			// Drain what is already queued before flushing: one flush per batch.
 			for drained := 0; drained < 4096; drained++ {
@@ -178,8 +226,10 @@ func (l *Loop) Run(ctx context.Context) error {
 				break
 			}
 		case q := <-l.queries:
+			l.mu.Lock()
 			q(e)
 		case now := <-tick.C:
+			l.mu.Lock()
 			e.Tick(now)
 			if l.cfg.Metrics != nil {
 				l.cfg.Metrics.observeZones(e)
@@ -213,23 +263,32 @@ func (l *Loop) apply(e *engine.Engine, in engine.Input, waiting []chan struct{})
 		waiting = append(waiting, s.done)
 		in = s.Input
 	}
-	if m, ok := in.(engine.Message); ok && l.cfg.Metrics != nil {
-		if s := m.Msg.GetSample(); s != nil && s.ObservedAt != nil {
-			l.cfg.Metrics.ApplyLatency.Observe(time.Since(s.ObservedAt.AsTime()).Seconds())
-		}
-		l.cfg.Metrics.QueueLatency.Observe(time.Since(m.At).Seconds())
-		l.cfg.Metrics.Updates.Inc()
+	if m, ok := in.(engine.Message); ok {
+		l.observed(m.At, m.Msg.GetSample())
 	}
 	e.Step(in)
 	return waiting
 }
 
-// flush persists the engine's writes, then hands the rest to OnReady, then advances.
+// flush persists the engine's writes, then hands the rest to OnReady, then advances. It is called
+// with the engine lock held and releases it while it persists and hands over the batch.
 func (l *Loop) flush(ctx context.Context, e *engine.Engine) error {
 	rd := e.Ready()
 	if rd.Empty() {
 		return nil
 	}
+	l.mu.Unlock()
+	err := l.handOver(ctx, rd)
+	l.mu.Lock()
+	if err != nil {
+		return err
+	}
+	e.Advance()
+	return nil
+}
+
+// handOver persists a batch's writes and then passes its decisions on.
+func (l *Loop) handOver(ctx context.Context, rd engine.Ready) error {
 	if err := l.persist(ctx, rd.Writes, rd.Events); err != nil {
 		return err
 	}
@@ -250,7 +309,6 @@ func (l *Loop) flush(ctx context.Context, e *engine.Engine) error {
 	if l.cfg.OnReady != nil {
 		l.cfg.OnReady(rd)
 	}
-	e.Advance()
 	return nil
 }
 

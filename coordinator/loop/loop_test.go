@@ -120,3 +120,65 @@ func TestStateSurvivesLeaderChange(t *testing.T) {
 		t.Errorf("the new leader released %v again; a's taint was already granted", again)
 	}
 }
+
+// The hot path records a known node's samples and contact on the caller's goroutine, refuses
+// unknown nodes without inventing them, and fails once the term is over. Samples observed while the
+// loop persists a batch (a shutdown announcement) are neither lost nor persisted by accident.
+func TestObserve(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, "/o/leader", leader.Info{ID: "one"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/o", TickInterval: 10 * time.Millisecond, Log: log})
+	if ok, err := l.Observe("a", time.Now(), nil); ok || err != nil {
+		t.Fatalf("Observe before the loop runs: %v, %v; want false, nil", ok, err)
+	}
+	lctx, stop := context.WithCancel(ctx)
+	go l.Run(lctx)
+	if err := l.StepSync(ctx, engine.Hello{Node: "a", Zone: "z", BootID: "boot", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.Observe("ghost", time.Now(), nil); ok || err != nil {
+		t.Fatalf("Observe of an unknown node: %v, %v; want false, nil", ok, err)
+	}
+	shutdown := &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED}}}
+	synced := make(chan error, 1)
+	go func() { synced <- l.StepSync(ctx, engine.Message{Node: "a", At: time.Now(), Msg: shutdown}) }()
+	var last time.Time
+	for i := int64(1); i <= 200; i++ {
+		last = time.Now()
+		sample := &agentv1.SignalSample{Signals: []*agentv1.Signal{{Name: "memory.available", Available: i}}}
+		if ok, err := l.Observe("a", last, sample); !ok || err != nil {
+			t.Fatalf("Observe %d: %v, %v", i, ok, err)
+		}
+	}
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	var n *coordv1.Node
+	var ghost *coordv1.Node
+	if err := l.Query(ctx, func(e *engine.Engine) { n, ghost = e.Node("a"), e.Node("ghost") }); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.GetSignals()["memory.available"]; got != 200 {
+		t.Errorf("memory.available = %d, want the last sample's 200", got)
+	}
+	if n.GetLastSeen().AsTime().Before(last) {
+		t.Errorf("last contact %v, want at least the last sample's %v", n.GetLastSeen().AsTime(), last)
+	}
+	if !n.GetShuttingDown() {
+		t.Errorf("the shutdown announcement applied alongside the samples was lost: %v", n)
+	}
+	if ghost != nil {
+		t.Errorf("Observe invented a node: %v", ghost)
+	}
+	stop()
+	<-l.Done()
+	if _, err := l.Observe("a", time.Now(), nil); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Observe on a stopped loop: %v; want ErrStopped", err)
+	}
+}

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -18,6 +19,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +49,8 @@ type result struct {
 	RSSMB        float64 `json:"coordinator_rss_mb"`
 	CPUCores     int     `json:"cpu_cores"`
 	CoordCPU     float64 `json:"coordinator_cpu_cores_used"`
+	GenCPU       float64 `json:"generator_cpu_cores_used"`
+	CoordGOGC    string  `json:"coordinator_gogc"`
 	OfferedPerS  float64 `json:"offered_per_s"`
 	SendErrors   int64   `json:"send_errors"`
 	WindowS      float64 `json:"window_s"`
@@ -61,6 +66,8 @@ func main() {
 	perConn := flag.Int("streams-per-conn", 100, "streams per gRPC connection")
 	warmup := flag.Duration("warmup", 10*time.Second, "time after all agents connected before measuring")
 	window := flag.Duration("window", 20*time.Second, "measurement window")
+	coordGOGC := flag.String("coordinator-gogc", "", "GOGC for the coordinator process (empty: inherit the environment's)")
+	genGOGC := flag.Int("generator-gogc", 0, "GOGC for the load generator itself (0: leave as is)")
 	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
 	flag.Parse()
 	var problems []string
@@ -81,6 +88,12 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench-ingest:", p)
 		}
 		os.Exit(2)
+	}
+	if *genGOGC > 0 {
+		debug.SetGCPercent(*genGOGC)
+	}
+	if *coordGOGC != "" {
+		os.Setenv("GOGC", *coordGOGC) // read by the coordinator's runtime when it starts
 	}
 	res, err := run(ctx, *binDir, *agents, *rate, *perConn, *warmup, *window)
 	if err != nil {
@@ -170,9 +183,22 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	if err != nil {
 		return nil, err
 	}
+	gen0, err := cpuSeconds(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	if p := os.Getenv("BENCH_PROFILE"); p != "" {
 		go profile("http://"+maddr+"/debug/pprof/profile?seconds="+strconv.Itoa(int(window.Seconds())-1), p)
+	}
+	if p := os.Getenv("BENCH_SELF_PROFILE"); p != "" {
+		// A CPU profile of the load generator itself, to see what the agents' side costs.
+		if f, err := os.Create(p); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				defer f.Close()
+				defer pprof.StopCPUProfile()
+			}
+		}
 	}
 	time.Sleep(window)
 	after, err := promscrape.Get(metricsURL)
@@ -181,6 +207,7 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	}
 	elapsed := time.Since(t0).Seconds()
 	cpu1, _ := cpuSeconds(coord.PID())
+	gen1, _ := cpuSeconds(os.Getpid())
 	rss, err := rssMB(coord.PID())
 	if err != nil {
 		return nil, err
@@ -196,7 +223,8 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	updates := after["nodefence_agent_updates_total"] - before["nodefence_agent_updates_total"]
 	return &result{
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
-		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed),
+		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
+		CoordGOGC:   cmp.Or(os.Getenv("GOGC"), "100"),
 		OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 	}, nil
 }
