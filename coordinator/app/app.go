@@ -354,6 +354,8 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.cli = cli
 	a.store = store.New(cli, cfg.EtcdPrefix)
+	// Agent streams carry every heartbeat and sample: observed per call, not per message.
+	cfg.Server.BusyStreams = append(cfg.Server.BusyStreams, agentv1.AgentService_Connect_FullMethodName)
 	srv, err := server.New(cfg.Server, log)
 	if err != nil {
 		a.Close()

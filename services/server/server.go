@@ -17,9 +17,11 @@ import (
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -64,6 +66,12 @@ type Config struct {
 	Authorize Authorizer
 	// Pprof serves Go's /debug/pprof handlers on MetricsListen (profiling; off by default).
 	Pprof bool
+	// BusyStreams names streaming methods ("/package.Service/Method") that carry so many small
+	// messages (the agent stream: tens of thousands a second) that observing each one costs more
+	// than it tells. Their messages skip the per-message Prometheus and logging hooks; the call is
+	// still authorized, recovered, logged when it ends, and counted with its code and duration in
+	// nodefence_grpc_busy_stream_handled_total / nodefence_grpc_busy_stream_seconds.
+	BusyStreams []string
 }
 
 // RegisterFlags binds the server flags shared by every binary.
@@ -175,6 +183,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return status.Error(codes.Internal, "internal error (see the server log)")
 	})
 
+	busy := map[string]bool{}
+	for _, m := range cfg.BusyStreams {
+		busy[m] = true
+	}
+	notBusy := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !busy[c.FullMethod()] })
+	busyStreams := newBusyStreams(busy, logger)
+	reg.MustRegister(busyStreams.handled, busyStreams.seconds)
+
 	opts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      cfg.MaxConnectionAge,
@@ -191,8 +207,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			recovery.UnaryServerInterceptor(recoverOpt),
 		),
 		grpc.ChainStreamInterceptor(
-			metrics.StreamServerInterceptor(),
-			logging.StreamServerInterceptor(logger, logOpts...),
+			selector.StreamServerInterceptor(metrics.StreamServerInterceptor(), notBusy),
+			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logOpts...), notBusy),
+			busyStreams.interceptor,
 			fault.StreamServerInterceptor(),
 			auth.StreamServerInterceptor(authFn),
 			recovery.StreamServerInterceptor(recoverOpt),

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,4 +206,79 @@ func TestValidateListsEveryProblem(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, joined)
 		}
 	}
+}
+
+// A busy stream is observed per call: authorized, logged and counted when it ends, but none of its
+// messages reach the per-message Prometheus counters. The same stream on a server without the
+// setting is observed per message.
+func TestBusyStreamsAreObservedPerCall(t *testing.T) {
+	const watch = "/grpc.health.v1.Health/Watch"
+	for _, busy := range []bool{true, false} {
+		t.Run(fmt.Sprint("busy=", busy), func(t *testing.T) {
+			var logged strings.Builder
+			var authorized []string
+			cfg := Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true},
+				Authorize: func(_ context.Context, m string) error { authorized = append(authorized, m); return nil }}
+			if busy {
+				cfg.BusyStreams = []string{watch}
+			}
+			s, err := New(cfg, slog.New(slog.NewTextHandler(&syncWriter{b: &logged}, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go s.Serve()
+			defer s.Stop()
+			conn, _ := dial.New(s.Addr(), tlsfiles.Files{Insecure: true})
+			defer conn.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+				t.Fatalf("Watch: %v, %v", r, err)
+			}
+			cancel()
+			metrics := ""
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				metrics = string(body)
+				if strings.Contains(metrics, `grpc_code="Canceled",grpc_method="Watch"`) || time.Now().After(deadline) {
+					break
+				}
+			}
+			perCall := `nodefence_grpc_busy_stream_handled_total{grpc_code="Canceled",grpc_method="Watch",grpc_service="grpc.health.v1.Health"} 1`
+			perMessage := `grpc_server_msg_sent_total{grpc_method="Watch",grpc_service="grpc.health.v1.Health",grpc_type="server_stream"} 1`
+			if got := strings.Contains(metrics, perCall); got != busy {
+				t.Errorf("per-call count present = %v, want %v:\n%s", got, busy, metrics)
+			}
+			if got := strings.Contains(metrics, perMessage); got == busy {
+				t.Errorf("per-message count present = %v, want %v:\n%s", got, !busy, metrics)
+			}
+			if len(authorized) != 1 || authorized[0] != watch {
+				t.Errorf("authorized %v, want [%s]", authorized, watch)
+			}
+			s.Stop()
+			if log := logged.String(); !strings.Contains(log, `msg="finished call"`) || !strings.Contains(log, "grpc.method=Watch") {
+				t.Errorf("the call's end was not logged:\n%s", log)
+			}
+		})
+	}
+}
+
+// syncWriter serializes writes from the server's goroutines into b.
+type syncWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
 }
