@@ -7,7 +7,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -50,7 +49,8 @@ type result struct {
 	CPUCores     int     `json:"cpu_cores"`
 	CoordCPU     float64 `json:"coordinator_cpu_cores_used"`
 	GenCPU       float64 `json:"generator_cpu_cores_used"`
-	CoordGOGC    string  `json:"coordinator_gogc"`
+	CoordGC      int     `json:"coordinator_gc_percent"`
+	GenGC        int     `json:"generator_gc_percent"`
 	OfferedPerS  float64 `json:"offered_per_s"`
 	SendErrors   int64   `json:"send_errors"`
 	WindowS      float64 `json:"window_s"`
@@ -66,8 +66,8 @@ func main() {
 	perConn := flag.Int("streams-per-conn", 100, "streams per gRPC connection")
 	warmup := flag.Duration("warmup", 10*time.Second, "time after all agents connected before measuring")
 	window := flag.Duration("window", 20*time.Second, "measurement window")
-	coordGOGC := flag.String("coordinator-gogc", "", "GOGC for the coordinator process (empty: inherit the environment's)")
-	genGOGC := flag.Int("generator-gogc", 0, "GOGC for the load generator itself (0: leave as is)")
+	coordGC := flag.Int("coordinator-gc-percent", 100, "GOGC of the coordinator process")
+	genGC := flag.Int("generator-gc-percent", 100, "GOGC of the load generator itself")
 	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
 	flag.Parse()
 	var problems []string
@@ -89,17 +89,18 @@ func main() {
 		}
 		os.Exit(2)
 	}
-	if *genGOGC > 0 {
-		debug.SetGCPercent(*genGOGC)
+	if *coordGC < 1 || *genGC < 1 {
+		fmt.Fprintln(os.Stderr, "bench-ingest: --coordinator-gc-percent and --generator-gc-percent: must be at least 1")
+		os.Exit(2)
 	}
-	if *coordGOGC != "" {
-		os.Setenv("GOGC", *coordGOGC) // read by the coordinator's runtime when it starts
-	}
+	debug.SetGCPercent(*genGC)
+	os.Setenv("GOGC", strconv.Itoa(*coordGC)) // read by the coordinator's runtime when it starts
 	res, err := run(ctx, *binDir, *agents, *rate, *perConn, *warmup, *window)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
 		os.Exit(1)
 	}
+	res.CoordGC, res.GenGC = *coordGC, *genGC
 	b, _ := json.Marshal(res)
 	fmt.Println(string(b))
 }
@@ -224,7 +225,6 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	return &result{
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
-		CoordGOGC:   cmp.Or(os.Getenv("GOGC"), "100"),
 		OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 	}, nil
 }
