@@ -245,7 +245,7 @@ func (*Driver) DeviceKey(t kit.Target) string {
 			port = "22"
 		}
 	}
-	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), port) + "/" + strings.TrimSpace(t.Params[ParamPlug])
+	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), kit.KeyPart(port)) + "/" + kit.KeyPart(t.Params[ParamPlug])
 }
 
 // sessionKey identifies a session's connection parameters, secrets included (hashed, kept in

@@ -179,7 +179,7 @@ func (Driver) Validate(params map[string]string) error {
 
 // DeviceKey is the BMC's address: one BMC controls one machine.
 func (Driver) DeviceKey(t kit.Target) string {
-	return "ipmi/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), t.Params[ParamIPPort])
+	return "ipmi/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), kit.KeyPart(t.Params[ParamIPPort]))
 }
 
 // PowerOff sends Chassis Control "power down".

@@ -19,6 +19,8 @@ package kit
 import (
 	"context"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -110,4 +112,14 @@ func (o *Options) SetDefaults() {
 // fence-agent runner describes the agent a target names) answers Describe for a given target.
 type TargetDescriber interface {
 	DescribeTarget(params map[string]string) ([]*driverv1.Parameter, string, error)
+}
+
+// KeyPart canonicalizes one part of a device key: trimmed, and a decimal number written by its
+// value ("07" and "7" name one outlet or port), so spellings of one device share its lock and epoch.
+func KeyPart(s string) string {
+	s = strings.TrimSpace(s)
+	if n, err := strconv.ParseUint(s, 10, 63); err == nil {
+		return strconv.FormatUint(n, 10)
+	}
+	return s
 }

@@ -210,3 +210,15 @@ func TestFailedOperationIsRetried(t *testing.T) {
 		t.Errorf("device asked %d times, want 2 (failure retried, success remembered)", d.offs)
 	}
 }
+
+func TestKeyPart(t *testing.T) {
+	for in, want := range map[string]string{
+		"7": "7", "07": "7", " 007 ": "7", "0": "0", "00": "0", "161": "161",
+		"outlet 7": "outlet 7", " db-01 ": "db-01", "-7": "-7", "7a": "7a", "": "",
+		"99999999999999999999": "99999999999999999999", // beyond uint63: kept as written
+	} {
+		if got := KeyPart(in); got != want {
+			t.Errorf("KeyPart(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -267,10 +267,12 @@ func (*Driver) Validate(params map[string]string) error {
 	return err
 }
 
-// DeviceKey is the PDU's address and the plug: one outlet is one fenceable thing.
+// DeviceKey is the PDU's address and the plug: one outlet is one fenceable thing. An outlet
+// number is keyed by its value ("07" and "7" are one outlet, locked and epoch-checked as one); an
+// outlet name is keyed as written, since resolving it takes the PDU.
 func (*Driver) DeviceKey(t kit.Target) string {
-	addr := net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), t.Params[ParamIPPort])
-	return "pdu/" + addr + "/" + strings.TrimSpace(t.Params[ParamPlug])
+	host := strings.ToLower(strings.TrimSpace(t.Params[ParamIP]))
+	return "pdu/" + net.JoinHostPort(host, kit.KeyPart(t.Params[ParamIPPort])) + "/" + kit.KeyPart(t.Params[ParamPlug])
 }
 
 // sessionKey identifies a session's connection parameters, secrets included (hashed, kept in

@@ -343,3 +343,19 @@ func serve(t *testing.T) driverv1.FenceDriverServiceClient {
 }
 
 func logger(t *testing.T) *slog.Logger { return kittest.Logger(t, slog.LevelInfo) }
+
+// One outlet is one device however its number is written: a deposed leader (older epoch) cannot
+// switch outlet 7 by calling it "07", and the epoch check happens before the PDU is touched.
+func TestOutletNumberSpellingsAreOneDevice(t *testing.T) {
+	c := serve(t)
+	ctx := testCtx(t, 30*time.Second)
+	n := plug(t, snmpsim.APCRPDU)
+	if _, err := c.PowerOff(ctx, &driverv1.PowerOffRequest{OperationId: opID(), Epoch: 7, Target: target(snmpsim.APCRPDU, "v2c", strconv.Itoa(n))}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: opID(), Epoch: 6, Target: target(snmpsim.APCRPDU, "v2c", fmt.Sprintf("%03d", n))})
+	wantCode(t, "PowerOn of the same outlet, zero-padded, by an older epoch", err, codes.FailedPrecondition)
+	if on, _ := sim.On(snmpsim.APCRPDU, n); on {
+		t.Fatalf("outlet %d was switched on by a deposed epoch", n)
+	}
+}
