@@ -135,7 +135,7 @@ type node struct {
 	queued             bool
 	queuedAt           time.Time
 	eligibleSent       bool
-	signals            map[string]int64
+	signals            signalValues
 	conditions         map[string]*coordv1.NodeCondition
 	bootID             string
 	streams            int
@@ -172,7 +172,7 @@ func (e *Engine) node(name, region, zone string, at time.Time) *node {
 	n, ok := e.nodes[name]
 	if !ok {
 		n = &node{name: name, region: region, zone: zone, firstSeen: at, readiness: coordv1.Readiness_READINESS_READY, transition: at,
-			signals: map[string]int64{}, conditions: map[string]*coordv1.NodeCondition{}}
+			conditions: map[string]*coordv1.NodeCondition{}}
 		e.nodes[name] = n
 		i := sort.Search(len(e.order), func(i int) bool { return !naturalLess(e.order[i].name, name) })
 		e.order = append(e.order, nil)

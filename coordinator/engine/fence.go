@@ -86,7 +86,7 @@ func (e *Engine) fence(now time.Time) {
 			ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
 		}
 		for _, sig := range []string{"memory.available", "pid.available"} {
-			if v, ok := n.signals[sig]; ok {
+			if v, ok := n.signals.get(sig); ok {
 				ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
 			}
 		}
