@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
-	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+	"github.com/nodefence/nodefence/services/cli"
 )
 
 // The NodeFence custom resource (deploy/crd-nodefences.yaml).
@@ -97,7 +97,7 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 		Reason: rec.GetReason(), RequestedBy: rec.GetRequestedBy(), Automatic: rec.GetAutomatic(),
 	}
 	st := FenceStatus{
-		Step: fenceStep(rec.GetStep()), Status: fenceStatus(rec.GetStatus()),
+		Step: crdWord(rec.GetStep().String()), Status: crdWord(rec.GetStatus().String()),
 		Retries: rec.GetRetries(), Polls: rec.GetPolls(), Epoch: rec.GetEpoch(), Error: rec.GetError(),
 		AcknowledgedBy: rec.GetAcknowledgedBy(), Evidence: rec.GetEvidence(),
 		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
@@ -106,8 +106,8 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 	for _, op := range rec.GetOperations() {
 		st.Operations = append(st.Operations, FenceOperation{
 			OperationID: op.GetOperationId(), Method: op.GetMethod(), Driver: op.GetDriver(), Action: op.GetAction(),
-			Step: fenceStep(op.GetStep()), Attempt: op.GetAttempt(), Required: op.GetRequired(), Epoch: op.GetEpoch(),
-			Result: operationResult(op.GetResult()), State: powerState(op.GetState()), Error: op.GetError(),
+			Step: crdWord(op.GetStep().String()), Attempt: op.GetAttempt(), Required: op.GetRequired(), Epoch: op.GetEpoch(),
+			Result: crdWord(op.GetResult().String()), State: crdWord(op.GetState().String()), Error: op.GetError(),
 			StartedAt: ts(op.GetStartedAt()), FinishedAt: ts(op.GetFinishedAt()),
 		})
 	}
@@ -225,50 +225,11 @@ func fenceAction(a coordv1.FenceAction) string {
 	return "off"
 }
 
-func fenceStep(s coordv1.FenceStep) string {
-	switch s {
-	case coordv1.FenceStep_FENCE_STEP_ISOLATION:
-		return "isolation"
-	case coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT:
-		return "power_management"
-	case coordv1.FenceStep_FENCE_STEP_RECOVERY:
-		return "recovery"
+// crdWord is an enum value as the NodeFence resource spells it: the lowercase word after its type
+// prefix, "" when unspecified.
+func crdWord(name string) string {
+	if strings.HasSuffix(name, "_UNSPECIFIED") {
+		return ""
 	}
-	return ""
-}
-
-func fenceStatus(s coordv1.FenceStatus) string {
-	switch s {
-	case coordv1.FenceStatus_FENCE_STATUS_NEW:
-		return "new"
-	case coordv1.FenceStatus_FENCE_STATUS_RUNNING:
-		return "running"
-	case coordv1.FenceStatus_FENCE_STATUS_DONE:
-		return "done"
-	case coordv1.FenceStatus_FENCE_STATUS_ERROR:
-		return "error"
-	}
-	return ""
-}
-
-func operationResult(r coordv1.OperationResult) string {
-	switch r {
-	case coordv1.OperationResult_OPERATION_RESULT_CONFIRMED:
-		return "confirmed"
-	case coordv1.OperationResult_OPERATION_RESULT_FAILED:
-		return "failed"
-	}
-	return ""
-}
-
-func powerState(s driverv1.PowerState) string {
-	switch s {
-	case driverv1.PowerState_POWER_STATE_ON:
-		return "on"
-	case driverv1.PowerState_POWER_STATE_OFF:
-		return "off"
-	case driverv1.PowerState_POWER_STATE_UNKNOWN:
-		return "unknown"
-	}
-	return ""
+	return cli.EnumWord(name)
 }
