@@ -148,27 +148,12 @@ func parse(p map[string]string) (config, error) {
 			inv.Add(name, "a BMC controls one machine and has no plugs (got %q); address the BMC with ip", v)
 		}
 	}
-	if d, err := parseSeconds(p[ParamTimeout]); err != nil {
+	if d, err := kit.ParseSeconds(p[ParamTimeout], time.Millisecond, time.Minute); err != nil {
 		inv.Add(ParamTimeout, "%v", err)
 	} else {
 		c.reqTimeout = d
 	}
 	return c, inv.Err()
-}
-
-// parseSeconds reads a positive number of seconds ("2", "0.5") or a Go duration ("500ms").
-func parseSeconds(v string) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	var d time.Duration
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		d = time.Duration(f * float64(time.Second))
-	} else if d, err = time.ParseDuration(v); err != nil {
-		return 0, fmt.Errorf("must be seconds (e.g. 2 or 0.5) or a duration (e.g. 500ms), got %q", v)
-	}
-	if d < time.Millisecond || d > time.Minute {
-		return 0, fmt.Errorf("must be between 1ms and 60s, got %q", v)
-	}
-	return d, nil
 }
 
 // Validate checks canonical parameters.

@@ -18,6 +18,7 @@ package kit
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -122,4 +123,23 @@ func KeyPart(s string) string {
 		return strconv.FormatUint(n, 10)
 	}
 	return s
+}
+
+// ParseSeconds reads a driver timeout the way the ClusterLabs agents write it, a number of seconds
+// ("2", "0.5"), or as a Go duration ("500ms"), and requires it within [minD, maxD].
+func ParseSeconds(v string, minD, maxD time.Duration) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	var d time.Duration
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if !(f >= minD.Seconds() && f <= maxD.Seconds()) { // also NaN and ±Inf, before converting
+			return 0, fmt.Errorf("must be between %s and %s, got %q", minD, maxD, v)
+		}
+		d = time.Duration(f * float64(time.Second))
+	} else if d, err = time.ParseDuration(v); err != nil {
+		return 0, fmt.Errorf("must be seconds (e.g. 2 or 0.5) or a duration (e.g. 500ms), got %q", v)
+	}
+	if d < minD || d > maxD {
+		return 0, fmt.Errorf("must be between %s and %s, got %q", minD, maxD, v)
+	}
+	return d, nil
 }

@@ -222,3 +222,23 @@ func TestKeyPart(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  string
+	}{
+		{"2", 2 * time.Second, ""}, {" 0.5 ", 500 * time.Millisecond, ""}, {"250ms", 250 * time.Millisecond, ""},
+		{"60", time.Minute, ""}, {"61", 0, "between 10ms and 1m0s"}, {"0.001", 0, "between"}, {"-1", 0, "between"},
+		{"", 0, "must be seconds"}, {"soon", 0, `got "soon"`}, {"NaN", 0, "between"}, {"+Inf", 0, "between"}, {"1e300", 0, "between"},
+	} {
+		got, err := ParseSeconds(tc.in, 10*time.Millisecond, time.Minute)
+		if tc.err == "" && (err != nil || got != tc.want) {
+			t.Errorf("ParseSeconds(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("ParseSeconds(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
+		}
+	}
+}

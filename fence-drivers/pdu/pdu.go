@@ -182,7 +182,7 @@ func parse(p map[string]string) (*config, error) {
 			inv.Add(ParamDeviceType, "unknown PDU model %q (known: %s)", dt, strings.Join(profileNames(), ", "))
 		}
 	}
-	if d, err := parseSeconds(p[ParamSNMPTimeout]); err != nil {
+	if d, err := kit.ParseSeconds(p[ParamSNMPTimeout], 10*time.Millisecond, time.Minute); err != nil {
 		inv.Add(ParamSNMPTimeout, "%v", err)
 	} else {
 		c.timeout = d
@@ -244,21 +244,6 @@ func parse(p map[string]string) (*config, error) {
 	g.MsgFlags, g.SecurityParameters = flags, usm
 	g.ContextName = p[ParamSNMPContext]
 	return c, inv.Err()
-}
-
-// parseSeconds reads a positive number of seconds ("2", "0.5") or a Go duration ("500ms").
-func parseSeconds(v string) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	var d time.Duration
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		d = time.Duration(f * float64(time.Second))
-	} else if d, err = time.ParseDuration(v); err != nil {
-		return 0, fmt.Errorf("must be seconds (e.g. 1 or 0.5) or a duration (e.g. 500ms), got %q", v)
-	}
-	if d < 10*time.Millisecond || d > time.Minute {
-		return 0, fmt.Errorf("must be between 10ms and 60s, got %q", v)
-	}
-	return d, nil
 }
 
 // Validate checks canonical parameters.
