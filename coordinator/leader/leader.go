@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -60,6 +61,9 @@ type Term struct {
 	cancel  context.CancelFunc
 	session *concurrency.Session
 	el      *concurrency.Election
+
+	resignOnce sync.Once // concurrency.Election is not safe for concurrent use
+	resignErr  error
 }
 
 // Campaign blocks until this replica is leader or ctx ends.
@@ -107,12 +111,15 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 // Context is cancelled when the term ends; run leader-only work under it.
 func (t *Term) Context() context.Context { return t.ctx }
 
-// Resign gives up leadership and ends the term.
+// Resign gives up leadership and ends the term. Callers racing to resign (the engine loop failing
+// while the coordinator shuts down) resign once; every caller gets that one result.
 func (t *Term) Resign(ctx context.Context) error {
-	defer t.cancel()
-	err := t.el.Resign(ctx)
-	t.session.Close()
-	return err
+	t.resignOnce.Do(func() {
+		defer t.cancel()
+		t.resignErr = t.el.Resign(ctx)
+		t.session.Close()
+	})
+	return t.resignErr
 }
 
 // Abandon ends the term without resigning (the lease expires on its own): used by tests to simulate

@@ -86,3 +86,32 @@ func await(t *testing.T, ctx context.Context, wins <-chan won) won {
 		return won{}
 	}
 }
+
+// Two parts of the coordinator may resign one term at once (the engine loop failing while the
+// process shuts down): the term is resigned once, both see the same result, and the key is gone.
+func TestConcurrentResign(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	term, err := leader.NewElector(cli, "/resign/leader", leader.Info{ID: "a"}, 5, slog.New(slog.DiscardHandler)).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- term.Resign(ctx) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("Resign: %v", err)
+		}
+	}
+	select {
+	case <-term.Context().Done():
+	default:
+		t.Error("the term's context is still live after Resign")
+	}
+	if _, _, ok, err := leader.Current(ctx, cli, "/resign/leader"); err != nil || ok {
+		t.Errorf("after Resign a leader is still recorded (ok=%v, err=%v)", ok, err)
+	}
+}
