@@ -2,6 +2,7 @@ package shutdown
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -15,6 +16,18 @@ const (
 	LogindInterface = "org.freedesktop.login1.Manager"
 )
 
+// systemd's D-Bus names, which reload logind: logind re-reads its configuration on SIGHUP, and
+// systemd's Manager.KillUnit sends it.
+const (
+	SystemdService   = "org.freedesktop.systemd1"
+	SystemdPath      = dbus.ObjectPath("/org/freedesktop/systemd1")
+	SystemdInterface = "org.freedesktop.systemd1.Manager"
+	// LogindUnit is logind's systemd unit.
+	LogindUnit = "systemd-logind.service"
+	// sighup is SIGHUP's number, which KillUnit takes as an int32.
+	sighup int32 = 1
+)
+
 // Logind is a connection to systemd-logind (org.freedesktop.login1) for inhibitor locks and the
 // PrepareForShutdown signal.
 type Logind struct {
@@ -26,26 +39,46 @@ type Logind struct {
 }
 
 // DialLogind connects to the bus at address (the system bus when empty) and subscribes to
-// PrepareForShutdown. The connection must support unix fd passing: Inhibit returns an fd.
+// PrepareForShutdown. The connection must support unix fd passing: Inhibit returns an fd. ctx
+// bounds the setup only; the connection lives until Close.
 func DialLogind(ctx context.Context, address string) (*Logind, error) {
 	var conn *dbus.Conn
 	var err error
+	// Not dbus.Connect with dbus.WithContext: godbus closes such a connection when ctx ends, and
+	// the Manager, whose context may be a child of ctx, would see logind vanish before its own
+	// context is cancelled.
 	if address == "" {
-		conn, err = dbus.ConnectSystemBus(dbus.WithContext(ctx))
+		conn, err = dbus.SystemBusPrivate()
 	} else {
-		conn, err = dbus.Connect(address, dbus.WithContext(ctx))
+		conn, err = dbus.Dial(address)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connect to the D-Bus %s: %w", busName(address), err)
 	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() }) // aborts a setup that hangs
+	fail := func(err error) (*Logind, error) {
+		stop()
+		_ = conn.Close()
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		return nil, err
+	}
+	if err := conn.Auth(nil); err != nil {
+		return fail(fmt.Errorf("authenticate to the D-Bus %s: %w", busName(address), err))
+	}
+	if err := conn.Hello(); err != nil {
+		return fail(fmt.Errorf("connect to the D-Bus %s: %w", busName(address), err))
+	}
 	if !conn.SupportsUnixFDs() {
-		conn.Close()
-		return nil, fmt.Errorf("the D-Bus %s does not pass unix fds, which inhibitor locks need", busName(address))
+		return fail(fmt.Errorf("the D-Bus %s does not pass unix fds, which inhibitor locks need", busName(address)))
 	}
 	if err := conn.AddMatchSignalContext(ctx, dbus.WithMatchInterface(LogindInterface), dbus.WithMatchMember("PrepareForShutdown"),
 		dbus.WithMatchObjectPath(LogindPath)); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("subscribe to PrepareForShutdown: %w", err)
+		return fail(fmt.Errorf("subscribe to PrepareForShutdown: %w", err))
+	}
+	if !stop() { // ctx ended: the connection is closed or closing
+		return fail(fmt.Errorf("connect to the D-Bus %s: %w", busName(address), ctx.Err()))
 	}
 	l := &Logind{
 		conn: conn, obj: conn.Object(LogindService, LogindPath),
@@ -105,8 +138,8 @@ func (l *Logind) Inhibit(ctx context.Context, what, who, why, mode string) (*os.
 // InhibitDelayMax reads logind's InhibitDelayMaxUSec: the longest a delay lock may hold a
 // shutdown back.
 func (l *Logind) InhibitDelayMax(ctx context.Context) (uint64, error) {
-	v, err := l.obj.GetProperty(LogindInterface + ".InhibitDelayMaxUSec")
-	if err != nil {
+	var v dbus.Variant
+	if err := l.obj.CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, LogindInterface, "InhibitDelayMaxUSec").Store(&v); err != nil {
 		return 0, err
 	}
 	us, ok := v.Value().(uint64)
@@ -114,6 +147,17 @@ func (l *Logind) InhibitDelayMax(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("InhibitDelayMaxUSec is %s, not a uint64", v.Signature())
 	}
 	return us, nil
+}
+
+// ReloadLogind asks systemd, on the same bus, to send logind SIGHUP:
+// Manager.KillUnit("systemd-logind.service", "all", SIGHUP). logind re-reads logind.conf and its
+// drop-ins when it handles the signal, which may be after the call has returned.
+func (l *Logind) ReloadLogind(ctx context.Context) error {
+	obj := l.conn.Object(SystemdService, SystemdPath)
+	if err := obj.CallWithContext(ctx, SystemdInterface+".KillUnit", 0, LogindUnit, "all", sighup).Err; err != nil {
+		return fmt.Errorf("systemd KillUnit(%s, all, SIGHUP): %w", LogindUnit, err)
+	}
+	return nil
 }
 
 // Close closes the connection.

@@ -129,19 +129,7 @@ type fixture struct {
 
 func start(t *testing.T, ctx context.Context, cfg Config, tm terminator, p pods) *fixture {
 	t.Helper()
-	bus, err := logind.StartBus(ctx, t.TempDir())
-	if errors.Is(err, logind.ErrNoDaemon) {
-		t.Fatalf("%v — this test needs a real dbus-daemon", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		bus.Close()
-		if out := bus.Output(); out != "" {
-			t.Logf("dbus-daemon: %s", out)
-		}
-	})
+	bus := startBus(t, ctx)
 	login1, err := logind.Serve(bus.Address, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -274,4 +262,73 @@ func TestShutdownCancelledDuringPhase(t *testing.T) {
 	if got := len(f.login1.Locks()); got != 1 {
 		t.Errorf("%d locks taken, want the first one kept", got)
 	}
+}
+
+// TestDialLogindOutlivesContext: the context given to DialLogind bounds the setup only. The
+// connection lives on after it ends, and PrepareForShutdown stays open, until Close. A context
+// that has already ended fails the dial.
+func TestDialLogindOutlivesContext(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bus, err := logind.StartBus(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	login1, err := logind.Serve(bus.Address, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer login1.Close()
+
+	dialCtx, dialCancel := context.WithCancel(ctx)
+	l, err := DialLogind(dialCtx, bus.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialCancel()
+	if err := login1.PrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case active, ok := <-l.PrepareForShutdown():
+		if !ok || !active {
+			t.Fatalf("PrepareForShutdown gave %v, %v after the dial context ended; want true", active, ok)
+		}
+	case <-ctx.Done():
+		t.Fatal("no PrepareForShutdown")
+	}
+	if _, err := l.InhibitDelayMax(ctx); err != nil {
+		t.Errorf("InhibitDelayMax after the dial context ended: %v", err)
+	}
+	_ = l.Close()
+	if _, ok := <-l.PrepareForShutdown(); ok {
+		t.Error("PrepareForShutdown still open after Close")
+	}
+
+	if l, err := DialLogind(dialCtx, bus.Address); !errors.Is(err, context.Canceled) {
+		if l != nil {
+			_ = l.Close()
+		}
+		t.Errorf("DialLogind with an ended context = %v; want context.Canceled", err)
+	}
+}
+
+// startBus starts a real dbus-daemon on a private bus for the test, stopped when the test ends.
+func startBus(t *testing.T, ctx context.Context) *logind.Bus {
+	t.Helper()
+	bus, err := logind.StartBus(ctx, t.TempDir())
+	if errors.Is(err, logind.ErrNoDaemon) {
+		t.Fatalf("%v — this test needs a real dbus-daemon", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		bus.Close()
+		if out := bus.Output(); out != "" {
+			t.Logf("dbus-daemon: %s", out)
+		}
+	})
+	return bus
 }

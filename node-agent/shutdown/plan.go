@@ -4,6 +4,8 @@
 // lock so that the shutdown goes on.
 //
 // Plan is pure: it turns the configuration and the pods into the phases. Manager does the I/O.
+// EnsureInhibitDelay, run before the Manager, raises logind's InhibitDelayMaxSec to the grace
+// period with a drop-in, as kubelet does.
 package shutdown
 
 import (

@@ -5,6 +5,10 @@
 // --shutdown-grace-period-by-pod-priority, holds a logind delay inhibitor lock to run a graceful
 // node shutdown. --metrics-listen serves Prometheus metrics.
 //
+// As kubelet does, when logind's InhibitDelayMaxSec is below the shutdown grace period the agent
+// writes 99-nodefence.conf to --logind-conf-dir, has systemd reload logind, and refuses to start
+// if logind still allows less; --manage-inhibit-delay=false only warns.
+//
 // With --kubeconfig (a path, or "in-cluster" inside a pod) the agent runs in Kubernetes mode: it
 // watches its node's pods, ranks them for eviction with their cgroups' usage (--cgroup-driver),
 // evicts the pods the coordinator grants through the Eviction API, and deletes the node's pods
@@ -27,6 +31,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,6 +68,11 @@ type options struct {
 	shutdown shutdown.Config
 	// logindBus is the D-Bus address logind is reached on ("" = the system bus).
 	logindBus string
+	// manageInhibitDelay raises logind's InhibitDelayMaxSec to the shutdown grace period when it
+	// is lower (false: only warn).
+	manageInhibitDelay bool
+	// logindConfDir is the logind.conf.d directory the agent's drop-in goes to.
+	logindConfDir string
 	// metricsListen is the metrics address ("" = no metrics endpoint).
 	metricsListen string
 	// kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster" ("" = standalone).
@@ -184,6 +194,9 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		return err
 	}}, "shutdown-grace-period-by-pod-priority", "kubelet's shutdownGracePeriodByPodPriority as priority:duration pairs, e.g. 100000:10s,10000:3m,0:1m")
 	fs.StringVar(&opts.logindBus, "logind-bus", "", "D-Bus address logind is reached on (default: the system bus)")
+	fs.BoolVar(&opts.manageInhibitDelay, "manage-inhibit-delay", true, "raise logind's InhibitDelayMaxSec to the shutdown grace period when it is lower, as kubelet does: write "+
+		shutdown.DropInName+" to --logind-conf-dir and reload logind (false: only warn)")
+	fs.StringVar(&opts.logindConfDir, "logind-conf-dir", shutdown.DefaultLogindConfDir, "the logind.conf.d directory --manage-inhibit-delay writes its drop-in to")
 	fs.StringVar(&opts.kubeconfig, "kubeconfig", "", `Kubernetes mode: a kubeconfig path, or "in-cluster" inside a pod (default: standalone, no pods)`)
 	fs.Var(&value{name: "cgroup-driver", text: "auto", errs: &errs, set: func(s string) (err error) {
 		opts.cgroupDriver, err = kubepods.ParseDriver(s)
@@ -256,6 +269,16 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		errs.add("--memory-fast-max-interval: %v is below --memory-fast-interval %v", opts.pressure.FastCeiling, opts.pressure.FastInterval)
 	}
 	errs = append(errs, opts.shutdown.Validate()...)
+	confDirSet := false
+	fs.Visit(func(f *flag.Flag) { confDirSet = confDirSet || f.Name == "logind-conf-dir" })
+	switch {
+	case !opts.manageInhibitDelay && confDirSet:
+		errs.add("--logind-conf-dir: has no effect with --manage-inhibit-delay=false")
+	case opts.manageInhibitDelay && opts.logindConfDir == "":
+		errs.add("--logind-conf-dir: must not be empty with --manage-inhibit-delay")
+	case opts.manageInhibitDelay && !filepath.IsAbs(opts.logindConfDir):
+		errs.add("--logind-conf-dir: %q: must be an absolute path", opts.logindConfDir)
+	}
 	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
 	return opts, errs, false
 }
@@ -339,7 +362,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer l.Close()
-		if us, err := l.InhibitDelayMax(ctx); err != nil {
+		if opts.manageInhibitDelay {
+			d, err := shutdown.EnsureInhibitDelay(ctx, l, opts.logindConfDir, opts.shutdown.Total())
+			if err != nil {
+				log.Error("cannot raise logind's InhibitDelayMaxSec to the shutdown grace period (--manage-inhibit-delay=false only warns)",
+					"grace_period", opts.shutdown.Total(), "error", err)
+				return 1
+			}
+			if d.DropIn != "" {
+				log.Info("raised logind's InhibitDelayMaxSec to the shutdown grace period", "drop_in", d.DropIn,
+					"inhibit_delay_max_before", d.Before, "inhibit_delay_max", d.After, "grace_period", opts.shutdown.Total())
+			}
+		} else if us, err := l.InhibitDelayMax(ctx); err != nil {
 			log.Warn("cannot read logind's InhibitDelayMaxUSec", "error", err)
 		} else if max := time.Duration(us) * time.Microsecond; max < opts.shutdown.Total() {
 			log.Warn("logind's InhibitDelayMaxSec is below the shutdown grace period: the shutdown will not wait that long",

@@ -62,6 +62,15 @@ func TestRunInvalidFlags(t *testing.T) {
 				"--shutdown-grace-period-critical-pods: 20s must not exceed --shutdown-grace-period 10s",
 				"4 invalid flag(s)",
 			}},
+		{name: "logind conf dir without management", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
+			"--manage-inhibit-delay=false", "--logind-conf-dir=/run/systemd/logind.conf.d"},
+			want: []string{"--logind-conf-dir: has no effect with --manage-inhibit-delay=false", "1 invalid flag(s)"}},
+		{name: "relative logind conf dir", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
+			"--logind-conf-dir=logind.conf.d"},
+			want: []string{`--logind-conf-dir: "logind.conf.d": must be an absolute path`, "1 invalid flag(s)"}},
+		{name: "empty logind conf dir", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
+			"--manage-inhibit-delay", "--logind-conf-dir="},
+			want: []string{"--logind-conf-dir: must not be empty with --manage-inhibit-delay", "1 invalid flag(s)"}},
 		{name: "kubernetes flags", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
 			"--cgroup-driver=upstart"},
 			want: []string{`--cgroup-driver: "upstart": cgroup driver "upstart": want auto, cgroupfs or systemd`, "1 invalid flag(s)"}},
@@ -98,7 +107,7 @@ func TestRunHelp(t *testing.T) {
 	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
 		t.Errorf("--help: exit %d", code)
 	}
-	for _, f := range []string{"-coordinator", "-insecure", "-eviction-hard", "-cgroup-version"} {
+	for _, f := range []string{"-coordinator", "-insecure", "-eviction-hard", "-cgroup-version", "-manage-inhibit-delay", "-logind-conf-dir"} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage lacks %s", f)
 		}

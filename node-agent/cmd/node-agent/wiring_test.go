@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -187,5 +190,119 @@ func TestRunWiring(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("metrics:\n%s\nstderr:\n%s", body, stderr.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer that run may write while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRunInhibitDelay runs the binary against the login1 stand-in, whose InhibitDelayMaxSec (1s)
+// is below the 5s grace period: by default the agent writes its drop-in, logind (reloaded through
+// systemd1 KillUnit) reports 5s and the agent takes its lock; when logind reads another directory
+// the agent refuses to start; --manage-inhibit-delay=false only warns.
+func TestRunInhibitDelay(t *testing.T) {
+	tests := []struct {
+		name string
+		// logindReads is the directory the stand-in reads: "agent" is the one the agent writes to.
+		logindReads string
+		// manage is false for --manage-inhibit-delay=false, which forbids --logind-conf-dir.
+		manage     bool
+		wantCode   int
+		wantLog    string
+		wantMax    time.Duration
+		wantDropIn bool
+	}{
+		{name: "raised", logindReads: "agent", manage: true, wantLog: "raised logind's InhibitDelayMaxSec", wantMax: 5 * time.Second, wantDropIn: true},
+		{name: "logind reads another directory", logindReads: "other", manage: true, wantCode: 1,
+			wantLog: "cannot raise logind's InhibitDelayMaxSec", wantMax: time.Second, wantDropIn: true},
+		{name: "warning only", logindReads: "agent", wantLog: "below the shutdown grace period", wantMax: time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := grpc.NewServer()
+			agentv1.RegisterAgentServiceServer(srv, &recorder{})
+			go func() { _ = srv.Serve(lis) }()
+			defer srv.Stop()
+
+			tmp := t.TempDir()
+			bus, err := logind.StartBus(ctx, tmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer bus.Close()
+			login1, err := logind.ServeConfig(bus.Address, logind.Config{InhibitDelayMax: time.Second, ConfDir: filepath.Join(tmp, tt.logindReads)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer login1.Close()
+
+			confDir := filepath.Join(tmp, "agent")
+			args := []string{
+				"--coordinator=" + lis.Addr().String(), "--insecure", "--node-name=node-s1", "--boot-id-file=" + bootID(t),
+				"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+				"--nodefs-path=" + t.TempDir(), "--shutdown-grace-period=5s", "--logind-bus=" + bus.Address,
+			}
+			if tt.manage {
+				args = append(args, "--logind-conf-dir="+confDir)
+			} else {
+				args = append(args, "--manage-inhibit-delay=false")
+			}
+			var stderr syncBuffer
+			done := make(chan int, 1)
+			rctx, stop := context.WithCancel(ctx)
+			defer stop()
+			go func() { done <- run(rctx, args, io.Discard, &stderr) }()
+			locked := make(chan error, 1)
+			go func() {
+				_, err := login1.WaitLocks(rctx, 1)
+				locked <- err
+			}()
+			var code int
+			select {
+			case code = <-done: // the agent stopped by itself
+			case err := <-locked: // the agent runs: stop it
+				if err != nil {
+					t.Fatalf("%v:\n%s", err, stderr.String())
+				}
+				stop()
+				code = <-done
+			}
+			out := stderr.String()
+			t.Log(out)
+			if code != tt.wantCode || !strings.Contains(out, tt.wantLog) {
+				t.Errorf("exit %d logging %q; want %d logging %q", code, out, tt.wantCode, tt.wantLog)
+			}
+			if got := login1.InhibitDelayMax(); got != tt.wantMax {
+				t.Errorf("logind's InhibitDelayMaxSec = %v, want %v", got, tt.wantMax)
+			}
+			text, err := os.ReadFile(filepath.Join(confDir, "99-nodefence.conf"))
+			switch {
+			case tt.wantDropIn && (err != nil || !strings.HasSuffix(string(text), "\n[Login]\nInhibitDelayMaxSec=5\n")):
+				t.Errorf("drop-in: %q, %v; want InhibitDelayMaxSec=5", text, err)
+			case !tt.wantDropIn && !errors.Is(err, os.ErrNotExist):
+				t.Errorf("drop-in: %q, %v; want none", text, err)
+			}
+		})
 	}
 }
