@@ -24,9 +24,9 @@ import (
 )
 
 // runSource starts a Source for node as the agent until the end of the test.
-func runSource(t *testing.T, node string, usage UsageReader) *Source {
+func runSource(t *testing.T, node string, usage UsageReader, opts ...SourceOption) *Source {
 	t.Helper()
-	src, err := NewSource(agentClient(t, nil), node, usage, testLog(t))
+	src, err := NewSource(agentClient(t, nil), node, usage, testLog(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +124,45 @@ func TestSourceListsThisNodesPods(t *testing.T) {
 		if p.Spec.NodeName != node {
 			t.Errorf("%s is on %q", p.Name, p.Spec.NodeName)
 		}
+	}
+}
+
+// TestSourceMeasuresDisk: Pods gives each pod of the node the disk use of its emptyDirs and logs,
+// found by the uid and names the apiserver gave it; a pod without directories uses none.
+func TestSourceMeasuresDisk(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-disk"
+	filled := createPod(ctx, t, ns, podSpec{name: "filled", node: node})
+	createPod(ctx, t, ns, podSpec{name: "bare", node: node})
+
+	ref := PodRef{Namespace: ns, Name: filled.Name, UID: string(filled.UID)}
+	l := newDiskLayout(t, ref)
+	l.file(filepath.Join(l.dir(filepath.Join(l.volumes, "cache")), "blob"), 250_000)
+	l.countedInLogs = true
+	l.file(filepath.Join(l.dir(filepath.Join(l.dir(l.podLogs), "app")), "0.log"), 60_000)
+	src := runSource(t, node, nil, WithDisk(l.disk()))
+
+	var got map[string][2]eviction.DiskUsage
+	eventually(ctx, t, "the node's two pods", func() bool {
+		pods, err := src.Pods(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string][2]eviction.DiskUsage{}
+		for _, p := range pods {
+			got[p.Name] = [2]eviction.DiskUsage{p.Disk, p.DiskInodes}
+		}
+		return len(got) == 2
+	})
+	want := map[string][2]eviction.DiskUsage{"filled": {l.bytes, l.inodes}, "bare": {}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("disk use by pod, bytes and inodes (-want +got):\n%s", diff)
+	}
+	// Allocated bytes, not apparent sizes: half the files' sizes is slack for any filesystem, and
+	// still tells the files from their directories.
+	if l.bytes.LocalVolumes < 250_000/2 || l.bytes.Logs < 60_000/2 {
+		t.Errorf("the layout takes %+v bytes; want about the files' sizes", l.bytes)
 	}
 }
 

@@ -5,7 +5,7 @@
 //     turns each into an eviction.Pod: identity, priority, QoS class and requests computed as the
 //     kubelet does, DaemonSet/static/critical markers, and the memory working set and process count
 //     read from the pod's cgroup (Cgroups maps a pod to its cgroup for both drivers and both cgroup
-//     versions).
+//     versions), and its emptyDir and log disk use (Disk walks the kubelet's directories).
 //   - Evictor carries out the coordinator's eviction grants through the Eviction API (policy/v1),
 //     so PodDisruptionBudgets are honoured: a 429 is retried later, never turned into a delete.
 //   - Terminator deletes pods gracefully for the graceful node shutdown's phases, skipping

@@ -36,12 +36,22 @@ type Source struct {
 	synced  cache.InformerSynced
 	lister  corelisters.PodLister
 	usage   UsageReader
+	disk    DiskReader
 	log     *slog.Logger
+}
+
+// SourceOption configures a Source beyond what NewSource requires.
+type SourceOption func(*Source)
+
+// WithDisk has the Source measure its pods' disk use with d (default: none, every pod's disk use
+// is 0).
+func WithDisk(d DiskReader) SourceOption {
+	return func(s *Source) { s.disk = d }
 }
 
 // NewSource returns a Source for the pods on node; usage may be nil (usage unknown for every pod).
 // The client needs get, list and watch on pods.
-func NewSource(client kubernetes.Interface, node string, usage UsageReader, log *slog.Logger) (*Source, error) {
+func NewSource(client kubernetes.Interface, node string, usage UsageReader, log *slog.Logger, opts ...SourceOption) (*Source, error) {
 	if node == "" {
 		return nil, errors.New("kubepods: a node name is required")
 	}
@@ -55,6 +65,9 @@ func NewSource(client kubernetes.Interface, node string, usage UsageReader, log 
 	inf := factory.Core().V1().Pods()
 	s := &Source{node: node, factory: factory, synced: inf.Informer().HasSynced, lister: inf.Lister(),
 		usage: usage, log: log.With("component", "kubepods", "node", node)}
+	for _, o := range opts {
+		o(s)
+	}
 	return s, nil
 }
 
@@ -112,8 +125,9 @@ func (s *Source) APIPods(ctx context.Context) ([]*corev1.Pod, error) {
 }
 
 // Pods returns the node's running pods as eviction.Pods (see Convert) with their memory working
-// set and process count from their cgroups; a pod whose cgroup is absent or unreadable keeps
-// MemoryUsageUnknown.
+// set and process count from their cgroups, and their disk use from the DiskReader (WithDisk); a
+// pod whose cgroup is absent or unreadable keeps MemoryUsageUnknown, and a pod whose disk cannot be
+// fully measured keeps what was measured.
 func (s *Source) Pods(ctx context.Context) ([]eviction.Pod, error) {
 	api, err := s.APIPods(ctx)
 	if err != nil {
@@ -133,5 +147,29 @@ func (s *Source) Pods(ctx context.Context) ([]eviction.Pod, error) {
 		}
 		out = append(out, ep)
 	}
+	s.readDisk(out, time.Now())
 	return out, nil
+}
+
+// readDisk fills the pods' Disk and DiskInodes.
+func (s *Source) readDisk(pods []eviction.Pod, now time.Time) {
+	if s.disk == nil {
+		return
+	}
+	refs := make([]PodRef, len(pods))
+	for i, p := range pods {
+		refs[i] = PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}
+	}
+	res := s.disk.ReadDisk(refs, now)
+	if len(res) != len(pods) {
+		s.log.Error("the disk reader answered for the wrong number of pods; disk use unknown", "pods", len(pods), "results", len(res))
+		return
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			s.log.Warn("cannot measure all of the pod's disk use; it keeps what was measured",
+				"pod", pods[i].Namespace+"/"+pods[i].Name, "error", r.Err)
+		}
+		pods[i].Disk, pods[i].DiskInodes = r.Bytes, r.Inodes
+	}
 }

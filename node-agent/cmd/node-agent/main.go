@@ -10,9 +10,10 @@
 // if logind still allows less; --manage-inhibit-delay=false only warns.
 //
 // With --kubeconfig (a path, or "in-cluster" inside a pod) the agent runs in Kubernetes mode: it
-// watches its node's pods, ranks them for eviction with their cgroups' usage (--cgroup-driver),
-// evicts the pods the coordinator grants through the Eviction API, and deletes the node's pods
-// phase by phase in a graceful shutdown. Without it (standalone) it only reports.
+// watches its node's pods, ranks them for eviction with their cgroups' usage (--cgroup-driver) and
+// their emptyDir and log disk use (--kubelet-root-dir, --pod-log-dir), evicts the pods the
+// coordinator grants through the Eviction API, and deletes the node's pods phase by phase in a
+// graceful shutdown. Without it (standalone) it only reports.
 //
 // --shutdown-grace-period-by-pod-priority takes comma-separated priority:duration pairs, the
 // flag form of kubelet's shutdownGracePeriodByPodPriority: "100000:10s,10000:3m,1000:2m,0:1m" means
@@ -79,7 +80,11 @@ type options struct {
 	kubeconfig string
 	// cgroupDriver is how the kubelet names pod cgroups.
 	cgroupDriver kubepods.Driver
-	logLevel     slog.Level
+	// kubeletRootDir is the kubelet's --root-dir, where pods' emptyDir volumes are measured.
+	kubeletRootDir string
+	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
+	podLogDir string
+	logLevel  slog.Level
 }
 
 // problems collects flag value errors so that all of them are reported, not just the first.
@@ -202,6 +207,8 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		opts.cgroupDriver, err = kubepods.ParseDriver(s)
 		return err
 	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
+	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
+	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
 
 	if err := fs.Parse(args); err != nil {
@@ -278,6 +285,11 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		errs.add("--logind-conf-dir: must not be empty with --manage-inhibit-delay")
 	case opts.manageInhibitDelay && !filepath.IsAbs(opts.logindConfDir):
 		errs.add("--logind-conf-dir: %q: must be an absolute path", opts.logindConfDir)
+	}
+	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}} {
+		if !filepath.IsAbs(d.dir) {
+			errs.add("%s: %q: must be an absolute path", d.flag, d.dir)
+		}
 	}
 	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
 	return opts, errs, false
@@ -461,7 +473,8 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
 	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver}
-	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log)
+	disk := &kubepods.Disk{KubeletRoot: opts.kubeletRootDir, PodLogDir: opts.podLogDir}
+	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log, kubepods.WithDisk(disk))
 	if err != nil {
 		return nil, err
 	}

@@ -74,6 +74,10 @@ func TestRunInvalidFlags(t *testing.T) {
 		{name: "kubernetes flags", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
 			"--cgroup-driver=upstart"},
 			want: []string{`--cgroup-driver: "upstart": cgroup driver "upstart": want auto, cgroupfs or systemd`, "1 invalid flag(s)"}},
+		{name: "relative kubelet directories", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
+			"--kubelet-root-dir=var/lib/kubelet", "--pod-log-dir="},
+			want: []string{`--kubelet-root-dir: "var/lib/kubelet": must be an absolute path`,
+				`--pod-log-dir: "": must be an absolute path`, "2 invalid flag(s)"}},
 		{name: "no coordinator", args: []string{"--insecure", "--boot-id-file=" + bootID(t)},
 			want: []string{"--coordinator: at least one coordinator address is required", "1 invalid flag(s)"}},
 		{name: "empty boot id", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + writeFile(t, "")},
@@ -107,7 +111,7 @@ func TestRunHelp(t *testing.T) {
 	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
 		t.Errorf("--help: exit %d", code)
 	}
-	for _, f := range []string{"-coordinator", "-insecure", "-eviction-hard", "-cgroup-version", "-manage-inhibit-delay", "-logind-conf-dir"} {
+	for _, f := range []string{"-coordinator", "-insecure", "-eviction-hard", "-cgroup-version", "-manage-inhibit-delay", "-logind-conf-dir", "-kubelet-root-dir", "-pod-log-dir"} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage lacks %s", f)
 		}
