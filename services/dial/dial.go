@@ -26,6 +26,9 @@ func New(addr string, files tlsfiles.Files, extra ...grpc.DialOption) (*grpc.Cli
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+		// Static flow-control windows, as on the servers: no bandwidth-delay-product pings, which a
+		// client would otherwise send for every burst of acknowledgements an agent stream receives.
+		grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(1 << 20),
 	}, extra...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
