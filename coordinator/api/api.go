@@ -382,8 +382,9 @@ func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderReque
 const ackEvery = time.Second
 
 // Connect serves one agent stream. Heartbeats and samples are applied on the stream's own goroutine
-// (Loop.Observe) and acknowledged cumulatively at most once a second; every other message (conditions, shutdown announcements) only after the engine applied it
-// and persisted what it changed, so an acknowledged event survives a failover.
+// (Loop.Observe) and acknowledged cumulatively at most once a second; every other message
+// (conditions, shutdown announcements) only after the engine applied it and persisted what it
+// changed, so an acknowledged event survives a failover.
 func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()

@@ -129,16 +129,18 @@ func KeyPart(s string) string {
 // ("2", "0.5"), or as a Go duration ("500ms"), and requires it within [minD, maxD].
 func ParseSeconds(v string, minD, maxD time.Duration) (time.Duration, error) {
 	v = strings.TrimSpace(v)
+	var inRange bool
 	var d time.Duration
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if !(f >= minD.Seconds() && f <= maxD.Seconds()) { // also NaN and ±Inf, before converting
-			return 0, fmt.Errorf("must be between %s and %s, got %q", minD, maxD, v)
-		}
+		// Compared as seconds before converting: NaN, ±Inf and huge values have no Duration.
+		inRange = f >= minD.Seconds() && f <= maxD.Seconds()
 		d = time.Duration(f * float64(time.Second))
 	} else if d, err = time.ParseDuration(v); err != nil {
 		return 0, fmt.Errorf("must be seconds (e.g. 2 or 0.5) or a duration (e.g. 500ms), got %q", v)
+	} else {
+		inRange = d >= minD && d <= maxD
 	}
-	if d < minD || d > maxD {
+	if !inRange {
 		return 0, fmt.Errorf("must be between %s and %s, got %q", minD, maxD, v)
 	}
 	return d, nil

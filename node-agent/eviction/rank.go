@@ -189,6 +189,12 @@ func (d diskParts) sum(u DiskUsage) int64 {
 	return n
 }
 
+// IsDiskSignal reports whether ranking for signal uses pods' disk use: the filesystem signals
+// (nodefs, imagefs, containerfs; bytes and inodes), not memory or pids.
+func IsDiskSignal(signal string) bool {
+	return signal != SignalMemoryAvailable && signal != SignalAllocatableMemoryAvailable && signal != SignalPIDAvailable
+}
+
 // usageFor returns how much of the signal's resource a pod uses: what evicting it reclaims.
 func usageFor(signal string, layout Layout) func(*Pod) int64 {
 	switch {

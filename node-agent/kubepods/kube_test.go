@@ -127,8 +127,9 @@ func TestSourceListsThisNodesPods(t *testing.T) {
 	}
 }
 
-// TestSourceMeasuresDisk: Pods gives each pod of the node the disk use of its emptyDirs and logs,
-// found by the uid and names the apiserver gave it; a pod without directories uses none.
+// TestSourceMeasuresDisk: PodsWithDisk gives each pod of the node the disk use of its emptyDirs and
+// logs, found by the uid and names the apiserver gave it; a pod without directories uses none.
+// Pods, which memory and pid ranking and the graceful shutdown use, does not walk the directories.
 func TestSourceMeasuresDisk(t *testing.T) {
 	ctx := testContext(t)
 	ns := namespace(ctx, t)
@@ -145,7 +146,7 @@ func TestSourceMeasuresDisk(t *testing.T) {
 
 	var got map[string][2]eviction.DiskUsage
 	eventually(ctx, t, "the node's two pods", func() bool {
-		pods, err := src.Pods(ctx)
+		pods, err := src.PodsWithDisk(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,6 +159,15 @@ func TestSourceMeasuresDisk(t *testing.T) {
 	want := map[string][2]eviction.DiskUsage{"filled": {l.bytes, l.inodes}, "bare": {}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("disk use by pod, bytes and inodes (-want +got):\n%s", diff)
+	}
+	plain, err := src.Pods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range plain {
+		if p.Disk != (eviction.DiskUsage{}) || p.DiskInodes != (eviction.DiskUsage{}) {
+			t.Errorf("Pods measured %s's disk: %+v, %+v; only PodsWithDisk should", p.Name, p.Disk, p.DiskInodes)
+		}
 	}
 	// Allocated bytes, not apparent sizes: half the files' sizes is slack for any filesystem, and
 	// still tells the files from their directories.

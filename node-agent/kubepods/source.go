@@ -125,9 +125,8 @@ func (s *Source) APIPods(ctx context.Context) ([]*corev1.Pod, error) {
 }
 
 // Pods returns the node's running pods as eviction.Pods (see Convert) with their memory working
-// set and process count from their cgroups, and their disk use from the DiskReader (WithDisk); a
-// pod whose cgroup is absent or unreadable keeps MemoryUsageUnknown, and a pod whose disk cannot be
-// fully measured keeps what was measured.
+// set and process count from their cgroups; a pod whose cgroup is absent or unreadable keeps
+// MemoryUsageUnknown. Their disk use is 0: PodsWithDisk measures it.
 func (s *Source) Pods(ctx context.Context) ([]eviction.Pod, error) {
 	api, err := s.APIPods(ctx)
 	if err != nil {
@@ -147,8 +146,18 @@ func (s *Source) Pods(ctx context.Context) ([]eviction.Pod, error) {
 		}
 		out = append(out, ep)
 	}
-	s.readDisk(out, time.Now())
 	return out, nil
+}
+
+// PodsWithDisk is Pods plus each pod's disk use from the DiskReader (WithDisk), for ranking on a
+// filesystem signal; a pod whose disk cannot be fully measured keeps what was measured.
+func (s *Source) PodsWithDisk(ctx context.Context) ([]eviction.Pod, error) {
+	pods, err := s.Pods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.readDisk(pods, time.Now())
+	return pods, nil
 }
 
 // readDisk fills the pods' Disk and DiskInodes.

@@ -72,6 +72,12 @@ type PodSource interface {
 	Pods(ctx context.Context) ([]eviction.Pod, error)
 }
 
+// DiskPodSource is a PodSource that can also measure its pods' disk use, which walking their
+// directories makes costly: only ranking for a filesystem signal asks for it (kubepods.Source).
+type DiskPodSource interface {
+	PodsWithDisk(ctx context.Context) ([]eviction.Pod, error)
+}
+
 // Recorder receives signal values and condition states (metrics.Metrics is one); may be nil.
 type Recorder interface {
 	Signal(name string, available, capacity int64)
@@ -255,7 +261,11 @@ func (m *Monitor) propose(ctx context.Context, r eviction.Reclaim) {
 		log.Warn("threshold met past its grace period; no pod source in standalone mode, reporting only")
 		return
 	}
-	pods, err := m.pods.Pods(ctx)
+	list := m.pods.Pods
+	if ds, ok := m.pods.(DiskPodSource); ok && eviction.IsDiskSignal(r.Threshold.Signal) {
+		list = ds.PodsWithDisk
+	}
+	pods, err := list(ctx)
 	if err != nil {
 		log.Warn("listing pods failed", "error", err)
 		return

@@ -232,3 +232,53 @@ func TestFastPathAdapts(t *testing.T) {
 		t.Errorf("reads in 500ms: far from the threshold %d (want <= 3), near it %d (want >= 20)", far, near)
 	}
 }
+
+// diskAwarePods records which listing ranking asked for.
+type diskAwarePods struct {
+	podList
+	mu               sync.Mutex
+	plain, withDisks int
+}
+
+func (d *diskAwarePods) Pods(ctx context.Context) ([]eviction.Pod, error) {
+	d.mu.Lock()
+	d.plain++
+	d.mu.Unlock()
+	return d.podList, nil
+}
+
+func (d *diskAwarePods) PodsWithDisk(ctx context.Context) ([]eviction.Pod, error) {
+	d.mu.Lock()
+	d.withDisks++
+	d.mu.Unlock()
+	return d.podList, nil
+}
+
+// TestOnlyDiskRankingMeasuresDisk: pods' disk use, costly to measure, is asked for when ranking on
+// a filesystem signal and not for memory or pids.
+func TestOnlyDiskRankingMeasuresDisk(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods := &diskAwarePods{podList: podList{{Namespace: "a", Name: "p", GracePeriod: time.Minute}}}
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi"}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
+	}, &reader{mem: 8 * gi, pid: 900}, make(sender, 16), pods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		signal           string
+		plain, withDisks int
+	}{
+		{eviction.SignalMemoryAvailable, 1, 0}, {eviction.SignalPIDAvailable, 2, 0},
+		{eviction.SignalNodeFSAvailable, 2, 1}, {eviction.SignalImageFSInodesFree, 2, 2},
+	} {
+		m.propose(ctx, eviction.Reclaim{Threshold: eviction.Threshold{Signal: tc.signal}, Need: 1})
+		pods.mu.Lock()
+		if pods.plain != tc.plain || pods.withDisks != tc.withDisks {
+			t.Errorf("after ranking for %s: Pods %d times, PodsWithDisk %d times; want %d, %d", tc.signal, pods.plain, pods.withDisks, tc.plain, tc.withDisks)
+		}
+		pods.mu.Unlock()
+	}
+}

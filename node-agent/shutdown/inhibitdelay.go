@@ -50,7 +50,7 @@ func EnsureInhibitDelay(ctx context.Context, l *Logind, confDir string, want tim
 	if err != nil {
 		return res, fmt.Errorf("read logind's InhibitDelayMaxUSec: %w", err)
 	}
-	res.Before = usecDuration(us)
+	res.Before = USecDuration(us)
 	res.After = res.Before
 	if !inhibitDelayShort(res.Before, want) {
 		return res, nil
@@ -74,7 +74,7 @@ func EnsureInhibitDelay(ctx context.Context, l *Logind, confDir string, want tim
 		switch {
 		case err == nil:
 			readErr = nil
-			if res.After = usecDuration(us); !inhibitDelayShort(res.After, want) {
+			if res.After = USecDuration(us); !inhibitDelayShort(res.After, want) {
 				return res, nil
 			}
 		case wctx.Err() == nil:
@@ -114,9 +114,9 @@ func renderDropIn(want time.Duration) string {
 		"# shutdown back for the whole shutdown grace period (%v).\n[Login]\nInhibitDelayMaxSec=%d\n", want, dropInSeconds(want))
 }
 
-// usecDuration converts logind's microseconds, whose infinity is the largest uint64, to a
+// USecDuration converts logind's microseconds, whose infinity is the largest uint64, to a
 // Duration, saturating where a Duration ends.
-func usecDuration(us uint64) time.Duration {
+func USecDuration(us uint64) time.Duration {
 	if us > math.MaxInt64/uint64(time.Microsecond) {
 		return math.MaxInt64
 	}

@@ -70,7 +70,7 @@ func TestInhibitDelayShort(t *testing.T) {
 		{30*time.Second - time.Microsecond, 30 * time.Second, true},
 		{30 * time.Second, 30 * time.Second, false},
 		{time.Minute, 30 * time.Second, false},
-		{usecDuration(math.MaxUint64), 24 * time.Hour, false}, // logind's infinity
+		{USecDuration(math.MaxUint64), 24 * time.Hour, false}, // logind's infinity
 	}
 	for _, tt := range tests {
 		if got := inhibitDelayShort(tt.current, tt.want); got != tt.short {
@@ -91,8 +91,8 @@ func TestUsecDuration(t *testing.T) {
 		{math.MaxUint64, math.MaxInt64},
 	}
 	for _, tt := range tests {
-		if got := usecDuration(tt.us); got != tt.want {
-			t.Errorf("usecDuration(%d) = %v, want %v", tt.us, got, tt.want)
+		if got := USecDuration(tt.us); got != tt.want {
+			t.Errorf("USecDuration(%d) = %v, want %v", tt.us, got, tt.want)
 		}
 	}
 }

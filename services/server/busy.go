@@ -1,9 +1,9 @@
 package server
 
 import (
-	"strings"
 	"time"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -45,11 +45,11 @@ func (b *busyStreams) interceptor(srv any, ss grpc.ServerStream, info *grpc.Stre
 	err := h(srv, ss)
 	elapsed := time.Since(start)
 	code := status.Code(err)
-	service, method := splitMethod(info.FullMethod)
-	b.handled.WithLabelValues(service, method, code.String()).Inc()
-	b.seconds.WithLabelValues(service, method, code.String()).Observe(elapsed.Seconds())
-	fields := []any{"protocol", "grpc", "grpc.component", "server", "grpc.service", service, "grpc.method", method,
-		"grpc.method_type", "bidi_stream", "grpc.code", code.String(), "grpc.time_ms", float64(elapsed.Microseconds()) / 1000}
+	c := interceptors.NewServerCallMeta(info.FullMethod, info, nil)
+	b.handled.WithLabelValues(c.Service, c.Method, code.String()).Inc()
+	b.seconds.WithLabelValues(c.Service, c.Method, code.String()).Observe(elapsed.Seconds())
+	fields := []any{"protocol", "grpc", "grpc.component", "server", "grpc.service", c.Service, "grpc.method", c.Method,
+		"grpc.method_type", string(c.Typ), "grpc.code", code.String(), "grpc.time_ms", float64(elapsed.Microseconds()) / 1000}
 	if p, ok := peer.FromContext(ss.Context()); ok {
 		fields = append(fields, "peer.address", p.Addr.String())
 	}
@@ -58,13 +58,4 @@ func (b *busyStreams) interceptor(srv any, ss grpc.ServerStream, info *grpc.Stre
 	}
 	b.log.Log(ss.Context(), logging.DefaultServerCodeToLevel(code), "finished call", fields...)
 	return err
-}
-
-// splitMethod splits "/package.Service/Method" into its service and method names.
-func splitMethod(full string) (string, string) {
-	full = strings.TrimPrefix(full, "/")
-	if i := strings.LastIndexByte(full, '/'); i >= 0 {
-		return full[:i], full[i+1:]
-	}
-	return "unknown", full
 }

@@ -270,7 +270,8 @@ func TestBusyStreamsAreObservedPerCall(t *testing.T) {
 				t.Errorf("authorized %v, want [%s]", authorized, watch)
 			}
 			s.Stop()
-			if log := logged.String(); !strings.Contains(log, `msg="finished call"`) || !strings.Contains(log, "grpc.method=Watch") {
+			if log := logged.String(); !strings.Contains(log, `msg="finished call"`) || !strings.Contains(log, "grpc.method=Watch") ||
+				!strings.Contains(log, "grpc.method_type=server_stream") {
 				t.Errorf("the call's end was not logged:\n%s", log)
 			}
 		})

@@ -387,7 +387,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		} else if us, err := l.InhibitDelayMax(ctx); err != nil {
 			log.Warn("cannot read logind's InhibitDelayMaxUSec", "error", err)
-		} else if max := time.Duration(us) * time.Microsecond; max < opts.shutdown.Total() {
+		} else if max := shutdown.USecDuration(us); max < opts.shutdown.Total() {
 			log.Warn("logind's InhibitDelayMaxSec is below the shutdown grace period: the shutdown will not wait that long",
 				"inhibit_delay_max", max, "grace_period", opts.shutdown.Total())
 		}

@@ -83,14 +83,13 @@ func main() {
 	if *window < time.Second || *window > 10*time.Minute || *warmup < 0 || *warmup > 10*time.Minute {
 		problems = append(problems, "--window: 1s..10m, --warmup: 0..10m")
 	}
+	if *coordGC < 1 || *genGC < 1 {
+		problems = append(problems, "--coordinator-gc-percent, --generator-gc-percent: must be at least 1")
+	}
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(os.Stderr, "bench-ingest:", p)
 		}
-		os.Exit(2)
-	}
-	if *coordGC < 1 || *genGC < 1 {
-		fmt.Fprintln(os.Stderr, "bench-ingest: --coordinator-gc-percent and --generator-gc-percent: must be at least 1")
 		os.Exit(2)
 	}
 	debug.SetGCPercent(*genGC)
