@@ -13,9 +13,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodefence/nodefence/coordinator/agentwire"
 	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/fencing"
@@ -24,6 +26,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/wire"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -387,7 +390,8 @@ const ackEvery = time.Second
 // changed, so an acknowledged event survives a failover.
 func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
-	first, err := stream.Recv()
+	in := &agentStream{AgentService_ConnectServer: stream}
+	first, _, err := in.recv()
 	if err != nil {
 		return err
 	}
@@ -416,12 +420,12 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if err := stream.Send(cfg); err != nil {
 		return err
 	}
-	if err := sendAck(stream, first.Seq); err != nil {
+	if err := in.ack(first.Seq); err != nil {
 		return err
 	}
 	lastAck := time.Now()
 	for {
-		m, err := stream.Recv()
+		m, reused, err := in.recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -439,6 +443,9 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 			applied, err = l.Loop.Observe(name, at, m.GetSample())
 		}
 		if err == nil && !applied {
+			if reused {
+				m = proto.Clone(m).(*agentv1.ConnectRequest) // the engine may keep what it is given
+			}
 			err = l.Loop.StepSync(ctx, engine.Message{Node: name, At: at, Msg: m})
 		}
 		if err != nil {
@@ -451,7 +458,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 			return err
 		}
 		if event || time.Since(lastAck) >= ackEvery {
-			if err := sendAck(stream, m.Seq); err != nil {
+			if err := in.ack(m.Seq); err != nil {
 				return err
 			}
 			lastAck = time.Now()
@@ -459,6 +466,45 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	}
 }
 
-func sendAck(stream agentv1.AgentService_ConnectServer, seq uint64) error {
-	return stream.Send(&agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &agentv1.Ack{AckedSeq: seq}}})
+// agentStream receives an agent's requests through one agentwire.Decoder, so heartbeats and
+// samples are decoded into memory the stream reuses: a message recv reports as reused is valid only
+// until the next recv.
+type agentStream struct {
+	agentv1.AgentService_ConnectServer
+	buf     wire.Encoded
+	dec     agentwire.Decoder
+	out     wire.Encoded
+	ackMsg  agentv1.Ack
+	ackResp *agentv1.ConnectResponse
+}
+
+// maxKeptBuffer is the largest receive buffer a stream keeps between messages.
+const maxKeptBuffer = 64 << 10
+
+func (s *agentStream) recv() (m *agentv1.ConnectRequest, reused bool, err error) {
+	if err := s.RecvMsg(&s.buf); err != nil {
+		return nil, false, err
+	}
+	m, reused, err = s.dec.Decode(s.buf.B)
+	if cap(s.buf.B) > maxKeptBuffer {
+		s.buf.B = nil // the decoded message does not point into the buffer
+	}
+	if err != nil {
+		return nil, false, fault.Invalid{{Field: "request", Problem: "not a ConnectRequest: " + err.Error()}}
+	}
+	return m, reused, nil
+}
+
+// ack acknowledges every message up to seq. It is sent once a second by each of thousands of
+// streams, so the response and its encoding are reused too.
+func (s *agentStream) ack(seq uint64) error {
+	if s.ackResp == nil {
+		s.ackResp = &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &s.ackMsg}}
+	}
+	s.ackMsg.AckedSeq = seq
+	var err error
+	if s.out.B, err = (proto.MarshalOptions{}).MarshalAppend(s.out.B[:0], s.ackResp); err != nil {
+		return err
+	}
+	return s.SendMsg(&s.out)
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/wire"
 )
 
 // New returns a lazily connecting client for addr (host:port).
@@ -28,7 +29,7 @@ func New(addr string, files tlsfiles.Files, extra ...grpc.DialOption) (*grpc.Cli
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		// Static flow-control windows, as on the servers: no bandwidth-delay-product pings, which a
 		// client would otherwise send for every burst of acknowledgements an agent stream receives.
-		grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(1 << 20),
+		grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow),
 	}, extra...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {

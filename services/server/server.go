@@ -37,13 +37,7 @@ import (
 
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/tlsfiles"
-)
-
-// The server's flow-control windows; grpc-go turns its dynamic window off for sizes of at least
-// 64 KiB.
-const (
-	streamWindow = 64 << 10
-	connWindow   = 1 << 20
+	"github.com/nodefence/nodefence/services/wire"
 )
 
 // Authorizer decides whether the caller in ctx may call the full gRPC method name. It returns an
@@ -199,11 +193,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	reg.MustRegister(busyStreams.handled, busyStreams.seconds)
 
 	opts := []grpc.ServerOption{
-		// Static flow-control windows: what nodefence servers receive is small (agent samples, fence
-		// requests), so a fixed window bounds what one client can make the server buffer, and it
-		// spares the bandwidth-delay-product pings of a dynamic window, which cost the coordinator
-		// about 7% of its CPU at 50,000 agent messages a second (make bench-ingest).
-		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow),
+		grpc.InitialWindowSize(wire.StreamWindow), grpc.InitialConnWindowSize(wire.ConnWindow),
+		// The protobuf codec, which also lets a busy stream receive *wire.Encoded and decode it itself.
+		grpc.ForceServerCodecV2(wire.Codec()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      cfg.MaxConnectionAge,
 			MaxConnectionAgeGrace: cfg.DrainTimeout,

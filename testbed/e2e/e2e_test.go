@@ -35,6 +35,7 @@ import (
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/wire"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -321,6 +322,33 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			_, err = s.Recv()
 			return err
 		}, codes.InvalidArgument, "hello"},
+		{"agent stream with bytes that are no request", func() error {
+			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			if err != nil {
+				return err
+			}
+			s.SendMsg(&wire.Encoded{B: []byte{0x0a, 0xff}}) // field 1 of a length beyond the message
+			_, err = s.Recv()
+			return err
+		}, codes.InvalidArgument, "request"},
+		{"agent sample with a name that is not UTF-8", func() error {
+			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			if err != nil {
+				return err
+			}
+			s.Send(&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "bad-utf8", BootId: "b"}}})
+			if _, err := s.Recv(); err != nil { // the AgentConfig
+				return err
+			}
+			// ConnectRequest{seq: 2, sample: {signals: [{name: "\xff"}]}}, written by hand: protobuf-go
+			// refuses to encode it.
+			s.SendMsg(&wire.Encoded{B: []byte{0x08, 0x02, 0x62, 0x05, 0x12, 0x03, 0x0a, 0x01, 0xff}})
+			for {
+				if _, err := s.Recv(); err != nil {
+					return err
+				}
+			}
+		}, codes.InvalidArgument, "request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
