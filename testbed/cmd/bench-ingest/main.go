@@ -28,10 +28,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/wire"
 	"github.com/nodefence/nodefence/testbed/procs"
 	"github.com/nodefence/nodefence/testbed/promscrape"
 
@@ -55,6 +57,7 @@ type result struct {
 	SendErrors   int64   `json:"send_errors"`
 	WindowS      float64 `json:"window_s"`
 	RatePerAgent float64 `json:"rate_per_agent"`
+	Client       string  `json:"client"`
 }
 
 func main() {
@@ -68,6 +71,7 @@ func main() {
 	window := flag.Duration("window", 20*time.Second, "measurement window")
 	coordGC := flag.Int("coordinator-gc-percent", 100, "GOGC of the coordinator process")
 	genGC := flag.Int("generator-gc-percent", 100, "GOGC of the load generator itself")
+	client := flag.String("client", "h2", `how the simulated agents speak gRPC: "h2" (this program's own HTTP/2 framing, light enough to leave the machine to the coordinator) or "grpc" (grpc-go's client, as the real agent)`)
 	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
 	flag.Parse()
 	var problems []string
@@ -83,6 +87,9 @@ func main() {
 	if *window < time.Second || *window > 10*time.Minute || *warmup < 0 || *warmup > 10*time.Minute {
 		problems = append(problems, "--window: 1s..10m, --warmup: 0..10m")
 	}
+	if *client != "h2" && *client != "grpc" {
+		problems = append(problems, `--client: must be "h2" or "grpc"`)
+	}
 	if *coordGC < 1 || *genGC < 1 {
 		problems = append(problems, "--coordinator-gc-percent, --generator-gc-percent: must be at least 1")
 	}
@@ -94,17 +101,17 @@ func main() {
 	}
 	debug.SetGCPercent(*genGC)
 	os.Setenv("GOGC", strconv.Itoa(*coordGC)) // read by the coordinator's runtime when it starts
-	res, err := run(ctx, *binDir, *agents, *rate, *perConn, *warmup, *window)
+	res, err := run(ctx, *binDir, *client, *agents, *rate, *perConn, *warmup, *window)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
 		os.Exit(1)
 	}
-	res.CoordGC, res.GenGC = *coordGC, *genGC
+	res.CoordGC, res.GenGC, res.Client = *coordGC, *genGC, *client
 	b, _ := json.Marshal(res)
 	fmt.Println(string(b))
 }
 
-func run(ctx context.Context, binDir string, agents int, rate float64, perConn int, warmup, window time.Duration) (*result, error) {
+func run(ctx context.Context, binDir, client string, agents int, rate float64, perConn int, warmup, window time.Duration) (*result, error) {
 	dir, err := os.MkdirTemp("", "bench-ingest-")
 	if err != nil {
 		return nil, err
@@ -136,30 +143,51 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	if err := coord.WaitTCP(addr, 60*time.Second); err != nil {
 		return nil, err
 	}
-	fmt.Printf("coordinator pid %d on %s; connecting %d agents at %g updates/s each (%d streams per connection)\n", coord.PID(), addr, agents, rate, perConn)
+	fmt.Printf("coordinator pid %d on %s; connecting %d agents (%s client) at %g updates/s each (%d streams per connection)\n", coord.PID(), addr, agents, client, rate, perConn)
 
-	var conns []*grpc.ClientConn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := 0; i < (agents+perConn-1)/perConn; i++ {
-		c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
-		if err != nil {
-			return nil, err
-		}
-		conns = append(conns, c)
-	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var connected, sendErrs atomic.Int64
+	var agentRun func(i int) error
+	switch client {
+	case "h2":
+		var conns []*h2Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for range (agents + perConn - 1) / perConn {
+			c, err := dialH2(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, c)
+		}
+		agentRun = func(i int) error { return agentH2(runCtx, conns[i/perConn], i, rate, &connected) }
+	default:
+		var conns []*grpc.ClientConn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for range (agents + perConn - 1) / perConn {
+			c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, c)
+		}
+		agentRun = func(i int) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, &connected) }
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < agents; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := agent(runCtx, conns[i/perConn], i, rate, &connected); err != nil && runCtx.Err() == nil {
+			if err := agentRun(i); err != nil && runCtx.Err() == nil {
+				fmt.Fprintf(os.Stderr, "agent %d: %v\n", i, err)
 				sendErrs.Add(1)
 			}
 		}()
@@ -228,52 +256,119 @@ func run(ctx context.Context, binDir string, agents int, rate float64, perConn i
 	}, nil
 }
 
-// agent is one simulated agent: a hello, then samples at rate, reading acks.
-func agent(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, connected *atomic.Int64) error {
-	stream, err := agentv1.NewAgentServiceClient(conn).Connect(ctx)
+// hello is agent i's first message.
+func hello(i int) *agentv1.ConnectRequest {
+	return &agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
+		NodeName: fmt.Sprintf("agent-%d", i), BootId: "bench", Zone: fmt.Sprintf("zone-%d", i%10), Region: "bench"}}}
+}
+
+// sampler is one agent's sample request, reused for every sample (it is encoded before it changes).
+type sampler struct {
+	req        *agentv1.ConnectRequest
+	observedAt *timestamppb.Timestamp
+	memory     *agentv1.Signal
+}
+
+func newSampler() *sampler {
+	s := &sampler{observedAt: &timestamppb.Timestamp{}, memory: &agentv1.Signal{Name: "memory.available", Capacity: 64 << 30}}
+	s.req = &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Sample{Sample: &agentv1.SignalSample{
+		ObservedAt: s.observedAt,
+		Signals:    []*agentv1.Signal{s.memory, {Name: "pid.available", Available: 4000000, Capacity: 4194304}},
+	}}}
+	return s
+}
+
+// next is sample seq, observed now.
+func (s *sampler) next(seq uint64, now time.Time) *agentv1.ConnectRequest {
+	s.req.Seq = seq
+	s.observedAt.Seconds, s.observedAt.Nanos = now.Unix(), int32(now.Nanosecond())
+	s.memory.Available = 8<<30 + int64(seq%1024)<<20
+	return s.req
+}
+
+// pace calls send for samples 2, 3, ... at rate per second, the first at a random point of the
+// first interval so that the agents spread over it, until ctx ends.
+func pace(ctx context.Context, rate float64, send func(seq uint64) error) error {
+	interval := time.Duration(float64(time.Second) / rate)
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-time.After(time.Duration(rand.Int64N(int64(interval)))):
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for seq := uint64(2); ; seq++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if err := send(seq); err != nil {
+			return err
+		}
+	}
+}
+
+// agentH2 is one simulated agent on an h2Conn: a hello, then samples at rate. The connection's
+// reader consumes the acks.
+func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, connected *atomic.Int64) error {
+	stream, err := conn.open(agentv1.AgentService_Connect_FullMethodName)
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("agent-%d", i)
-	seq := uint64(1)
-	if err := stream.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
-		NodeName: name, BootId: "bench", Zone: fmt.Sprintf("zone-%d", i%10), Region: "bench"}}}); err != nil {
+	var buf []byte
+	send := func(m *agentv1.ConnectRequest) error {
+		buf, err = proto.MarshalOptions{}.MarshalAppend(appendPrefix(buf[:0]), m)
+		if err == nil {
+			err = finishPrefix(buf)
+		}
+		if err != nil {
+			return err
+		}
+		return conn.send(stream, buf)
+	}
+	if err := send(hello(i)); err != nil {
 		return err
 	}
-	if _, err := stream.Recv(); err != nil { // the AgentConfig
+	select {
+	case <-stream.answered: // the AgentConfig, or the end of the stream
+	case <-ctx.Done():
+		return nil
+	}
+	if err := conn.streamErr(stream); err != nil {
+		return err
+	}
+	connected.Add(1)
+	s := newSampler()
+	err = pace(ctx, rate, func(seq uint64) error { return send(s.next(seq, time.Now())) })
+	conn.closeSend(stream)
+	return err
+}
+
+// agentGRPC is one simulated agent on a grpc-go connection: a hello, then samples at rate, reading
+// acks. Responses are left undecoded.
+func agentGRPC(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, connected *atomic.Int64) error {
+	stream, err := agentv1.NewAgentServiceClient(conn).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(hello(i)); err != nil {
+		return err
+	}
+	var resp wire.Encoded
+	if err := stream.RecvMsg(&resp); err != nil { // the AgentConfig
 		return err
 	}
 	connected.Add(1)
 	go func() {
-		for {
-			if _, err := stream.Recv(); err != nil {
-				return
-			}
+		var ack wire.Encoded
+		for stream.RecvMsg(&ack) == nil {
 		}
 	}()
-	interval := time.Duration(float64(time.Second) / rate)
-	time.Sleep(time.Duration(rand.Int64N(int64(interval)))) // spread the agents over the interval
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			stream.CloseSend()
-			return nil
-		case <-tick.C:
-		}
-		seq++
-		now := time.Now()
-		err := stream.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Sample{Sample: &agentv1.SignalSample{
-			ObservedAt: timestamppb.New(now),
-			Signals: []*agentv1.Signal{
-				{Name: "memory.available", Available: 8<<30 + int64(seq%1024)<<20, Capacity: 64 << 30},
-				{Name: "pid.available", Available: 4000000, Capacity: 4194304},
-			}}}})
-		if err != nil {
-			return err
-		}
-	}
+	s := newSampler()
+	err = pace(ctx, rate, func(seq uint64) error { return stream.Send(s.next(seq, time.Now())) })
+	stream.CloseSend()
+	return err
 }
 
 // profile saves a CPU profile of the coordinator (BENCH_PROFILE=file) taken during the window.
