@@ -35,6 +35,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "coordinator: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
 		return 2
 	}
+	cfg.SetDefaults() // main applies GCPercent itself: the value app.New validates
 	log, err := cli.Logger(stderr, *logLevel, *logJSON)
 	if err != nil {
 		fmt.Fprintln(stderr, "coordinator:", err)
@@ -48,7 +49,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	log.Info("coordinator started", "addr", a.Addr(), "etcd", a.EtcdEndpoint())
+	gogc, memLimit := cli.ApplyGC(cfg.GCPercent, cli.CgroupMemoryMax)
+	log.Info("coordinator started", "addr", a.Addr(), "etcd", a.EtcdEndpoint(), "gogc", gogc, "memory_limit_bytes", memLimit)
 	if err := a.Run(ctx); err != nil {
 		log.Error("coordinator stopped", "err", err)
 		return 1

@@ -18,13 +18,14 @@ func TestRefusesToStartListingEveryProblem(t *testing.T) {
 	code := run(context.Background(), []string{
 		"--listen", "nohostport", "--election-ttl", "1500ms", "--unhealthy-zone-threshold", "1.5",
 		"--fence-policy", "bogus", "--driver-endpoint", "ipmi=nohostport", "--config", bad, "--etcd-prefix", "nodefence/",
+		"--gc-percent", "20",
 	}, &stderr)
 	if code != 2 {
 		t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr.String())
 	}
 	for _, want := range []string{
 		"--listen", "--election-ttl", "--unhealthy-zone-threshold", "--fence-policy", "--driver-endpoint ipmi", "--etcd-prefix",
-		"--tls-cert: required unless --insecure", "--driver-tls-ca",
+		"--gc-percent: 20 is not in 50..1000", "--tls-cert: required unless --insecure", "--driver-tls-ca",
 		"drivers.ipmi.endpoint", "nodes.n1.methods.m.driver", "nodes.n1.steps.power_management[1]",
 	} {
 		if !strings.Contains(stderr.String(), want) {
