@@ -93,7 +93,7 @@ demo: deps build
 
 # bench-ingest: N agents over real gRPC streams into a real coordinator (embedded etcd); the last line
 # is JSON. Override with e.g. `make bench-ingest INGEST_FLAGS="--agents 2000 --rate 5"`.
-INGEST_FLAGS ?= --agents 10000 --rate 5 --warmup 10s --window 20s
+INGEST_FLAGS ?= --agents 10000 --rate 5 --warmup 10s --window 60s
 bench-ingest: build
 	$(BIN)/bench-ingest $(INGEST_FLAGS)
 

@@ -69,7 +69,7 @@ func main() {
 	perConn := flag.Int("streams-per-conn", 100, "streams per gRPC connection")
 	warmup := flag.Duration("warmup", 10*time.Second, "time after all agents connected before measuring")
 	window := flag.Duration("window", 20*time.Second, "measurement window")
-	coordGC := flag.Int("coordinator-gc-percent", 100, "GOGC of the coordinator process")
+	coordGC := flag.Int("coordinator-gc-percent", 0, "the coordinator's --gc-percent (0: its default)")
 	genGC := flag.Int("generator-gc-percent", 100, "GOGC of the load generator itself")
 	client := flag.String("client", "h2", `how the simulated agents speak gRPC: "h2" (this program's own HTTP/2 framing, light enough to leave the machine to the coordinator) or "grpc" (grpc-go's client, as the real agent)`)
 	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
@@ -90,8 +90,8 @@ func main() {
 	if *client != "h2" && *client != "grpc" {
 		problems = append(problems, `--client: must be "h2" or "grpc"`)
 	}
-	if *coordGC < 1 || *genGC < 1 {
-		problems = append(problems, "--coordinator-gc-percent, --generator-gc-percent: must be at least 1")
+	if *coordGC < 0 || *genGC < 1 {
+		problems = append(problems, "--coordinator-gc-percent: must not be negative; --generator-gc-percent: must be at least 1")
 	}
 	if len(problems) > 0 {
 		for _, p := range problems {
@@ -100,18 +100,17 @@ func main() {
 		os.Exit(2)
 	}
 	debug.SetGCPercent(*genGC)
-	os.Setenv("GOGC", strconv.Itoa(*coordGC)) // read by the coordinator's runtime when it starts
-	res, err := run(ctx, *binDir, *client, *agents, *rate, *perConn, *warmup, *window)
+	res, err := run(ctx, *binDir, *client, *agents, *rate, *perConn, *coordGC, *warmup, *window)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
 		os.Exit(1)
 	}
-	res.CoordGC, res.GenGC, res.Client = *coordGC, *genGC, *client
+	res.GenGC, res.Client = *genGC, *client
 	b, _ := json.Marshal(res)
 	fmt.Println(string(b))
 }
 
-func run(ctx context.Context, binDir, client string, agents int, rate float64, perConn int, warmup, window time.Duration) (*result, error) {
+func run(ctx context.Context, binDir, client string, agents int, rate float64, perConn, coordGC int, warmup, window time.Duration) (*result, error) {
 	dir, err := os.MkdirTemp("", "bench-ingest-")
 	if err != nil {
 		return nil, err
@@ -131,11 +130,14 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 		return nil, err
 	}
 	addr, maddr := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(mport)
-	coord, err := procs.Start("coordinator", filepath.Join(dir, "coordinator.log"), filepath.Join(binDir, "coordinator"),
-		"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--kdump-listen=", "--driver-insecure", "--config", cfg,
+	args := []string{"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--kdump-listen=", "--driver-insecure", "--config", cfg,
 		"--data-dir", filepath.Join(dir, "data"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
 		"--etcd-unsafe-no-fsync", "--log-level", "warn", "--node-monitor-grace-period", "1h", "--node-startup-grace-period", "1h",
-		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second)/rate)))
+		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second) / rate))}
+	if coordGC > 0 {
+		args = append(args, "--gc-percent", strconv.Itoa(coordGC))
+	}
+	coord, err := procs.Start("coordinator", filepath.Join(dir, "coordinator.log"), filepath.Join(binDir, "coordinator"), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,10 +251,11 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 	p99, _ := promscrape.Quantile(before, after, "nodefence_sample_apply_latency_seconds", 0.99)
 	sp99, _ := promscrape.Quantile(before, after, "nodefence_engine_queue_latency_seconds", 0.99)
 	updates := after["nodefence_agent_updates_total"] - before["nodefence_agent_updates_total"]
+	gogc := int(after["go_gc_gogc_percent"]) // what the coordinator's runtime had in force
 	return &result{
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
-		OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
+		CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 	}, nil
 }
 
