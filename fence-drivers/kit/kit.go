@@ -58,6 +58,16 @@ type Driver interface {
 	Status(ctx context.Context, t Target) (driverv1.PowerState, error)
 }
 
+// TargetResolver is implemented by drivers whose targets can name one device in ways DeviceKey
+// cannot tell apart without asking the device (a PDU outlet by its name or by its number). Before
+// a mutation's epoch check the kit calls ResolveTarget, with the operation's deadline, and uses the
+// target it returns, which names the device the canonical way, for the epoch, the device lock and
+// the action: a deposed leader cannot reach a device under another of its names, and what is locked
+// is what is switched. Only mutations resolve; Status and Monitor read whatever the target names.
+type TargetResolver interface {
+	ResolveTarget(ctx context.Context, t Target) (Target, error)
+}
+
 // Lister is implemented by drivers whose devices have plugs or ports to enumerate.
 type Lister interface {
 	// List returns the plugs of the target's device.

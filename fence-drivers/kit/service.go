@@ -289,6 +289,24 @@ func (s *Service) mutate(ctx context.Context, m mutation, act actFunc) (proto.Me
 		s.audit(m, t, key, start, "rejected", err)
 		return nil, err
 	}
+	if r, ok := s.d.(TargetResolver); ok {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		rt, err := r.ResolveTarget(rctx, t)
+		cancel()
+		if err != nil {
+			var bad fault.Invalid
+			if errors.As(err, &bad) {
+				var inv fault.Invalid
+				addPrefixed(&inv, "target.parameters.", bad)
+				err = inv.Err()
+			} else {
+				err = fmt.Errorf("%s: finding the device of target %s: %w", m.action, t.Name, err)
+			}
+			s.audit(m, t, key, start, "rejected", err)
+			return nil, err
+		}
+		t, key = rt, s.d.DeviceKey(rt)
+	}
 	if err := s.epochs.check(key, m.epoch); err != nil {
 		s.audit(m, t, key, start, "rejected", err)
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -254,10 +255,30 @@ func (*Driver) Validate(params map[string]string) error {
 
 // DeviceKey is the PDU's address and the plug: one outlet is one fenceable thing. An outlet
 // number is keyed by its value ("07" and "7" are one outlet, locked and epoch-checked as one); an
-// outlet name is keyed as written, since resolving it takes the PDU.
+// outlet name is keyed as written here; mutations resolve it to its number first (ResolveTarget).
 func (*Driver) DeviceKey(t kit.Target) string {
 	host := strings.ToLower(strings.TrimSpace(t.Params[ParamIP]))
 	return "pdu/" + net.JoinHostPort(host, kit.KeyPart(t.Params[ParamIPPort])) + "/" + kit.KeyPart(t.Params[ParamPlug])
+}
+
+// ResolveTarget names an outlet given by name by its number (kit.TargetResolver), so that the
+// epoch and lock of outlet 7 are one whether a caller writes "7" or the outlet's name, and the
+// outlet switched is the one locked even if it is renamed meanwhile.
+func (d *Driver) ResolveTarget(ctx context.Context, t kit.Target) (kit.Target, error) {
+	c, err := parse(t.Params)
+	if err != nil {
+		return kit.Target{}, err
+	}
+	if c.plugNum > 0 {
+		return t, nil
+	}
+	var plug int
+	if err := d.withSession(ctx, t, func(_ *session, o outlet) error { plug = o.plug; return nil }); err != nil {
+		return kit.Target{}, err
+	}
+	r := kit.Target{Name: t.Name, Params: maps.Clone(t.Params)}
+	r.Params[ParamPlug] = strconv.Itoa(plug)
+	return r, nil
 }
 
 // sessionKey identifies a session's connection parameters, secrets included (hashed, kept in

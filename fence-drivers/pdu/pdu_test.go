@@ -344,8 +344,9 @@ func serve(t *testing.T) driverv1.FenceDriverServiceClient {
 
 func logger(t *testing.T) *slog.Logger { return kittest.Logger(t, slog.LevelInfo) }
 
-// One outlet is one device however its number is written: a deposed leader (older epoch) cannot
-// switch outlet 7 by calling it "07", and the epoch check happens before the PDU is touched.
+// One outlet is one device however it is named: a deposed leader (older epoch) cannot switch
+// outlet 7 by calling it "07" or by the outlet's name, and the epoch check happens before the
+// outlet is switched.
 func TestOutletNumberSpellingsAreOneDevice(t *testing.T) {
 	c := serve(t)
 	ctx := testCtx(t, 30*time.Second)
@@ -355,7 +356,21 @@ func TestOutletNumberSpellingsAreOneDevice(t *testing.T) {
 	}
 	_, err := c.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: opID(), Epoch: 6, Target: target(snmpsim.APCRPDU, "v2c", fmt.Sprintf("%03d", n))})
 	wantCode(t, "PowerOn of the same outlet, zero-padded, by an older epoch", err, codes.FailedPrecondition)
+	_, err = c.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: opID(), Epoch: 6, Target: target(snmpsim.APCRPDU, "v2c", snmpsim.OutletName(n))})
+	wantCode(t, "PowerOn of the same outlet, by its name, by an older epoch", err, codes.FailedPrecondition)
 	if on, _ := sim.On(snmpsim.APCRPDU, n); on {
 		t.Fatalf("outlet %d was switched on by a deposed epoch", n)
+	}
+	// The current epoch may use the name; a name no outlet has is refused, naming the parameter.
+	if _, err := c.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: opID(), Epoch: 7, Target: target(snmpsim.APCRPDU, "v2c", snmpsim.OutletName(n))}); err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := sim.On(snmpsim.APCRPDU, n); !on {
+		t.Fatalf("outlet %d is not on after PowerOn by its name", n)
+	}
+	_, err = c.PowerOff(ctx, &driverv1.PowerOffRequest{OperationId: opID(), Epoch: 7, Target: target(snmpsim.APCRPDU, "v2c", "no-such-outlet")})
+	wantCode(t, "PowerOff of an outlet name the PDU does not have", err, codes.InvalidArgument)
+	if !strings.Contains(status.Convert(err).Message(), "target.parameters.plug") {
+		t.Errorf("error %v does not name target.parameters.plug", err)
 	}
 }
