@@ -411,7 +411,9 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		return err
 	}
 	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})
-	if err := s.Store.PutNodeIfChanged(ctx, l.Term, store.NodeRecord{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region}); err != nil {
+	if err := onOwnStack(func() error {
+		return s.Store.PutNodeIfChanged(ctx, l.Term, store.NodeRecord{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
+	}); err != nil {
 		return err
 	}
 	cfg := &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Config{Config: &agentv1.AgentConfig{
@@ -464,6 +466,23 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 			lastAck = time.Now()
 		}
 	}
+}
+
+// onOwnStack runs f on a goroutine of its own and waits for it. An agent stream's goroutine lives
+// as long as the agent's connection, and Go shrinks a stack only when less than a quarter of it is in
+// use: one deep call at hello (the etcd client's) would double the stack each of 10,000 streams keeps
+// for good (make bench-ingest: 168 MB of stacks instead of 84 MB).
+func onOwnStack(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- fmt.Errorf("panic: %v", p)
+			}
+		}()
+		done <- f()
+	}()
+	return <-done
 }
 
 // agentStream receives an agent's requests through one agentwire.Decoder, so heartbeats and

@@ -48,6 +48,7 @@ type result struct {
 	P99ms        float64 `json:"p99_ms"`
 	ServerP99ms  float64 `json:"coordinator_queue_p99_ms"`
 	RSSMB        float64 `json:"coordinator_rss_mb"`
+	StacksMB     float64 `json:"coordinator_stacks_mb"`
 	CPUCores     int     `json:"cpu_cores"`
 	CoordCPU     float64 `json:"coordinator_cpu_cores_used"`
 	GenCPU       float64 `json:"generator_cpu_cores_used"`
@@ -255,7 +256,7 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 	return &result{
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
-		CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
+		StacksMB: round(after["go_memstats_stack_inuse_bytes"] / (1 << 20)), CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 	}, nil
 }
 
