@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -372,5 +373,25 @@ func TestOutletNumberSpellingsAreOneDevice(t *testing.T) {
 	wantCode(t, "PowerOff of an outlet name the PDU does not have", err, codes.InvalidArgument)
 	if !strings.Contains(status.Convert(err).Message(), "target.parameters.plug") {
 		t.Errorf("error %v does not name target.parameters.plug", err)
+	}
+}
+
+// A PDU that never answers, asked to switch an outlet given by name: finding the outlet runs out
+// of the operation's time and says so (DeadlineExceeded), not "no such outlet", within the deadline.
+func TestNamedOutletOfAHangingPDU(t *testing.T) {
+	c := serve(t)
+	ctx := testCtx(t, 30*time.Second)
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0") // bound, never read: requests time out
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	tg := target(snmpsim.APCRPDU, "v2c", "Outlet 1")
+	tg.Parameters["ipport"] = strconv.Itoa(silent.LocalAddr().(*net.UDPAddr).Port)
+	start := time.Now()
+	_, err = c.PowerOff(ctx, &driverv1.PowerOffRequest{OperationId: opID(), Epoch: 3, Target: tg, Timeout: durationpb.New(time.Second)})
+	wantCode(t, "PowerOff of a named outlet on a PDU that never answers", err, codes.DeadlineExceeded)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the refusal took %s with a 1 s timeout", took)
 	}
 }
