@@ -118,20 +118,28 @@ func (s *seen) first(num protowire.Number) bool {
 	return true
 }
 
+// eachField calls fn with each field of the encoded message b in order and reports whether b is
+// well formed, no field but repeated (0: none) occurs twice, and fn accepted every field.
+func eachField(b []byte, repeated protowire.Number, fn func(field) bool) bool {
+	var have seen
+	for len(b) > 0 {
+		f, n := next(b)
+		if n < 0 || (f.num != repeated && !have.first(f.num)) || !fn(f) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
 // decodeHot decodes b into d.req if it is a heartbeat or sample in the plain shape.
 func (d *Decoder) decodeHot(b []byte) bool {
 	var (
-		have seen
 		seq  uint64
 		kind protowire.Number
 		body []byte
 	)
-	for len(b) > 0 {
-		f, n := next(b)
-		if n < 0 || !have.first(f.num) {
-			return false
-		}
-		b = b[n:]
+	ok := eachField(b, 0, func(f field) bool {
 		switch {
 		case f.num == fieldSeq && f.typ == protowire.VarintType:
 			seq = f.varint
@@ -140,6 +148,10 @@ func (d *Decoder) decodeHot(b []byte) bool {
 		default:
 			return false
 		}
+		return true
+	})
+	if !ok {
+		return false
 	}
 	switch kind {
 	case fieldHeartbeat:
@@ -163,33 +175,23 @@ func (d *Decoder) decodeHot(b []byte) bool {
 
 func (d *Decoder) decodeHeartbeat(b []byte) bool {
 	d.hb.SentAt = nil
-	var have seen
-	for len(b) > 0 {
-		f, n := next(b)
-		if n < 0 || !have.first(f.num) || f.num != fieldSentAt || f.typ != protowire.BytesType {
-			return false
-		}
-		b = b[n:]
-		if !decodeTimestamp(f.bytes, &d.ts) {
+	return eachField(b, 0, func(f field) bool {
+		if f.num != fieldSentAt || f.typ != protowire.BytesType || !decodeTimestamp(f.bytes, &d.ts) {
 			return false
 		}
 		d.hb.SentAt = &d.ts
-	}
-	return true
+		return true
+	})
 }
 
 func (d *Decoder) decodeSample(b []byte) bool {
 	d.sample.ObservedAt = nil
-	var have seen
 	count := 0
-	for len(b) > 0 {
-		f, n := next(b)
-		if n < 0 || f.typ != protowire.BytesType {
-			return false
-		}
-		b = b[n:]
+	ok := eachField(b, fieldSignals, func(f field) bool {
 		switch {
-		case f.num == fieldObserved && have.first(f.num):
+		case f.typ != protowire.BytesType:
+			return false
+		case f.num == fieldObserved:
 			if !decodeTimestamp(f.bytes, &d.ts) {
 				return false
 			}
@@ -208,6 +210,10 @@ func (d *Decoder) decodeSample(b []byte) bool {
 		default:
 			return false
 		}
+		return true
+	})
+	if !ok {
+		return false
 	}
 	d.sample.Signals = nil
 	if count > 0 {
@@ -218,23 +224,16 @@ func (d *Decoder) decodeSample(b []byte) bool {
 
 func decodeSignal(b []byte, s *agentv1.Signal) bool {
 	var (
-		have      seen
 		name      string
 		available int64
 		capacity  int64
 	)
-	for len(b) > 0 {
-		f, n := next(b)
-		if n < 0 || !have.first(f.num) {
-			return false
-		}
-		b = b[n:]
+	ok := eachField(b, 0, func(f field) bool {
 		switch {
 		case f.num == fieldName && f.typ == protowire.BytesType:
 			var ok bool
-			if name, ok = signalName(f.bytes); !ok {
-				return false
-			}
+			name, ok = signalName(f.bytes)
+			return ok
 		case f.num == fieldAvailable && f.typ == protowire.VarintType:
 			available = int64(f.varint)
 		case f.num == fieldCapacity && f.typ == protowire.VarintType:
@@ -242,9 +241,12 @@ func decodeSignal(b []byte, s *agentv1.Signal) bool {
 		default:
 			return false
 		}
+		return true
+	})
+	if ok {
+		s.Name, s.Available, s.Capacity = name, available, capacity
 	}
-	s.Name, s.Available, s.Capacity = name, available, capacity
-	return true
+	return ok
 }
 
 // signalName returns b as a string, without allocating for kubelet's names; ok is false for
@@ -261,25 +263,24 @@ func signalName(b []byte) (string, bool) {
 
 func decodeTimestamp(b []byte, ts *timestamppb.Timestamp) bool {
 	var (
-		have    seen
 		seconds int64
 		nanos   int32
 	)
-	for len(b) > 0 {
-		f, n := next(b)
-		if n < 0 || !have.first(f.num) || f.typ != protowire.VarintType {
+	ok := eachField(b, 0, func(f field) bool {
+		switch {
+		case f.typ != protowire.VarintType:
 			return false
-		}
-		b = b[n:]
-		switch f.num {
-		case fieldSeconds:
+		case f.num == fieldSeconds:
 			seconds = int64(f.varint)
-		case fieldNanos:
+		case f.num == fieldNanos:
 			nanos = int32(f.varint)
 		default:
 			return false
 		}
+		return true
+	})
+	if ok {
+		ts.Seconds, ts.Nanos = seconds, nanos
 	}
-	ts.Seconds, ts.Nanos = seconds, nanos
-	return true
+	return ok
 }

@@ -390,7 +390,7 @@ const ackEvery = time.Second
 // changed, so an acknowledged event survives a failover.
 func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
-	in := &agentStream{AgentService_ConnectServer: stream}
+	in := newAgentStream(stream)
 	first, _, err := in.recv()
 	if err != nil {
 		return err
@@ -493,8 +493,14 @@ type agentStream struct {
 	buf     wire.Encoded
 	dec     agentwire.Decoder
 	out     wire.Encoded
-	ackMsg  agentv1.Ack
+	ackMsg  *agentv1.Ack
 	ackResp *agentv1.ConnectResponse
+}
+
+func newAgentStream(stream agentv1.AgentService_ConnectServer) *agentStream {
+	ack := &agentv1.Ack{}
+	return &agentStream{AgentService_ConnectServer: stream, ackMsg: ack,
+		ackResp: &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: ack}}}
 }
 
 // maxKeptBuffer is the largest receive buffer a stream keeps between messages.
@@ -517,9 +523,6 @@ func (s *agentStream) recv() (m *agentv1.ConnectRequest, reused bool, err error)
 // ack acknowledges every message up to seq. It is sent once a second by each of thousands of
 // streams, so the response and its encoding are reused too.
 func (s *agentStream) ack(seq uint64) error {
-	if s.ackResp == nil {
-		s.ackResp = &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &s.ackMsg}}
-	}
 	s.ackMsg.AckedSeq = seq
 	var err error
 	if s.out.B, err = (proto.MarshalOptions{}).MarshalAppend(s.out.B[:0], s.ackResp); err != nil {

@@ -121,7 +121,6 @@ func (w logWriter) Write(p []byte) (int, error) {
 
 // fixture is a real dbus-daemon on a private bus, the login1 stand-in and a Manager connected to it.
 type fixture struct {
-	bus    *logind.Bus
 	login1 *logind.Server
 	j      *journal
 	done   chan error
@@ -129,22 +128,12 @@ type fixture struct {
 
 func start(t *testing.T, ctx context.Context, cfg Config, tm terminator, p pods) *fixture {
 	t.Helper()
-	bus := startBus(t, ctx)
-	login1, err := logind.Serve(bus.Address, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = login1.Close() })
-	l, err := DialLogind(ctx, bus.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
+	l, login1 := dialStandIn(t, ctx, logind.Config{InhibitDelayMax: 30 * time.Second})
 	if max, err := l.InhibitDelayMax(ctx); err != nil || max != 30_000_000 {
 		t.Errorf("InhibitDelayMax = %d, %v; want 30 s in µs", max, err)
 	}
 
-	f := &fixture{bus: bus, login1: login1, j: tm.j, done: make(chan error, 1)}
+	f := &fixture{login1: login1, j: tm.j, done: make(chan error, 1)}
 	tm.lock = func() *logind.Lock {
 		if ls := login1.Locks(); len(ls) > 0 {
 			return ls[len(ls)-1]

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 )
@@ -22,8 +23,9 @@ const memoryLimitShare = 0.9
 // none), for the log.
 func ApplyGC(percent int, cgroupMemoryMax string) (gogc int, limit int64) {
 	if _, ok := os.LookupEnv("GOGC"); ok {
-		gogc = debug.SetGCPercent(-1)
-		debug.SetGCPercent(gogc)
+		sample := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+		metrics.Read(sample)
+		gogc = int(sample[0].Value.Uint64())
 	} else {
 		debug.SetGCPercent(percent)
 		gogc = percent

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/proto"
 )
 
 // h2Conn is a minimal gRPC client: bidirectional streams of already-encoded messages over one
@@ -147,7 +148,7 @@ func (c *h2Conn) open(method string) (*h2Stream, error) {
 	return s, nil
 }
 
-// send writes one gRPC message: msg must start with the 5-byte gRPC prefix (appendPrefix). It waits
+// send writes one gRPC message, prefix included (appendMessage). It waits
 // for flow-control window, and returns once the message is handed to the kernel.
 func (c *h2Conn) send(s *h2Stream, msg []byte) error {
 	n := int64(len(msg))
@@ -291,15 +292,16 @@ func headerValue(f *http2.MetaHeadersFrame, name string) string {
 	return ""
 }
 
-// appendPrefix starts a gRPC message in b; finishPrefix fills in the length once the message follows.
-func appendPrefix(b []byte) []byte { return append(b, 0, 0, 0, 0, 0) }
-
-func finishPrefix(b []byte) error {
-	if len(b) < 5 {
-		return errors.New("gRPC message without its prefix")
+// appendMessage appends m to b as one gRPC message: a 5-byte prefix (not compressed, length) and
+// the encoded message.
+func appendMessage(b []byte, m proto.Message) ([]byte, error) {
+	start := len(b)
+	b, err := proto.MarshalOptions{}.MarshalAppend(append(b, 0, 0, 0, 0, 0), m)
+	if err != nil {
+		return nil, err
 	}
-	binary.BigEndian.PutUint32(b[1:5], uint32(len(b)-5))
-	return nil
+	binary.BigEndian.PutUint32(b[start+1:start+5], uint32(len(b)-start-5))
+	return b, nil
 }
 
 // streamErr is why s ended: nil while it runs.

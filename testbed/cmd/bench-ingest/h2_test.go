@@ -52,14 +52,12 @@ func (r *recorder) Connect(stream agentv1.AgentService_ConnectServer) error {
 	}
 }
 
-func encode(t *testing.T, m proto.Message) []byte {
-	t.Helper()
-	b, err := proto.MarshalOptions{}.MarshalAppend(appendPrefix(nil), m)
+// encode frames m; it is called on the streams' goroutines too, where t.Fatal may not be, and
+// only with messages protobuf can always encode.
+func encode(m proto.Message) []byte {
+	b, err := appendMessage(nil, m)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := finishPrefix(b); err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	return b
 }
@@ -100,13 +98,13 @@ func TestH2ConnAgainstGRPCServer(t *testing.T) {
 				errs <- err
 				return
 			}
-			if err := c.send(s, encode(t, hello(i))); err != nil {
+			if err := c.send(s, encode(hello(i))); err != nil {
 				errs <- err
 				return
 			}
 			smp := newSampler()
 			for seq := uint64(2); seq <= messages; seq++ {
-				if err := c.send(s, encode(t, smp.next(seq, time.Now()))); err != nil {
+				if err := c.send(s, encode(smp.next(seq, time.Now()))); err != nil {
 					errs <- err
 					return
 				}
@@ -114,7 +112,7 @@ func TestH2ConnAgainstGRPCServer(t *testing.T) {
 			// The acks: all of them arrive only if the client keeps granting the server window.
 			var want int64
 			for seq := uint64(1); seq <= messages; seq++ {
-				want += int64(len(encode(t, &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &agentv1.Ack{AckedSeq: seq}}})))
+				want += int64(len(encode(&agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: &agentv1.Ack{AckedSeq: seq}}})))
 			}
 			for c.receivedBytes(s) < want && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
@@ -159,7 +157,7 @@ func TestH2ConnAgainstGRPCServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	refuse := &agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "refuse"}}}
-	if err := c.send(s, encode(t, refuse)); err != nil {
+	if err := c.send(s, encode(refuse)); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/services/dial"
@@ -322,11 +321,7 @@ func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, connected *
 	}
 	var buf []byte
 	send := func(m *agentv1.ConnectRequest) error {
-		buf, err = proto.MarshalOptions{}.MarshalAppend(appendPrefix(buf[:0]), m)
-		if err == nil {
-			err = finishPrefix(buf)
-		}
-		if err != nil {
+		if buf, err = appendMessage(buf[:0], m); err != nil {
 			return err
 		}
 		return conn.send(stream, buf)
