@@ -41,8 +41,11 @@ const AssetsEnv = "NODEFENCE_KUBE_ASSETS"
 
 // Binary names inside AssetsDir.
 const (
-	APIServerBinary = "kube-apiserver"
-	EtcdBinary      = "etcd"
+	APIServerBinary         = "kube-apiserver"
+	EtcdBinary              = "etcd"
+	KubeletBinary           = "kubelet"
+	ControllerManagerBinary = "kube-controller-manager"
+	SchedulerBinary         = "kube-scheduler"
 )
 
 // AssetsDir is where the binaries live: $NODEFENCE_KUBE_ASSETS if set, else
@@ -79,20 +82,30 @@ func Binaries() (apiserver, etcd string, err error) {
 	return apiserver, etcd, nil
 }
 
-// tool is one binary built from a tool module.
+// tool is one binary built from a main package (pkg, relative to dir) of a tool module.
 type tool struct {
-	dir, module, version, binary string
-	ldflags                      string
+	dir, pkg, module, version, binary string
+	ldflags                           string
 }
 
+// tools lists the binaries in build order: the apiserver first (the integration tests need only it
+// and etcd), then the cluster's node and controller binaries, which reuse most of its compiled
+// packages from the Go build cache.
 func tools(root string) []tool {
+	kubeLD := "-s -w -X k8s.io/component-base/version.gitVersion=" + KubeVersion +
+		" -X k8s.io/component-base/version.gitMajor=" + major(KubeVersion) +
+		" -X k8s.io/component-base/version.gitMinor=" + minor(KubeVersion)
+	kube := func(binary string) tool {
+		return tool{dir: filepath.Join(root, "kube"), pkg: "./cmd/" + binary, module: "k8s.io/kubernetes",
+			version: KubeVersion, binary: binary, ldflags: kubeLD}
+	}
 	return []tool{
-		{dir: filepath.Join(root, "etcd"), module: "go.etcd.io/etcd/server/v3", version: EtcdVersion, binary: EtcdBinary,
-			ldflags: "-s -w"},
-		{dir: filepath.Join(root, "apiserver"), module: "k8s.io/kubernetes", version: KubeVersion, binary: APIServerBinary,
-			ldflags: "-s -w -X k8s.io/component-base/version.gitVersion=" + KubeVersion +
-				" -X k8s.io/component-base/version.gitMajor=" + major(KubeVersion) +
-				" -X k8s.io/component-base/version.gitMinor=" + minor(KubeVersion)},
+		{dir: filepath.Join(root, "etcd"), pkg: ".", module: "go.etcd.io/etcd/server/v3", version: EtcdVersion,
+			binary: EtcdBinary, ldflags: "-s -w"},
+		kube(APIServerBinary),
+		kube(SchedulerBinary),
+		kube(ControllerManagerBinary),
+		kube(KubeletBinary),
 	}
 }
 
@@ -120,9 +133,9 @@ func Build(ctx context.Context, toolsRoot string, log io.Writer) (string, error)
 			fmt.Fprintf(log, "%s %s: present in %s\n", t.binary, t.version, dir)
 			continue
 		}
-		fmt.Fprintf(log, "%s %s: building into %s (kube-apiserver takes 6-15 minutes cold) ...\n", t.binary, t.version, dir)
+		fmt.Fprintf(log, "%s %s: building into %s (6-15 minutes cold each for kube-apiserver, kube-controller-manager and kubelet) ...\n", t.binary, t.version, dir)
 		tmp := fmt.Sprintf("%s.tmp.%d", out, os.Getpid())
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", t.ldflags, "-o", tmp, ".")
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", t.ldflags, "-o", tmp, t.pkg)
 		cmd.Dir = t.dir
 		cmd.Env = append(os.Environ(), "GOWORK=off")
 		cmd.Stdout, cmd.Stderr = log, log
