@@ -106,7 +106,7 @@ func (c *coordinator) stop() { c.cancel(); <-c.done }
 
 func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 	t.Helper()
-	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second}
+	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, UnauthenticatedCaller: "any", DrainTimeout: time.Second}
 	cfg.DriverTLS = insecure
 	if cfg.DataDir == "" && len(cfg.EtcdEndpoints) == 0 {
 		cfg.DataDir = t.TempDir()
