@@ -299,6 +299,7 @@ type App struct {
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
 	kube      *kubeMode
+	proof     *proof
 	mu        sync.Mutex
 	leading   *api.Leading
 	closeOnce sync.Once
@@ -383,6 +384,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.metrics = loop.NewMetrics(srv.Registry)
+	a.proof = newProof(a, srv.Registry)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -625,6 +627,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.proof.observe(term, f)
 	if a.kube != nil {
 		a.kube.onFence(term, f)
 	}

@@ -256,8 +256,8 @@ func (k *kubeMode) onFence(term *leader.Term, f *coordv1.NodeFence) {
 		if err := k.writer.MirrorFence(ctx, f); err != nil {
 			k.a.log.Error("NodeFence object not written", "fence", f.Id, "err", err)
 		}
-		if f.Action != coordv1.FenceAction_FENCE_ACTION_OFF || f.ConfirmedOffAt == nil {
-			return
+		if f.Action != coordv1.FenceAction_FENCE_ACTION_OFF || f.ConfirmedOffAt == nil || !k.a.proof.dark(f) {
+			return // released only once the node was also seen silent (proof.go)
 		}
 		k.mu.Lock()
 		done := k.released[f.Id]
