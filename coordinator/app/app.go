@@ -19,7 +19,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/rest"
@@ -58,6 +57,8 @@ type Config struct {
 	EtcdClientListen, EtcdPeerListen string
 	// EtcdPrefix is the key prefix of all coordinator state.
 	EtcdPrefix string
+	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
+	EtcdAccess EtcdAccess
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -112,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdClientListen, "etcd-client-listen", "127.0.0.1:2379", "embedded etcd client address")
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
+	c.EtcdAccess.RegisterFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -215,6 +217,7 @@ func (c *Config) Validate() []error {
 			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, addr))
 		}
 	}
+	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -346,7 +349,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 			a.fenceCf.Store(c)
 		}
 	}
-	endpoints := cfg.EtcdEndpoints
+	endpoints, access := cfg.EtcdEndpoints, cfg.EtcdAccess
 	if len(endpoints) == 0 {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("--data-dir: %w", err)
@@ -354,15 +357,21 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		e, err := etcdembed.Start(etcdembed.Config{
 			Name: "nodefence", DataDir: filepath.Join(cfg.DataDir, "etcd"),
 			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: log,
+			SecretsDir: filepath.Join(cfg.DataDir, "etcd-secrets"), Prefix: cfg.EtcdPrefix,
 		})
 		if err != nil {
 			return nil, err
 		}
 		a.etcd = e
-		endpoints = []string{e.Endpoint}
-		log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir)
+		endpoints, access = []string{e.Endpoint}, embeddedAccess(e.Client)
+		log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir, "secrets", filepath.Dir(e.Client.CAFile))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cc, err := access.clientConfig(endpoints, log)
+	if err != nil {
+		a.closeEtcd()
+		return nil, err
+	}
+	cli, err := clientv3.New(cc)
 	if err != nil {
 		a.closeEtcd()
 		return nil, fmt.Errorf("etcd client: %w", err)
@@ -447,6 +456,14 @@ func (a *App) EtcdEndpoint() string {
 		return ""
 	}
 	return a.etcd.Endpoint
+}
+
+// EtcdAccess is what another process needs to use the embedded etcd (zero with external etcd).
+func (a *App) EtcdAccess() EtcdAccess {
+	if a.etcd == nil {
+		return EtcdAccess{}
+	}
+	return embeddedAccess(a.etcd.Client)
 }
 
 // Etcd is the app's etcd client.

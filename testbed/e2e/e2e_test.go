@@ -372,7 +372,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 	cfgPath := writeConfig(t, driver, []node{n})
 	first := startCoordinator(t, app.Config{ID: "first", FenceConfig: cfgPath})
 	leaderReady(t, conn(t, first.app.Addr()))
-	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}})
+	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}, EtcdAccess: first.app.EtcdAccess()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
