@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -378,6 +379,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.cli = cli
 	a.store = store.New(cli, cfg.EtcdPrefix)
+	a.store.Log = log
 	// Agent streams carry every heartbeat and sample: observed per call, not per message.
 	cfg.Server.BusyStreams = append(cfg.Server.BusyStreams, agentv1.AgentService_Connect_FullMethodName)
 	srv, err := server.New(cfg.Server, log)
@@ -392,6 +394,9 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.metrics = loop.NewMetrics(srv.Registry)
+	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
+		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
+		func() float64 { return float64(a.store.CorruptRecords()) }))
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -608,7 +613,12 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
-	active, err := a.store.ListFences(term.Context(), func(f *coordv1.NodeFence) bool { return !store.Finished(f) })
+	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
+		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
+	} else if n > 0 {
+		a.log.Info("indexed the fence history by time", "records", n)
+	}
+	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
 		return
