@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodefence/nodefence/coordinator/api"
@@ -84,7 +83,8 @@ type Config struct {
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
 	AgentHeartbeatInterval, AgentSampleInterval time.Duration
-	// KdumpListen is the UDP address for fence_kdump messages ("" disables the listener).
+	// KdumpListen is the UDP IP:PORT for fence_kdump messages: an explicit address, never all
+	// interfaces ("" disables the listener, the default).
 	KdumpListen string
 	// DriverTLS secures connections to fence-driver services.
 	DriverTLS tlsfiles.Files
@@ -138,7 +138,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
 	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
 	defEng := engine.DefaultConfig()
-	fs.StringVar(&c.KdumpListen, "kdump-listen", ":7410", "UDP address for fence_kdump_send messages (empty: off)")
+	fs.StringVar(&c.KdumpListen, "kdump-listen", "", "IP:PORT (an explicit address, never all interfaces) for fence_kdump_send messages; default off")
 	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
 	fs.BoolVar(&c.Engine.Fence.Enabled, "auto-fence", defEng.Fence.Enabled, "fence not-ready nodes automatically (manual fencing is always available)")
@@ -406,7 +406,8 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 			a.Close()
 			return nil, err
 		}
-		a.kdump.Log, a.kdump.Resolve, a.kdump.Seen = log, a.nodeByAddress, a.kdumpSeen
+		a.kdump.Log, a.kdump.Resolve, a.kdump.Seen, a.kdump.Live = log, a.nodeByAddress, a.kdumpSeen, a.agentLive
+		a.kdump.Messages = kdump.NewMessageCounter(srv.Registry)
 	}
 	coordv1.RegisterFenceServiceServer(srv.GRPC, &api.FenceServer{Deps: deps})
 	coordv1.RegisterClusterServiceServer(srv.GRPC, &api.ClusterServer{Deps: deps})
@@ -442,6 +443,27 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	if err := l.Loop.Step(ctx, engine.Kdump{Node: node, At: at}); err != nil {
 		a.log.Warn("kdump message not applied", "node", node, "from", from, "err", err)
 	}
+}
+
+// agentLive reports whether the node's agent is streaming to this leader: connected and heard
+// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
+// witness. Followers answer false; they drop kdump messages anyway.
+func (a *App) agentLive(node string) bool {
+	a.mu.Lock()
+	l := a.leading
+	a.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	window := max(5*a.cfg.AgentHeartbeatInterval, 5*time.Second)
+	ctx, cancel := context.WithTimeout(l.Term.Context(), time.Second)
+	defer cancel()
+	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
+	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
+		n := e.Node(node)
+		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+	})
+	return live
 }
 
 // KdumpAddr is the kdump listener's address ("" when off).
@@ -688,9 +710,9 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
 	rec.Evidence = append(req.Evidence, rec.Evidence...)
 	if !req.KdumpSince.IsZero() {
-		// The node reported itself, from its kdump kernel, as crashed: its workloads are not running.
-		rec.ConfirmedOffAt = timestamppb.New(req.KdumpSince)
-		rec.Evidence = append(rec.Evidence, "down: dumping its memory (fence_kdump); power management waits for the dump")
+		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is
+		// confirmed by the driver's read-back after power management, which waits for the dump.
+		rec.Evidence = append(rec.Evidence, "dumping its memory (fence_kdump, unauthenticated evidence); power management waits for the dump")
 	}
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
