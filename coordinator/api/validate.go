@@ -51,6 +51,9 @@ func Validate(req proto.Message) error {
 			v.Add("status", "unknown status %d", r.GetStatus())
 		}
 		optionalName(&v, "node", r.GetNode())
+		if len(r.GetPageToken()) > MaxText {
+			v.Add("page_token", "%d bytes, more than %d", len(r.GetPageToken()), MaxText)
+		}
 	case *coordv1.WatchFenceRequest:
 		switch {
 		case r.GetId() != "":

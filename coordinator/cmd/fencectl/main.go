@@ -152,7 +152,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 	force := sub.Bool("force", false, "ack: acknowledge although the node's agent or kubelet still reports (needs --reason)")
 	node := sub.String("node", "", "node filter (list, watch)")
 	statusF := sub.String("status", "", "status filter: new, running, done, error (list)")
-	limit := sub.Int("limit", 0, "most records (list)")
+	limit := sub.Int("limit", 0, "most records per page (list)")
+	pageToken := sub.String("page-token", "", "continue a listing where the previous page ended (list)")
 	// Accept flags before or after positional arguments.
 	var pos []string
 	for len(args) > 0 {
@@ -231,7 +232,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			st = coordv1.FenceStatus(v)
 		}
 		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
-			r, err := fc(conn).ListFences(ctx, &coordv1.ListFencesRequest{Node: *node, Status: st, Limit: int32(*limit)}, opts...)
+			r, err := fc(conn).ListFences(ctx, &coordv1.ListFencesRequest{Node: *node, Status: st, Limit: int32(*limit), PageToken: *pageToken}, opts...)
 			if err != nil {
 				return err
 			}
@@ -244,7 +245,16 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.Id, f.Node, short(f.Action.String()), short(f.Status.String()),
 					f.CreatedAt.AsTime().Local().Format(time.DateTime), f.Error)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, id := range r.CorruptIds {
+				fmt.Fprintf(c.out, "skipped corrupt record %s (see the coordinator log)\n", id)
+			}
+			if r.NextPageToken != "" {
+				fmt.Fprintf(c.out, "more: fencectl list --page-token %s\n", r.NextPageToken)
+			}
+			return nil
 		})
 	case "watch":
 		if len(pos) > 1 || (len(pos) == 0 && *node == "") {
