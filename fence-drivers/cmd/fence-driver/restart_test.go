@@ -75,7 +75,7 @@ func TestOperationIDSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { bmc.Stop() })
 	state := t.TempDir()
-	args := []string{"--driver", "ipmi", "--state-dir", state, "--insecure", "--listen", "127.0.0.1:0"}
+	args := []string{"--driver", "ipmi", "--state-dir", state, "--insecure", "--unauthenticated-caller", "spiffe://nodefence/coordinator/test", "--listen", "127.0.0.1:0"}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tg := &driverv1.Target{Name: "n1", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": strconv.Itoa(bmc.Port),
