@@ -490,6 +490,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		return err
 	}
 	lastAck := time.Now()
+	lastSeq := first.Seq // seqs strictly increase on a stream (agentv1.ConnectRequest.seq)
 	for {
 		m, reused, err := in.recv()
 		if errors.Is(err, io.EOF) {
@@ -501,6 +502,10 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		if m.GetHello() != nil {
 			return fault.Invalid{{Field: "hello", Problem: "hello may only be the first message"}}
 		}
+		if m.Seq <= lastSeq {
+			return fault.Invalid{{Field: "seq", Problem: fmt.Sprintf("%d does not increase (the previous message had %d)", m.Seq, lastSeq)}}
+		}
+		lastSeq = m.Seq
 		at := s.now()
 		event := loop.IsEvent(m)
 		if event {

@@ -419,6 +419,11 @@ func TestAttacks(t *testing.T) {
 			return openStream(ctx, agentA, hello("node-a"), &agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Condition{
 				Condition: &agentv1.ConditionChange{Type: 42, Status: agentv1.ConditionStatus_CONDITION_STATUS_TRUE}}})
 		}},
+		{"sequence number that goes back", codes.InvalidArgument, func(ctx context.Context) error {
+			m := hello("node-a")
+			m.Seq = 100
+			return openStream(ctx, agentA, m, &agentv1.ConnectRequest{Seq: 7, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
+		}},
 		{"negative shutdown grace period", codes.InvalidArgument, func(ctx context.Context) error {
 			return openStream(ctx, agentA, hello("node-a"), &agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Shutdown{
 				Shutdown: &agentv1.ShutdownEvent{Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, GracePeriod: durationpb.New(-time.Hour)}}})
