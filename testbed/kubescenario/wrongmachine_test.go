@@ -3,9 +3,13 @@ package kubescenario
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/services/dial"
@@ -18,7 +22,9 @@ import (
 // A fence that switches off the wrong machine, in Kubernetes mode: the victim's agent keeps
 // reporting while the driver confirms "its" BMC off (the BMC is not the machine the agent runs on).
 // The coordinator raises the alarm — the record's wrong_machine_at and a Warning Event on the
-// Node — and releases nothing: no out-of-service taint, the StatefulSet pod stays.
+// Node — and releases nothing: no out-of-service taint, the StatefulSet pod stays. Then an
+// Acknowledge of a node whose agent is silent but whose kubelet reports Ready is refused unless
+// forced with a reason.
 func TestWrongMachineReleasesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -71,5 +77,37 @@ func TestWrongMachineReleasesNothing(t *testing.T) {
 	}
 	if _, err := env.Admin.CoreV1().Pods("apps").Get(ctx, victim.Pod, metav1.GetOptions{}); err != nil {
 		t.Fatalf("pod %s of %s: %v; want it kept", victim.Pod, victim.Name, err)
+	}
+
+	// Proof is proof: a node whose agent is silent but whose kubelet reports Ready is not
+	// acknowledged off, unless forced with a reason.
+	quiet := env.Nodes[0]
+	env.Fail(quiet)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n, err := env.nodeView(ctx, quiet.Name)
+		if err == nil && !n.Connected && n.Readiness != coordv1.Readiness_READINESS_READY {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still ready or connected: %v %v", quiet.Name, n, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the coordinator's own Node writes for the transition are done
+	node, err := env.Admin.CoreV1().Nodes().Get(ctx, quiet.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	if _, err := env.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: quiet.Name, Reason: "I think it is off"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "kubelet") {
+		t.Fatalf("Acknowledge of a node whose kubelet reports: %v, want FailedPrecondition naming the kubelet", err)
+	}
+	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: quiet.Name, Reason: "pulled its plugs myself", Force: true})
+	if err != nil || ack.Fence.ConfirmedOffAt == nil || !strings.Contains(ack.Fence.Reason, "FORCED") {
+		t.Fatalf("forced Acknowledge: %v, %v", ack, err)
 	}
 }
