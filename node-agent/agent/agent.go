@@ -41,6 +41,11 @@ type Sampler interface {
 // configured address was tried); it bounds a loop of followers pointing at each other.
 const maxRedirects = 3
 
+// silenceTimeout is how long a coordinator that took the stream may stay silent while messages wait
+// for its acknowledgement (it acknowledges at least once a second) before the agent leaves it: a
+// stopped or cut-off coordinator never closes the stream itself.
+const silenceTimeout = 5 * time.Second
+
 // helloTimeout is how long a coordinator may take to answer the Hello before the agent gives up on
 // it and tries the next address: a stopped process still accepts TCP connections.
 const helloTimeout = 10 * time.Second
@@ -263,6 +268,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	}
 
 	var worked atomic.Bool
+	var lastRecv atomic.Int64
 	ended := make(chan recvEnd, 1)
 	go func() {
 		for {
@@ -271,6 +277,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 				ended <- recvEnd{err: err, trailer: st.Trailer()}
 				return
 			}
+			lastRecv.Store(time.Now().UnixNano())
 			if !worked.Swap(true) {
 				a.connected.Store(true)
 				a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
@@ -328,6 +335,13 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 			return finish(e)
 		case <-a.notify:
 		case <-hb.C:
+			if silent := time.Since(time.Unix(0, lastRecv.Load())); worked.Load() && silent > max(silenceTimeout, 5*hbEvery) && a.Unacked() > 0 {
+				a.log.Warn("coordinator stopped answering; leaving it", "coordinator", addr, "silent_for", silent.Round(time.Millisecond))
+				cancel()
+				r := finish(<-ended)
+				r.worked = false // go on to the next address, not back to this one
+				return r
+			}
 			a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
 		case <-sm.C:
 			a.takeSample(sctx, sampleEvery)
