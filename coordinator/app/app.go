@@ -20,6 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"k8s.io/client-go/rest"
 
@@ -299,6 +301,9 @@ type App struct {
 	srv     *server.Server
 	drivers *fencing.Drivers
 	elector *leader.Elector
+	// follower names a verified leader to clients of a replica that does not lead.
+	follower  *leader.Follower
+	advertise string
 
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
@@ -393,6 +398,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		advertise = srv.Addr()
 	}
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
+	a.follower, a.advertise = leader.NewFollower(cli, a.store.LeaderPrefix(), cfg.ID, log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
@@ -511,12 +517,41 @@ func (a *App) Leading(ctx context.Context) (*api.Leading, error) {
 	if l != nil && l.Term.Context().Err() == nil {
 		return l, nil
 	}
-	info, _, ok, err := leader.Current(ctx, a.cli, a.store.LeaderPrefix())
-	if err != nil || !ok || info.ID == a.cfg.ID {
+	v := a.follower.View(ctx)
+	switch {
+	case v.Err != nil:
+		return nil, fmt.Errorf("not the leader, and this coordinator cannot reach etcd to name one; try another: %w", fault.ErrUnreachable)
+	case !v.Found || v.Leader.ID == a.cfg.ID:
 		return nil, &fault.NotLeaderError{}
+	case !v.Answers:
+		return nil, fmt.Errorf("not the leader; the leader %s at %s does not answer, an election is under way; retry shortly: %w",
+			v.Leader.ID, v.Leader.Address, fault.ErrUnreachable)
 	}
-	return nil, &fault.NotLeaderError{LeaderID: info.ID, LeaderAddress: info.Address}
+	return nil, &fault.NotLeaderError{LeaderID: v.Leader.ID, LeaderAddress: v.Leader.Address}
 }
+
+// etcdClientConfig is the etcd client's configuration: keepalive pings find a connection that a
+// partition left dead (etcd refuses pings more often than every 5 s), and every unary call without
+// a deadline of its own gets one, so no etcd read or write can block a coordinator for ever.
+func etcdClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialKeepAliveTime: 6 * time.Second, DialKeepAliveTimeout: 3 * time.Second, PermitWithoutStream: true,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if _, ok := ctx.Deadline(); !ok {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, etcdCallTimeout)
+					defer cancel()
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
+	}
+}
+
+// etcdCallTimeout is the deadline of an etcd call made without one (listing many records is the
+// slowest; the election's own calls have leader.CallTimeout).
+const etcdCallTimeout = 10 * time.Second
 
 // Term returns the current leadership term, or nil when not leading.
 func (a *App) Term() *leader.Term {
@@ -544,13 +579,18 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
+	go a.follower.Run(ctx, 250*time.Millisecond)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
 			return fmt.Errorf("grpc server: %w", err)
 		default:
 		}
-		term, err := a.elector.Campaign(ctx)
+		var term *leader.Term
+		err := a.reachable(ctx)
+		if err == nil {
+			term, err = a.elector.Campaign(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -576,6 +616,19 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Unlock()
 	}
 	return nil
+}
+
+// reachable checks that this replica's advertised address accepts connections before it campaigns:
+// other replicas remove the election key of a leader whose address refuses them.
+func (a *App) reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", a.advertise)
+	if err != nil {
+		return fmt.Errorf("--advertise %s does not accept connections, not campaigning: %w", a.advertise, err)
+	}
+	return c.Close()
 }
 
 // lead sets up one term: an engine loop (every node gets a fresh grace period; persisted state is
