@@ -301,6 +301,7 @@ type App struct {
 	kube      *kubeMode
 	mu        sync.Mutex
 	leading   *api.Leading
+	fenceMx   *fenceMetrics
 	closeOnce sync.Once
 }
 
@@ -383,6 +384,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.metrics = loop.NewMetrics(srv.Registry)
+	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -526,6 +528,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.leading = nil
 		a.mu.Unlock()
+		a.fenceMx.reset()
 	}
 	return nil
 }
@@ -621,6 +624,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(term, f)
 	}
