@@ -165,7 +165,45 @@ func PackageLayer(name string, pkgs []*Package) (Layer, error) {
 			add(e)
 		}
 	}
+	alternatives(seen, add)
 	return l, nil
+}
+
+// alternatives adds the update-alternatives links (/usr/bin/telnet -> /etc/alternatives/telnet
+// -> /usr/bin/inetutils-telnet) whose chosen target the layer holds: dpkg's file lists do not
+// name them.
+func alternatives(seen map[string]bool, add func(Entry)) {
+	const db = "/var/lib/dpkg/alternatives"
+	entries, err := os.ReadDir(db)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(db, e.Name()))
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(string(b), "\n")
+		if len(lines) < 2 {
+			continue
+		}
+		// Line 2 is the master link; then slave name and slave link in pairs, up to a blank line.
+		links := map[string]string{e.Name(): lines[1]}
+		for i := 2; i+1 < len(lines) && lines[i] != ""; i += 2 {
+			links[lines[i]] = lines[i+1]
+		}
+		for name, link := range links {
+			alt := "/etc/alternatives/" + name
+			target, err := os.Readlink(alt)
+			if err != nil || !seen[target] {
+				continue
+			}
+			add(Entry{Path: alt, Link: target, Mode: 0o777})
+			if dir, err := filepath.EvalSymlinks(filepath.Dir(link)); err == nil {
+				add(Entry{Path: filepath.Join(dir, filepath.Base(link)), Link: alt, Mode: 0o777})
+			}
+		}
+	}
 }
 
 // packageFiles lists a package's paths from dpkg's database.
