@@ -159,8 +159,8 @@ func TestUnitsStartHealthy(t *testing.T) {
 	}
 	ca := newCA(t)
 	for _, h := range hosts {
-		ca.issue(t, h.path("/etc/nodefence/tls/coordinator"), "coordinator", true)
-		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver", true)
+		ca.issue(t, h.path("/etc/nodefence/tls/coordinator"), "coordinator/"+h.name, true)
+		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver/"+h.name, true)
 		ca.issue(t, h.path("/etc/nodefence/tls/agent"), "agent/"+h.name, false)
 		writeFile(t, h.path("/etc/nodefence/tls/ca.crt"), ca.pem)
 	}

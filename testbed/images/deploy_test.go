@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 )
 
@@ -91,8 +92,8 @@ func TestDeployCertificatePaths(t *testing.T) {
 			fromCertManager[name] = true
 			uris, _, _ := unstructured.NestedStringSlice(o.Object, "spec", "uris")
 			for _, u := range uris {
-				if !strings.HasPrefix(u, "spiffe://nodefence/") {
-					t.Errorf("Certificate %s: URI SAN %q is not a nodefence identity", o.GetName(), u)
+				if _, err := identity.Parse(u); err != nil {
+					t.Errorf("Certificate %s: URI SAN %q: %v", o.GetName(), u, err)
 				}
 			}
 		}
