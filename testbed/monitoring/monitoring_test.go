@@ -21,6 +21,8 @@ import (
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/procs"
 	"github.com/nodefence/nodefence/testbed/promscrape"
@@ -192,18 +194,44 @@ nodes:
     steps:
       power_management: [bmc]
 `, driverAddr, bmc, pw))
-	start(t, work, bin, "fence-driver", "--driver", "ipmi", "--insecure", "--listen", driverAddr,
-		"--metrics-listen", driverMetrics, "--state-dir", filepath.Join(work, "driver"), "--default-timeout", "2s")
-	start(t, work, bin, "coordinator", "--insecure", "--driver-insecure", "--listen", coordAddr, "--advertise", coordAddr,
+	ca, err := certs.NewCA("monitoring test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(work, "ca.crt")
+	write(t, caFile, string(ca.CertPEM))
+	tlsFlags := map[string][]string{}
+	files := map[string]tlsfiles.Files{}
+	for _, id := range []string{"coordinator/c1", "driver/ipmi", "agent/n1", "operator/admin"} {
+		ident, err := identity.Parse("spiffe://" + identity.TrustDomain + "/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := ca.Issue(ident, []string{"127.0.0.1"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, k, err := pair.Write(filepath.Join(work, "tls"), strings.ReplaceAll(id, "/", "-"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[id] = tlsfiles.Files{CertFile: c, KeyFile: k, CAFile: caFile}
+		tlsFlags[id] = []string{"--tls-cert", c, "--tls-key", k, "--tls-ca", caFile}
+	}
+	coordTLS := files["coordinator/c1"]
+	start(t, work, bin, "fence-driver", append([]string{"--driver", "ipmi", "--listen", driverAddr,
+		"--metrics-listen", driverMetrics, "--state-dir", filepath.Join(work, "driver"), "--default-timeout", "2s"}, tlsFlags["driver/ipmi"]...)...)
+	start(t, work, bin, "coordinator", append([]string{"--listen", coordAddr, "--advertise", coordAddr,
+		"--driver-tls-cert", coordTLS.CertFile, "--driver-tls-key", coordTLS.KeyFile, "--driver-tls-ca", caFile,
 		"--metrics-listen", coordMetrics, "--data-dir", filepath.Join(work, "coord"),
 		"--etcd-client-listen", port(), "--etcd-peer-listen", port(), "--kdump-listen", port(),
-		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false")
-	start(t, work, bin, "node-agent", "--insecure", "--coordinator", coordAddr, "--node-name", "n1",
-		"--zone", "z1", "--region", "r1", "--metrics-listen", agentMetrics, "--manage-inhibit-delay=false")
+		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false"}, tlsFlags["coordinator/c1"]...)...)
+	start(t, work, bin, "node-agent", append([]string{"--coordinator", coordAddr, "--node-name", "n1",
+		"--zone", "z1", "--region", "r1", "--metrics-listen", agentMetrics, "--manage-inhibit-delay=false"}, tlsFlags["agent/n1"]...)...)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	coord, err := dial.New(coordAddr, tlsfiles.Files{Insecure: true})
+	coord, err := dial.New(coordAddr, files["operator/admin"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +258,8 @@ nodes:
 		}
 		return false
 	})
-	drv, err := dial.New(driverAddr, tlsfiles.Files{Insecure: true})
+	// Drivers answer the coordinator only: check the device with its certificate.
+	drv, err := dial.New(driverAddr, coordTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
