@@ -310,6 +310,7 @@ type App struct {
 	kube      *kubeMode
 	mu        sync.Mutex
 	leading   *api.Leading
+	fenceMx   *fenceMetrics
 	closeOnce sync.Once
 }
 
@@ -403,6 +404,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
+	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -614,6 +616,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.leading = nil
 		a.mu.Unlock()
+		a.fenceMx.reset()
 	}
 	return nil
 }
@@ -727,6 +730,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(term, f)
 	}
