@@ -41,3 +41,12 @@ func TestNodeOrderMatchesFullSort(t *testing.T) {
 		t.Fatal("naturalLess ordering is wrong")
 	}
 }
+
+// TestDefaults pins kube-controller-manager's defaults (nodelifecycle/config/v1alpha1/defaults.go).
+func TestDefaults(t *testing.T) {
+	c := DefaultConfig()
+	if c.NodeMonitorGracePeriod != 50*time.Second || c.NodeStartupGracePeriod != time.Minute ||
+		c.NodeEvictionRate != 0.1 || c.SecondaryNodeEvictionRate != 0.01 || c.LargeClusterSizeThreshold != 50 || c.UnhealthyZoneThreshold != 0.55 {
+		t.Errorf("defaults differ from kube-controller-manager's: %+v", c)
+	}
+}
