@@ -61,8 +61,8 @@ type harness struct {
 	now     time.Time
 	silent  map[string]bool
 	dumping map[string]bool
-	kubelet map[string]time.Time // kube=true: each node's latest Lease renewTime
-	kdead   map[string]bool      // kube=true: kubelets that stopped renewing
+	kubelet map[string]time.Time  // kube=true: each node's latest Lease renewTime
+	kdead   map[string]bool       // kube=true: kubelets that stopped renewing
 	configs map[string]Configured // what configure declared, declared again to a new leader
 	names   []string
 	zoneOf  map[string][2]string  // node -> region, zone
