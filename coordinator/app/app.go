@@ -585,15 +585,6 @@ func (a *App) lead(term *leader.Term) {
 		nc := a.fences().Nodes[n]
 		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
 	}
-	if a.kube != nil {
-		ctx, cancel := context.WithTimeout(term.Context(), 30*time.Second)
-		nodes, err := a.kube.nodeInputs(ctx, a.fences())
-		cancel()
-		if err != nil {
-			a.log.Error("cannot list Nodes; zones come from agents until the next term", "err", err)
-		}
-		initial = append(initial, nodes...)
-	}
 	var runner *fencing.Runner
 	lp := loop.New(loop.Config{
 		Engine: a.cfg.Engine, Term: term, Etcd: a.cli, Prefix: a.cfg.EtcdPrefix,
@@ -606,7 +597,7 @@ func (a *App) lead(term *leader.Term) {
 				go a.autoFence(term, runner, f)
 			}
 			if a.kube != nil {
-				a.kube.onReady(term, rd)
+				a.kube.onReady(rd)
 			}
 		},
 	})
@@ -637,6 +628,9 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
+	if a.kube != nil {
+		a.kube.startTerm(term, lp)
+	}
 	active, err := a.store.ListFences(term.Context(), func(f *coordv1.NodeFence) bool { return !store.Finished(f) })
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
@@ -668,7 +662,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
 	if a.kube != nil {
-		a.kube.onFence(term, f)
+		a.kube.onFence(f)
 	}
 }
 

@@ -183,7 +183,7 @@ type zone struct {
 // New returns an engine with cfg (defaults filled).
 func New(cfg Config) *Engine {
 	cfg.SetDefaults()
-	return &Engine{cfg: cfg, nodes: map[string]*node{}, zones: map[string]*zone{}}
+	return &Engine{cfg: cfg, nodes: map[string]*node{}, zones: map[string]*zone{}, blind: cfg.KubeletWitness}
 }
 
 // Config returns the engine's configuration.
