@@ -314,6 +314,11 @@ func TestMirrorFence(t *testing.T) {
 			{OperationID: rec.Id + "/eaton-off/off", Method: "eaton-off", Driver: "pdu", Action: "off", Step: "power_management", Epoch: 7,
 				Result: "confirmed", State: "off", StartedAt: mt(3 * time.Second), FinishedAt: mt(4 * time.Second)},
 		},
+		Conditions: []metav1.Condition{
+			{Type: "Fenced", Status: "True", LastTransitionTime: *mt(4 * time.Second), Reason: "ReadBack", Message: "power-off or isolation confirmed; pods may be released"},
+			{Type: "Finished", Status: "True", LastTransitionTime: *mt(5 * time.Second), Reason: "Finished", Message: "the record finished"},
+			{Type: "Failed", Status: "False", LastTransitionTime: *mt(0), Reason: "NoError", Message: "no error"},
+		},
 	}
 	if d := cmp.Diff(wantSt, st, cmp.Comparer(func(a, b metav1.Time) bool { return a.Equal(&b) })); d != "" {
 		t.Errorf("status (-want +got):\n%s", d)

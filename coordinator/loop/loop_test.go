@@ -110,8 +110,8 @@ func TestStateSurvivesLeaderChange(t *testing.T) {
 	if got["a"].GetReadiness() != coordv1.Readiness_READINESS_UNKNOWN {
 		t.Errorf("a after failover: %v", got["a"])
 	}
-	if !got["b"].GetShuttingDown() || got["b"].GetReadiness() != coordv1.Readiness_READINESS_NOT_READY {
-		t.Errorf("b after failover: %v, want shutting down and NotReady", got["b"])
+	if !got["b"].GetShuttingDown() || got["b"].GetReadiness() == coordv1.Readiness_READINESS_READY {
+		t.Errorf("b after failover: %v, want shutting down and not ready", got["b"])
 	}
 	if got["c"].GetReadiness() != coordv1.Readiness_READINESS_READY {
 		t.Errorf("c after failover: %v", got["c"])

@@ -300,7 +300,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 		DriverTLS: tlsfiles.Files{Insecure: true}, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 500 * time.Millisecond, IsolationWait: time.Minute, Polls: 3, PollInterval: time.Second},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: time.Second,
-		ReleaseHealthyDelay:    healthy,
+		ReleaseHealthyDelay: healthy,
 	}
 	a, err := app.New(cfg, e.Opts.Log)
 	if err != nil {
@@ -389,7 +389,9 @@ func (e *Env) StopKubelet(n *Node) time.Time {
 }
 
 // NodeView asks the coordinator for its view of a node.
-func (e *Env) NodeView(ctx context.Context, name string) (*coordv1.Node, error) { return e.nodeView(ctx, name) }
+func (e *Env) NodeView(ctx context.Context, name string) (*coordv1.Node, error) {
+	return e.nodeView(ctx, name)
+}
 
 // AnnounceShutdown makes the node's agent report a graceful shutdown (logind's PrepareForShutdown).
 func (e *Env) AnnounceShutdown(n *Node) {
