@@ -157,6 +157,15 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
+	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+		var refused string
+		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
+			return nil, err
+		}
+		if refused != "" {
+			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
+		}
+	}
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
 	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)

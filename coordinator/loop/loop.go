@@ -338,6 +338,15 @@ func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engi
 			put(l.cfg.Prefix+"/state/zones/"+w.Zone.Key, w.Zone)
 		case w.Halted != nil:
 			put(l.cfg.Prefix+"/state/halted", *w.Halted)
+		case w.Forget != "":
+			key := l.cfg.Prefix + "/state/nodes/" + w.Forget
+			op := clientv3.OpDelete(key)
+			if i, ok := index[key]; ok {
+				ops[i] = op
+			} else {
+				index[key] = len(ops)
+				ops = append(ops, op)
+			}
 		}
 	}
 	if l.cfg.Audit != nil {
@@ -394,6 +403,9 @@ type Metrics struct {
 	QueueLatency  prometheus.Histogram
 	FenceSkips    *prometheus.CounterVec
 	FenceRequests prometheus.Counter
+	// WitnessDown counts the nodes one of whose two witnesses (Kubernetes mode) is down while the
+	// other reports, by witness: agent or kubelet.
+	WitnessDown *prometheus.GaugeVec
 	// FenceStages observes, per stage, how long a fence took: confirm (record created -> power-off
 	// or isolation confirmed), finish (created -> finished).
 	FenceStages *prometheus.HistogramVec
@@ -464,8 +476,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {
 		m.FenceStages.WithLabelValues(stage)
 	}
+	m.WitnessDown = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_witness_down_nodes",
+		Help: "Nodes whose agent (witness=agent) or kubelet (witness=kubelet) alone is down while the other reports (Kubernetes mode)."}, []string{"witness"})
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages)
+	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown)
 	return m
 }
 
@@ -479,6 +493,9 @@ func (m *Metrics) observeZones(e *engine.Engine) {
 		}
 		m.ZoneHealth.WithLabelValues(z.Key).Set(health)
 	}
+	agent, kubelet := e.Witnesses()
+	m.WitnessDown.WithLabelValues("agent").Set(float64(agent))
+	m.WitnessDown.WithLabelValues("kubelet").Set(float64(kubelet))
 }
 
 // IsEvent reports whether an agent message must be acknowledged at once (everything but
