@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -451,4 +452,13 @@ func (e *Env) HasOutOfServiceTaint(ctx context.Context, n *Node) (bool, error) {
 func TempDir() (string, func(), error) {
 	d, err := os.MkdirTemp("", "nodefence-kube-")
 	return d, func() { os.RemoveAll(d) }, err
+}
+
+// Fences returns the node's fence records, newest first (errors count as none: callers poll).
+func (e *Env) Fences(ctx context.Context, node string) []*coordv1.NodeFence {
+	page, err := e.Coord.Store().ListFences(ctx, store.ListOptions{Node: node, Limit: 100})
+	if err != nil {
+		return nil
+	}
+	return page.Fences
 }

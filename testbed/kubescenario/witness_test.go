@@ -55,7 +55,7 @@ func TestOneWitnessNeverFences(t *testing.T) {
 	// Grace (1 s) + pacing + fence timeout (1 s) + settle (0.5 s), several times over.
 	time.Sleep(8 * time.Second)
 	for _, n := range []*Node{agentDead, kubeletDead} {
-		if recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name }); len(recs) != 0 {
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
 			t.Fatalf("%s fenced with one witness alive: %v", n.Name, recs)
 		}
 		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
@@ -108,7 +108,7 @@ func TestReleaseSurvivesAPIServerOutage(t *testing.T) {
 	env.Fail(victim)
 	var rec *coordv1.NodeFence
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == victim.Name })
+		recs := env.Fences(ctx, victim.Name)
 		if len(recs) == 1 {
 			rec = recs[0]
 			break
