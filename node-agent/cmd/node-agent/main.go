@@ -36,6 +36,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -50,6 +51,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/pressure"
 	"github.com/nodefence/nodefence/node-agent/shutdown"
 	"github.com/nodefence/nodefence/node-agent/signals"
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/fault"
 )
 
@@ -346,8 +348,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			log.Error("cannot start Kubernetes mode", "error", err)
 			return 1
 		}
-		opts.agent.Grants = kube.evictor
 	}
+	// Grants go to the pressure monitor, which matches them with its pending candidate and hands
+	// them to the evictor; the monitor needs the agent to send, so it is set once both exist.
+	relay := &grantRelay{}
+	opts.agent.Grants = relay
 
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
@@ -360,12 +365,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
+		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, out kubepods.Outcome, err error) {
+			kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
+			switch {
+			case out == kubepods.Gone:
+				msg = "the pod was gone already"
+			case out != kubepods.Evicted:
+				kind, msg = agentv1.EvictionKind_EVICTION_KIND_FAILED, fmt.Sprintf("the Eviction API refused: %v", err)
+			}
+			a.Send(pressure.EvictionReport(c, "", kind, msg, time.Now()))
+			met.Eviction("", kind.String())
+		}})
+		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
 	}
 	mon, err := pressure.New(opts.pressure, opts.reader, a, pods, met)
 	if err != nil {
 		log.Error("invalid pressure configuration", "error", err)
 		return 2
 	}
+	relay.set(mon)
 	var shut *shutdown.Manager
 	if opts.shutdown.Enabled() {
 		l, err := shutdown.DialLogind(ctx, opts.logindBus)
@@ -449,10 +467,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// kubeMode is what Kubernetes mode adds: the node's pods, the evictor of granted pods and the
-// shutdown's terminator.
+// grantRelay hands the coordinator's grants to the pressure monitor once it exists; grants before
+// that are logged and dropped (there is no candidate they could answer yet).
+type grantRelay struct {
+	mu  sync.Mutex
+	mon *pressure.Monitor
+}
+
+func (r *grantRelay) set(m *pressure.Monitor) {
+	r.mu.Lock()
+	r.mon = m
+	r.mu.Unlock()
+}
+
+func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
+	r.mu.Lock()
+	m := r.mon
+	r.mu.Unlock()
+	if m == nil {
+		slog.Warn("eviction grant before the pressure monitor started; dropped", "signal", g.GetSignal())
+		return
+	}
+	m.Grant(g)
+}
+
+// kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
+// fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
+	client     kubernetes.Interface
 	source     *kubepods.Source
+	killer     *kubepods.Killer
 	evictor    *kubepods.Evictor
 	terminator *kubepods.Terminator
 }
@@ -479,8 +523,9 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 		return nil, err
 	}
 	return &kubeMode{
+		client:     cs,
 		source:     src,
-		evictor:    kubepods.NewEvictor(cs, kubepods.EvictorConfig{Log: log}),
+		killer:     kubepods.NewKiller(cs, opts.agent.NodeName, src, 0, log),
 		terminator: kubepods.NewTerminator(cs, kubepods.TerminatorConfig{Log: log}),
 	}, nil
 }
