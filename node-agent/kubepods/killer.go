@@ -51,11 +51,12 @@ func EvictionMessage(r eviction.Reclaim) string {
 	return fmt.Sprintf("The node was low on resource: %v. Threshold quantity: %v, available: %v. ", name, q, a)
 }
 
-// Killer evicts a pod on its own node at once, as kubelet's eviction manager does: an Event on
-// the pod (Warning, Evicted), the pod's status set to phase Failed with reason Evicted and a
-// DisruptionTarget condition (reason TerminationByKubelet), then the pod deleted with the eviction's
-// grace period (at least MinGracePeriod, see EvictorConfig) so that the kubelet stops its
-// containers. It implements pressure.Killer and pressure.CleanupChecker.
+// Killer evicts a pod on its own node at once, as kubelet's eviction manager does, through the API:
+// the pod is deleted with the eviction's grace period (at least MinGracePeriod, see
+// EvictorConfig) so that the kubelet stops its containers, its status is set to phase Failed with
+// reason Evicted, kubelet's message and a DisruptionTarget condition (reason TerminationByKubelet),
+// and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
+// does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
 	client kubernetes.Interface
 	node   string
@@ -81,8 +82,19 @@ func NewKiller(client kubernetes.Interface, node string, src *Source, minGrace t
 func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
 	msg := EvictionMessage(r)
 	now := metav1.Now()
-	k.event(ctx, c, msg, now)
 
+	// Delete first: the apiserver removes a pod whose phase is already Failed at once, whatever
+	// the grace period, which would let a controller start its replacement (a StatefulSet, the
+	// same identity) while the kubelet still runs the old containers.
+	grace := gracePeriodSeconds(c.GracePeriod, k.min)
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
+	if c.UID != "" {
+		uid := types.UID(c.UID)
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	if err := k.client.CoreV1().Pods(c.Namespace).Delete(ctx, c.Name, opts); err != nil {
+		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
+	}
 	status := map[string]any{
 		"metadata": map[string]any{"uid": c.UID},
 		"status": map[string]any{
@@ -95,20 +107,13 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	}
 	patch, err := json.Marshal(status)
 	if err != nil {
-		return "", err
+		return msg, err
 	}
-	if _, err := k.client.CoreV1().Pods(c.Namespace).Patch(ctx, c.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-		return "", fmt.Errorf("setting the evicted status of %s/%s: %w", c.Namespace, c.Name, err)
+	if _, err := k.client.CoreV1().Pods(c.Namespace).Patch(ctx, c.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+		// The pod is terminating already: the eviction happened, only its record is missing.
+		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
-	grace := gracePeriodSeconds(c.GracePeriod, k.min)
-	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
-	if c.UID != "" {
-		uid := types.UID(c.UID)
-		opts.Preconditions = &metav1.Preconditions{UID: &uid}
-	}
-	if err := k.client.CoreV1().Pods(c.Namespace).Delete(ctx, c.Name, opts); err != nil && !apierrors.IsNotFound(err) {
-		return msg, fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
-	}
+	k.event(ctx, c, msg, now)
 	return msg, nil
 }
 
