@@ -164,11 +164,11 @@ func TestParseKubeletSyntax(t *testing.T) {
 		hard []Threshold
 		soft []Threshold
 	}{
-		{"trailing comma", Flags{HardSet: true, Hard: "memory.available<100Mi,"}, []Threshold{q(SignalMemoryAvailable, 100 << 20)}, nil},
+		{"trailing comma", Flags{HardSet: true, Hard: "memory.available<100Mi,"}, []Threshold{q(SignalMemoryAvailable, 100<<20)}, nil},
 		{"spaces around <", Flags{HardSet: true, Hard: " memory.available < 100Mi , nodefs.available<10%"},
-			[]Threshold{q(SignalMemoryAvailable, 100 << 20), {Signal: SignalNodeFSAvailable, Value: Value{Percent: 10, IsPercent: true}}}, nil},
+			[]Threshold{q(SignalMemoryAvailable, 100<<20), {Signal: SignalNodeFSAvailable, Value: Value{Percent: 10, IsPercent: true}}}, nil},
 		{"repeated flag accumulates, later wins", Flags{HardSet: true, Hard: "memory.available<100Mi,pid.available<100" + "," + "memory.available<200Mi"},
-			[]Threshold{q(SignalMemoryAvailable, 200 << 20), q(SignalPIDAvailable, 100)}, nil},
+			[]Threshold{q(SignalMemoryAvailable, 200<<20), q(SignalPIDAvailable, 100)}, nil},
 		{"disable via 0% and 100%", Flags{HardSet: true, Hard: "memory.available<0%", Soft: "memory.available<100%", SoftGracePeriod: "memory.available=30s"}, nil, nil},
 		{"allocatable copy of hard memory", Flags{HardSet: true, Hard: "memory.available<150Mi", MinimumReclaim: "memory.available=0", AllocatableMemory: true,
 			Soft: "memory.available<300Mi", SoftGracePeriod: "memory.available=30s"},

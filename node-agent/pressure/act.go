@@ -52,10 +52,10 @@ type Actions struct {
 type step int
 
 const (
-	stepNone    step = iota
-	stepKill         // hard threshold: kill cand at once
-	stepPropose      // soft threshold: propose cand to the coordinator
-	stepFallback     // soft threshold, no grant within the timeout: kill cand locally
+	stepNone     step = iota
+	stepKill          // hard threshold: kill cand at once
+	stepPropose       // soft threshold: propose cand to the coordinator
+	stepFallback      // soft threshold, no grant within the timeout: kill cand locally
 )
 
 // actor is the pure part of acting: kubelet's one pod per interval and wait for reclaim, plus the
@@ -146,7 +146,9 @@ func (m *Monitor) handleGrant(g *agentv1.EvictionGrant, now time.Time) {
 
 // reclaim acts on the first threshold to reclaim: kubelet's synchronize after the thresholds.
 func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time) {
-	if m.act.busy(now, func(c eviction.Candidate) bool { return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c) }) {
+	if m.act.busy(now, func(c eviction.Candidate) bool {
+		return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c)
+	}) {
 		return
 	}
 	log := m.log.With("signal", r.Threshold.Signal, "hard", r.Hard(), "need", r.Need, "target", r.Target)

@@ -212,7 +212,7 @@ func TestHardThresholdEvictsOnePodPerInterval(t *testing.T) {
 	m, err := New(Config{
 		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi", MinimumReclaim: "memory.available=200Mi", PressureTransitionPeriod: time.Minute}),
 		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
-		Actions:              Actions{Killer: k, Cleanup: k},
+		Actions: Actions{Killer: k, Cleanup: k},
 	}, r, s, memPods, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +267,7 @@ func TestSoftThresholdWaitsForGrantThenFallsBack(t *testing.T) {
 		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
 			SoftGracePeriod: "memory.available=10s", MaxPodGracePeriod: 20, PressureTransitionPeriod: time.Minute}),
 		HousekeepingInterval: time.Hour, FastInterval: -1, GrantTimeout: time.Minute, Log: slog.New(slog.DiscardHandler),
-		Actions:              Actions{Killer: k, Cleanup: k, Granted: g},
+		Actions: Actions{Killer: k, Cleanup: k, Granted: g},
 	}, r, s, memPods, nil)
 	if err != nil {
 		t.Fatal(err)
