@@ -49,12 +49,15 @@ type Config struct {
 	KdumpIdle time.Duration
 	// KdumpTimeout bounds how long power management waits for a dump.
 	KdumpTimeout time.Duration
+	// PodEviction is the per-zone budget of soft-threshold pod evictions (see pods.go).
+	PodEviction PodEvictionConfig
 }
 
 // DefaultConfig is kube-controller-manager's defaults.
 func DefaultConfig() Config {
 	c := Config{NodeEvictionRate: 0.1, SecondaryNodeEvictionRate: 0.01,
-		Fence: FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute}}
+		Fence:       FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute},
+		PodEviction: PodEvictionConfig{Rate: DefaultPodEvictionRate}}
 	c.SetDefaults()
 	return c
 }
@@ -86,6 +89,7 @@ func (c *Config) SetDefaults() {
 	if c.Fence.BudgetWindow == 0 {
 		c.Fence.BudgetWindow = 10 * time.Minute
 	}
+	c.PodEviction.SetDefaults()
 }
 
 // Taint is the NoExecute taint the engine wants on a node.
@@ -119,6 +123,9 @@ type Engine struct {
 	paused bool
 	halted bool
 	ready  Ready
+
+	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
+	pending  []*node             // nodes with a candidate waiting for a grant
 }
 
 type node struct {
@@ -140,11 +147,12 @@ type node struct {
 	bootID             string
 	streams            int
 	fenceable          bool
-	known              bool      // restored from the store: reported in an earlier term
-	kdumpFirst         time.Time // first fence_kdump message of the current dump
-	kdumpLast          time.Time // latest fence_kdump message
-	fenceRequested     bool      // automatic fencing requested in this not-ready episode
-	fenceBlocked       string    // why the storm guard holds fencing back
+	known              bool       // restored from the store: reported in an earlier term
+	kdumpFirst         time.Time  // first fence_kdump message of the current dump
+	kdumpLast          time.Time  // latest fence_kdump message
+	fenceRequested     bool       // automatic fencing requested in this not-ready episode
+	fenceBlocked       string     // why the storm guard holds fencing back
+	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
 }
 
 type zone struct {
@@ -238,6 +246,7 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	e.updateZones(now)
 	e.release(now)
+	e.grantPods(now)
 	e.markEligible(now)
 	e.fence(now)
 }
