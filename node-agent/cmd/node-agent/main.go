@@ -173,13 +173,31 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		return opts.logLevel.UnmarshalText([]byte(s))
 	}}, "log-level", "debug, info, warn or error")
 
+	// kubelet's --eviction-* are map flags: given again, they add to (and override signals of) what
+	// was given before; --eviction-hard given at all replaces the default.
+	accumulate := func(dst *string) func(string) error {
+		return func(s string) error {
+			if *dst != "" {
+				*dst += ","
+			}
+			*dst += s
+			return nil
+		}
+	}
 	fs.Var(&value{name: "eviction-hard", text: eviction.DefaultHard, errs: &errs, set: func(s string) error {
-		ev.Hard, ev.HardSet = s, true
-		return nil
-	}}, "eviction-hard", "kubelet's hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10% (validated; applied in a later release)")
-	fs.StringVar(&ev.Soft, "eviction-soft", "", "kubelet's soft eviction thresholds, e.g. memory.available<1.5Gi (validated; applied in a later release)")
-	fs.StringVar(&ev.SoftGracePeriod, "eviction-soft-grace-period", "", "grace periods of the soft thresholds, e.g. memory.available=1m30s")
-	fs.StringVar(&ev.MinimumReclaim, "eviction-minimum-reclaim", "", "minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi")
+		ev.HardSet = true
+		return accumulate(&ev.Hard)(s)
+	}}, "eviction-hard", "kubelet's hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10% (repeatable, as kubelet's); the agent evicts at once on its own node")
+	fs.Var(&value{name: "eviction-soft", errs: &errs, set: accumulate(&ev.Soft)}, "eviction-soft",
+		"kubelet's soft eviction thresholds, e.g. memory.available<1.5Gi (repeatable); past their grace period the coordinator paces the evictions")
+	fs.Var(&value{name: "eviction-soft-grace-period", errs: &errs, set: accumulate(&ev.SoftGracePeriod)}, "eviction-soft-grace-period",
+		"grace periods of the soft thresholds, e.g. memory.available=1m30s (repeatable)")
+	fs.Var(&value{name: "eviction-minimum-reclaim", errs: &errs, set: accumulate(&ev.MinimumReclaim)}, "eviction-minimum-reclaim",
+		"minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi (repeatable)")
+	enforce := "pods"
+	fs.StringVar(&enforce, "enforce-node-allocatable", enforce, "kubelet's --enforce-node-allocatable: with \"pods\" in it (kubelet's default) the hard memory.available threshold is copied to allocatableMemory.available, measured on the pods' cgroup (kubepods)")
+	fs.DurationVar(&opts.pressure.GrantTimeout, "eviction-grant-timeout", pressure.DefaultGrantTimeout,
+		"how long a soft-threshold candidate waits for the coordinator's grant before the agent evicts it itself (coordinator unreachable)")
 	duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
 	fs.Var(&value{name: "eviction-max-pod-grace-period", text: "0", errs: &errs, set: func(s string) (err error) {
 		ev.MaxPodGracePeriod, err = strconv.Atoi(s)
@@ -191,7 +209,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	opts.pressure.FastCeiling = pressure.DefaultFastCeiling
 	duration("memory-fast-max-interval", &opts.pressure.FastCeiling, "longest wait between memory.available reads on the fast path: the detection bound when memory falls faster than expected")
 	duration("memory-fast-interval", &opts.pressure.FastInterval, "shortest wait between memory.available reads on the fast path, which waits longer the further memory is from its thresholds (0 turns it off)")
-	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "/", "a path on nodefs, kubelet's root filesystem (its --root-dir); empty: no filesystem signals")
+	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
 	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: --nodefs-path)")
 	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: --imagefs-path)")
 	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
@@ -261,6 +279,28 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 				name = fe.Field
 			}
 			errs.add("%s: %s", name, fe.Problem)
+		}
+	}
+	for _, k := range strings.Split(enforce, ",") {
+		switch strings.TrimSpace(k) {
+		case "pods":
+			ev.AllocatableMemory = true
+			opts.reader.PodsCgroups = signals.DefaultPodsCgroups
+		case "", "none", "system-reserved", "kube-reserved", "system-reserved-compressible", "kube-reserved-compressible":
+		default:
+			errs.add("--enforce-node-allocatable: %q: unknown key (want pods, system-reserved, kube-reserved, none)", k)
+		}
+	}
+	if opts.pressure.GrantTimeout <= 0 {
+		errs.add("--eviction-grant-timeout: %v: must be positive", opts.pressure.GrantTimeout)
+	}
+	nodefsSet := false
+	fs.Visit(func(f *flag.Flag) { nodefsSet = nodefsSet || f.Name == "nodefs-path" })
+	if !nodefsSet {
+		// kubelet's nodefs is the filesystem of its --root-dir.
+		opts.reader.FS.NodeFS = opts.kubeletRootDir
+		if _, err := os.Stat(opts.kubeletRootDir); err != nil {
+			opts.reader.FS.NodeFS = "" // no kubelet here: no filesystem signals (logged at start)
 		}
 	}
 	var evErrs []error
@@ -425,7 +465,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("node-agent starting", "node", opts.agent.NodeName, "boot_id", opts.agent.BootID,
 		"coordinators", opts.agent.Coordinators, "cgroup_version", version.String(), "memory_cgroup", dir,
-		"hard_thresholds", len(evCfg.Hard), "soft_thresholds", len(evCfg.Soft), "fs_layout", layout.String(),
+		"hard_thresholds", len(evCfg.Hard), "soft_thresholds", len(evCfg.Soft), "fs_layout", layout.String(), "nodefs", opts.reader.FS.NodeFS,
 		"housekeeping_interval", opts.pressure.HousekeepingInterval, "graceful_shutdown", opts.shutdown.Enabled(),
 		"kubernetes_mode", kube != nil)
 
