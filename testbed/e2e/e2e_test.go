@@ -765,23 +765,27 @@ func (g *grantLog) list() []string {
 // the agents' streams under the zone's budget (one in flight, a token every 2 s), visible in
 // ListZones; a report frees the slot.
 func TestPodEvictionsPacedPerZone(t *testing.T) {
-	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	names := []string{"p-1", "p-2", "p-3"}
+	var configured []node // only configured nodes may say hello
+	for _, name := range names {
+		configured = append(configured, node{name: name, password: "password", bmc: startBMC(t, name)})
+	}
 	driver := startDriver(t, t.TempDir())
 	eng := engine.DefaultConfig()
+	eng.Fence.Enabled = false
 	eng.PodEviction = engine.PodEvictionConfig{Rate: 0.5, Burst: 1, MaxInFlight: 1, GrantTTL: time.Minute}
-	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n}), Engine: eng,
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, configured), Engine: eng,
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
 	cc := conn(t, c.app.Addr())
 	leaderReady(t, cc)
 	cl := coordv1.NewClusterServiceClient(cc)
 
-	names := []string{"p-1", "p-2", "p-3"}
 	agents := map[string]*agent.Agent{}
 	grants := map[string]*grantLog{}
 	for _, name := range names {
 		grants[name] = &grantLog{}
 		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: name, BootID: "b-" + name,
-			Zone: "pz", Region: "r", Grants: grants[name], Log: testLog(t)}, fixedSampler{})
+			Zone: "a", Grants: grants[name], Log: testLog(t)}, fixedSampler{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -797,7 +801,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, z := range r.Zones {
-			if z.Key == "r/pz" {
+			if z.Size == 3 {
 				return z
 			}
 		}
