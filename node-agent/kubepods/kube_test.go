@@ -514,3 +514,38 @@ func TestKillerEvictsLikeKubelet(t *testing.T) {
 		t.Errorf("the pod holding the name was touched: %v %+v", err, p.Status)
 	}
 }
+
+// TestTerminatorGraceZeroAndPodGrace: a phase whose time is already up (grace 0) still deletes its
+// pods at once, as kubelet kills them; a pod's own terminationGracePeriodSeconds below the phase's
+// grace wins (kubelet's shutdown manager takes the smaller).
+func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	zeroPod := Convert(createPod(ctx, t, ns, podSpec{name: "zero-phase", node: "node-z"}))
+	shortPod := Convert(createPod(ctx, t, ns, podSpec{name: "short-grace", node: "node-z", grace: 5}))
+	term := NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)})
+
+	expired, cancel := context.WithTimeout(ctx, 0)
+	defer cancel()
+	<-expired.Done()
+	if err := term.Terminate(expired, []eviction.Pod{zeroPod}, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Terminate(grace 0) = %v; want the deadline (no kubelet finishes the pod)", err)
+	}
+	pctx, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	_ = term.Terminate(pctx, []eviction.Pod{shortPod}, 20*time.Second)
+	for name, want := range map[string]int64{"zero-phase": 1, "short-grace": 5} {
+		got, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || got.DeletionTimestamp == nil || *got.DeletionGracePeriodSeconds != want {
+			t.Errorf("%s: %v, deletion grace %v; want Terminating with %ds", name, err, got.GetDeletionGracePeriodSeconds(), want)
+		}
+	}
+
+	cancelled, cancel3 := context.WithCancel(ctx)
+	cancel3()
+	never := Convert(createPod(ctx, t, ns, podSpec{name: "called-off", node: "node-z"}))
+	_ = term.Terminate(cancelled, []eviction.Pod{never}, time.Minute)
+	if got, err := admin.CoreV1().Pods(ns).Get(ctx, "called-off", metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
+		t.Errorf("a cancelled shutdown deleted a pod: %v", err)
+	}
+}
