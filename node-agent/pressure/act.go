@@ -2,12 +2,16 @@ package pressure
 
 import (
 	"context"
+	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
+	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 )
 
@@ -40,12 +44,68 @@ type GrantExecutor interface {
 	Grant(g *agentv1.EvictionGrant)
 }
 
+// NodeReclaimer frees node-level resources before pods are evicted for a filesystem signal, as
+// kubelet's eviction manager does (cri.Client.Reclaim: dead containers, unused images); it
+// describes what it freed.
+type NodeReclaimer func(ctx context.Context, containers, images bool) (string, error)
+
 // Actions are what Monitor needs to act on the node's pods in Kubernetes mode. A nil Actions (or a
 // nil Killer) only reports.
 type Actions struct {
 	Killer  Killer
 	Cleanup CleanupChecker
 	Granted GrantExecutor
+	// Node, when set, frees dead containers and unused images first for filesystem signals.
+	Node NodeReclaimer
+}
+
+// nodeReclaimFor is kubelet's buildSignalToNodeReclaimFuncs: what node-level reclaim may relieve
+// signal in layout (containers: dead containers; images: unused images).
+func nodeReclaimFor(signal string, layout eviction.Layout) (containers, images bool) {
+	if !eviction.IsDiskSignal(signal) {
+		return false, false
+	}
+	fs, _, _ := strings.Cut(signal, ".")
+	switch layout {
+	case eviction.LayoutSplitDisk:
+		if fs == "nodefs" {
+			return false, false
+		}
+		return true, true
+	case eviction.LayoutSplitImage:
+		if fs == "imagefs" {
+			return false, true
+		}
+		return true, false
+	}
+	return true, true
+}
+
+// reclaimNode runs the node-level reclaim for r and reports whether it relieved every threshold
+// (each at its minimum reclaim), in which case no pod is evicted (kubelet's
+// reclaimNodeLevelResources).
+func (m *Monitor) reclaimNode(ctx context.Context, r eviction.Reclaim, log *slog.Logger) bool {
+	containers, images := nodeReclaimFor(r.Threshold.Signal, m.cfg.Layout)
+	if m.actions.Node == nil || (!containers && !images) {
+		return false
+	}
+	res, err := m.actions.Node(ctx, containers, images)
+	if err != nil {
+		log.Warn("node-level reclaim failed", "error", err)
+	}
+	sigs, err := m.reader.Read()
+	if err != nil {
+		log.Warn("reading the signals after node-level reclaim failed", "error", err)
+		return false
+	}
+	obs := signals.Observations(sigs)
+	all := append(slices.Clone(m.cfg.Eviction.Hard), m.cfg.Eviction.Soft...)
+	if len(eviction.ThresholdsMet(all, obs, true)) == 0 {
+		log.Info("node-level reclaim relieved the pressure without evicting pods", "reclaimed", res)
+		return true
+	}
+	log.Info("node-level reclaim was not enough; evicting", "reclaimed", res)
+	return false
 }
 
 // step is what the acting state machine decides for one evaluation.
@@ -152,6 +212,9 @@ func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time
 		return
 	}
 	log := m.log.With("signal", r.Threshold.Signal, "hard", r.Hard(), "need", r.Need, "target", r.Target)
+	if m.reclaimNode(ctx, r, log) {
+		return
+	}
 	if m.pods == nil {
 		log.Warn("threshold met past its grace period; no pod source in standalone mode, reporting only")
 		return

@@ -2,6 +2,7 @@ package pressure
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -408,5 +409,65 @@ func TestOnlyDiskRankingMeasuresDisk(t *testing.T) {
 			t.Errorf("after ranking for %s: Pods %d times, PodsWithDisk %d times; want %d, %d", tc.signal, pods.plain, pods.withDisks, tc.plain, tc.withDisks)
 		}
 		pods.mu.Unlock()
+	}
+}
+
+// TestNodeReclaimBeforeEvicting: for a filesystem signal the node-level reclaim runs first, with
+// kubelet's functions for the layout; when it relieves the pressure no pod is evicted; for memory
+// it never runs.
+func TestNodeReclaimBeforeEvicting(t *testing.T) {
+	tests := []struct {
+		layout             eviction.Layout
+		signal             string
+		containers, images bool
+	}{
+		{eviction.LayoutSingle, eviction.SignalNodeFSAvailable, true, true},
+		{eviction.LayoutSplitDisk, eviction.SignalNodeFSAvailable, false, false},
+		{eviction.LayoutSplitDisk, eviction.SignalImageFSAvailable, true, true},
+		{eviction.LayoutSplitImage, eviction.SignalImageFSAvailable, false, true},
+		{eviction.LayoutSplitImage, eviction.SignalContainerFSInodesFree, true, false},
+		{eviction.LayoutSingle, eviction.SignalMemoryAvailable, false, false},
+	}
+	for _, tt := range tests {
+		c, i := nodeReclaimFor(tt.signal, tt.layout)
+		if c != tt.containers || i != tt.images {
+			t.Errorf("%s/%s: containers %v images %v; want %v %v", tt.layout, tt.signal, c, i, tt.containers, tt.images)
+		}
+	}
+
+	ctx := context.Background()
+	r := &reader{mem: 900 * mi, pid: 900}
+	k := &killer{cleaned: true}
+	var calls []string
+	relieve := false
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "pid.available<1000"}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Node: func(_ context.Context, c, i bool) (string, error) {
+			calls = append(calls, fmt.Sprintf("containers=%v images=%v", c, i))
+			if relieve {
+				r.mu.Lock()
+				r.pid = 1000 // what the reclaim freed
+				r.mu.Unlock()
+			}
+			return "", nil
+		}},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := eviction.Reclaim{Threshold: eviction.Threshold{Signal: eviction.SignalNodeFSAvailable, Value: eviction.Value{Quantity: 1}}, Need: 1}
+	m.reclaim(ctx, disk, time.Unix(0, 0))
+	if diff := cmp.Diff([]string{"containers=true images=true"}, calls); diff != "" || len(k.kills()) != 1 {
+		t.Errorf("not relieved: calls %v kills %v", calls, k.kills())
+	}
+	relieve = true
+	m.reclaim(ctx, disk, time.Unix(100, 0))
+	if len(calls) != 2 || len(k.kills()) != 1 {
+		t.Errorf("relieved: calls %v kills %v; want the reclaim and no eviction", calls, k.kills())
+	}
+	m.reclaim(ctx, eviction.Reclaim{Threshold: eviction.Threshold{Signal: eviction.SignalMemoryAvailable, Value: eviction.Value{Quantity: 1}}, Need: 1}, time.Unix(200, 0))
+	if len(calls) != 2 {
+		t.Errorf("memory ran the node-level reclaim: %v", calls)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	"github.com/nodefence/nodefence/testbed/containerdtest"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 )
 
@@ -194,6 +196,23 @@ func TestRunKubernetesModeEvicts(t *testing.T) {
 		waitUntil(ctx, t, "a FALLBACK report", func() bool {
 			k := g.kinds()
 			return len(k) > 0 && k[0] == agentv1.EvictionKind_EVICTION_KIND_FALLBACK
+		})
+	})
+	t.Run("disk pressure: image GC through CRI first", func(t *testing.T) {
+		ctd := containerdtest.Start(t)
+		ctd.ImportImage(t, "nodefence.test/unused:1", 1<<20)
+		g := &granter{grant: true}
+		createHog(ctx, t, admin, "node-d")
+		runAgent(ctx, t, g, "node-d", kubeconfig, "--eviction-hard=nodefs.available<1Ei,imagefs.available<1Ei",
+			"--container-runtime-endpoint="+ctd.Endpoint())
+		waitUntil(ctx, t, "the unused image to be removed", func() bool {
+			out, err := exec.Command("ctr", "--address", ctd.Socket, "--namespace", "k8s.io", "images", "ls", "-q").Output()
+			return err == nil && len(bytes.TrimSpace(out)) == 0
+		})
+		// A threshold of 1Ei stays met: after the reclaim the pod is evicted.
+		waitUntil(ctx, t, "the pod to be evicted locally", func() bool {
+			p := get("hog-node-d")
+			return p != nil && p.DeletionTimestamp != nil && p.Status.Phase == corev1.PodFailed
 		})
 	})
 	t.Run("hard", func(t *testing.T) {

@@ -45,6 +45,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/cri"
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	"github.com/nodefence/nodefence/node-agent/kubepods"
 	"github.com/nodefence/nodefence/node-agent/metrics"
@@ -86,6 +87,8 @@ type options struct {
 	kubeletRootDir string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
 	podLogDir string
+	// criEndpoint is the container runtime's CRI socket ("" = none).
+	criEndpoint string
 	logLevel  slog.Level
 }
 
@@ -210,8 +213,9 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	duration("memory-fast-max-interval", &opts.pressure.FastCeiling, "longest wait between memory.available reads on the fast path: the detection bound when memory falls faster than expected")
 	duration("memory-fast-interval", &opts.pressure.FastInterval, "shortest wait between memory.available reads on the fast path, which waits longer the further memory is from its thresholds (0 turns it off)")
 	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
-	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: --nodefs-path)")
-	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: --imagefs-path)")
+	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: the runtime's image filesystem from CRI ImageFsInfo, else --nodefs-path)")
+	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: the runtime's container filesystem from CRI, else --imagefs-path)")
+	fs.StringVar(&opts.criEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "kubelet's --container-runtime-endpoint (a unix socket): image filesystem discovery, writable layers for disk ranking, and dead containers and unused images freed before evicting for disk pressure; a socket that does not exist turns these off (logged); empty: off")
 	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
 	duration("shutdown-grace-period-critical-pods", &opts.shutdown.CriticalGracePeriod, "kubelet's shutdownGracePeriodCriticalPods: the part of --shutdown-grace-period kept for critical pods")
 	fs.Var(&value{name: "shutdown-grace-period-by-pod-priority", errs: &errs, set: func(s string) (err error) {
@@ -369,6 +373,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opts.agent.Capacity = c
 	}
 
+	var runtime *cri.Client
+	if opts.criEndpoint != "" {
+		sock := strings.TrimPrefix(opts.criEndpoint, "unix://")
+		if _, err := os.Stat(sock); err != nil {
+			log.Warn("no container runtime socket: no image filesystem discovery, writable layers or image GC", "endpoint", opts.criEndpoint, "error", err)
+		} else if runtime, err = cri.Dial(opts.criEndpoint, log); err != nil {
+			log.Error("cannot use the container runtime", "error", err)
+			return 2
+		} else {
+			defer runtime.Close()
+			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			image, container, err := runtime.ImageFS(ictx)
+			cancel()
+			switch {
+			case err != nil:
+				log.Warn("the container runtime does not tell its image filesystem", "error", err)
+			case opts.reader.FS.NodeFS != "" && opts.reader.FS.ImageFS == "" && image.Mountpoint != "":
+				opts.reader.FS.ImageFS = image.Mountpoint
+				if opts.reader.FS.ContainerFS == "" && container.Mountpoint != "" {
+					opts.reader.FS.ContainerFS = container.Mountpoint
+				}
+				log.Info("image filesystem from the container runtime", "imagefs", image.Mountpoint, "containerfs", container.Mountpoint)
+			}
+		}
+	}
 	layout := eviction.LayoutSingle
 	if opts.reader.FS.NodeFS != "" {
 		var err error
@@ -417,6 +446,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			met.Eviction("", kind.String())
 		}})
 		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
+		if runtime != nil {
+			opts.pressure.Actions.Node = func(ctx context.Context, containers, images bool) (string, error) {
+				r, err := runtime.Reclaim(ctx, containers, images)
+				return fmt.Sprintf("%d dead containers, %d unused images", r.Containers, r.Images), err
+			}
+			kube.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
+				w, err := runtime.Writable(ctx)
+				out := make(map[string][2]int64, len(w))
+				for uid, u := range w {
+					out[uid] = [2]int64{u.Bytes, u.Inodes}
+				}
+				return out, err
+			})
+		}
 	}
 	mon, err := pressure.New(opts.pressure, opts.reader, a, pods, met)
 	if err != nil {
