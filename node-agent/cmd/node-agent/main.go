@@ -89,7 +89,7 @@ type options struct {
 	podLogDir string
 	// criEndpoint is the container runtime's CRI socket ("" = none).
 	criEndpoint string
-	logLevel  slog.Level
+	logLevel    slog.Level
 }
 
 // problems collects flag value errors so that all of them are reported, not just the first.
