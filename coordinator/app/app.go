@@ -152,6 +152,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
 	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
 	defEng := engine.DefaultConfig()
+	fs.Float64Var(&c.Engine.PodEviction.Rate, "pod-eviction-rate", engine.DefaultPodEvictionRate, "soft-threshold pod evictions granted per second per zone (token bucket; 0: none, agents fall back to local evictions)")
+	fs.IntVar(&c.Engine.PodEviction.Burst, "pod-eviction-burst", engine.DefaultPodEvictionBurst, "pod-eviction grants a zone may give at once")
+	fs.IntVar(&c.Engine.PodEviction.MaxInFlight, "pod-eviction-max-in-flight", engine.DefaultPodEvictionMaxInFlight, "granted pod evictions per zone whose outcome the agent has not reported yet")
+	fs.DurationVar(&c.Engine.PodEviction.GrantTTL, "pod-eviction-grant-ttl", engine.DefaultPodEvictionGrantTTL, "how long a grant without the agent's report counts as in flight")
 	fs.StringVar(&c.KdumpListen, "kdump-listen", "", "IP:PORT (an explicit address, never all interfaces) for fence_kdump_send messages; default off")
 	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
@@ -287,6 +291,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.Engine.UnhealthyZoneThreshold <= 0 || c.Engine.UnhealthyZoneThreshold > 1 {
 		errs = append(errs, fmt.Errorf("--unhealthy-zone-threshold: %v is not in (0, 1]", c.Engine.UnhealthyZoneThreshold))
+	}
+	if c.Engine.PodEviction.Rate < 0 || c.Engine.PodEviction.Burst < 1 || c.Engine.PodEviction.MaxInFlight < 1 || c.Engine.PodEviction.GrantTTL <= 0 {
+		errs = append(errs, errors.New("--pod-eviction-rate: must not be negative; --pod-eviction-burst, --pod-eviction-max-in-flight, --pod-eviction-grant-ttl: must be positive"))
 	}
 	if c.Engine.NodeEvictionRate < 0 || c.Engine.SecondaryNodeEvictionRate < 0 {
 		errs = append(errs, errors.New("--node-eviction-rate, --secondary-node-eviction-rate: must not be negative"))
