@@ -23,9 +23,9 @@ import (
 // driver confirmed a node off, the node's agent must go silent: a node whose agent still reports
 // after the power-off (plus one heartbeat in flight) was not switched off — the BMC or outlet is
 // mapped to another machine. That raises a critical alarm (the record's wrong_machine_at, the
-// metric nodefence_fence_wrong_machine_total, an audit entry, a Kubernetes Event) and its pods
-// are never released. Pods are released only once the agent has been silent for the whole window
-// and no heartbeat sent before the power-off can still arrive.
+// metric nodefence_fence_wrong_machine_total, an audit entry, a Kubernetes Event), and the release
+// reconciler never releases a record with wrong_machine_at set (kube.DecideRelease), even once the
+// node goes silent later. A node that stays silent is recorded in the audit trail as gone dark.
 type proof struct {
 	a      *App
 	alarms prometheus.Counter
@@ -56,21 +56,6 @@ func newProof(a *App, reg prometheus.Registerer) *proof {
 func (p *proof) window() (window, slack time.Duration) {
 	hb := p.a.cfg.AgentHeartbeatInterval
 	return 3*hb + time.Second, min(hb, time.Second)
-}
-
-// dark reports whether f's node was proven dark (its pods may be released).
-func (p *proof) dark(f *coordv1.NodeFence) bool {
-	if f.GetWrongMachineAt() != nil {
-		return false
-	}
-	if f.GetAcknowledgedBy() != "" {
-		// An operator's acknowledgement is refused while the node reports, unless forced with a
-		// reason (audited): it is the operator's proof.
-		return true
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.state[f.Id] == proofDark
 }
 
 // observe starts the check of a record confirmed off by a driver, once per record.
@@ -111,12 +96,6 @@ func (p *proof) check(term *leader.Term, id, node string, off time.Time) {
 		if now := time.Now(); now.After(off.Add(slack)) && now.Sub(last) >= window {
 			p.remember(id, proofDark)
 			p.a.audit(term, node, "proof", fmt.Sprintf("fence %s: node silent for %s and since the confirmed power-off: the right machine went dark", id, window))
-			if p.a.kube != nil {
-				// Hand the record to the release again, now that it may go ahead.
-				if v, err := p.a.store.GetFence(term.Context(), id); err == nil {
-					p.a.kube.onFence(term, v.Fence)
-				}
-			}
 			return
 		}
 		select {
