@@ -97,6 +97,9 @@ nodes:
 		if strings.Contains(out.String()+errb.String(), secret) {
 			t.Errorf("the secret %q is printed:\n%s%s", secret, out.String(), errb.String())
 		}
+	}
+}
+
 // A coordinator that accepts connections but never answers (cut off, or stopped) is listed first:
 // fencectl gives it its own deadline and asks the next address, a real coordinator, within the
 // overall deadline.
