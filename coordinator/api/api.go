@@ -65,6 +65,27 @@ type Deps struct {
 	KubeletReporting func(ctx context.Context, node string) (bool, error)
 }
 
+// configuredPlace refuses a hello that moves its node out of the zone or region the fence
+// configuration gives it: an agent cannot push its node into another zone (or make up zones).
+func (d *Deps) configuredPlace(h *agentv1.Hello) error {
+	cfg := d.Config()
+	if cfg == nil {
+		return nil
+	}
+	n, ok := cfg.Nodes[h.NodeName]
+	if !ok {
+		return nil
+	}
+	var v fault.Invalid
+	if n.Zone != "" && h.Zone != "" && h.Zone != n.Zone {
+		v.Add("hello.zone", "node %s is configured in zone %q, not %q", h.NodeName, n.Zone, h.Zone)
+	}
+	if n.Region != "" && h.Region != "" && h.Region != n.Region {
+		v.Add("hello.region", "node %s is configured in region %q, not %q", h.NodeName, n.Region, h.Region)
+	}
+	return v.Err()
+}
+
 // knownNode applies KnownNode, or the fence configuration when it is nil.
 func (d *Deps) knownNode(ctx context.Context, node string) error {
 	if d.KnownNode != nil {
@@ -474,6 +495,9 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		return fmt.Errorf("%s may not speak for node %q: %w", id, hello.NodeName, fault.ErrPermissionDenied)
 	}
 	if err := s.knownNode(ctx, hello.NodeName); err != nil {
+		return err
+	}
+	if err := s.configuredPlace(hello); err != nil {
 		return err
 	}
 	l, err := s.Leadership.Leading(ctx)

@@ -415,6 +415,11 @@ func TestAttacks(t *testing.T) {
 			m.GetHello().Zone = "../../leader"
 			return openStream(ctx, agentA, m)
 		}},
+		{"agent moves its node to another zone", codes.InvalidArgument, func(ctx context.Context) error {
+			m := hello("node-a")
+			m.GetHello().Zone = "zone-999"
+			return openStream(ctx, agentA, m)
+		}},
 		{"unknown condition type", codes.InvalidArgument, func(ctx context.Context) error {
 			return openStream(ctx, agentA, hello("node-a"), &agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Condition{
 				Condition: &agentv1.ConditionChange{Type: 42, Status: agentv1.ConditionStatus_CONDITION_STATUS_TRUE}}})
