@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -151,7 +150,7 @@ func (q *queue) next() (time.Time, bool) {
 // Evictor evicts granted pods through the Eviction API. It implements agent.GrantHandler. Create
 // it with NewEvictor and call Run once.
 type Evictor struct {
-	client kubernetes.Interface
+	client *Client
 	cfg    EvictorConfig
 	log    *slog.Logger
 	wake   chan struct{}
@@ -162,7 +161,7 @@ type Evictor struct {
 }
 
 // NewEvictor returns an Evictor using client, which needs create on pods/eviction and get on pods.
-func NewEvictor(client kubernetes.Interface, cfg EvictorConfig) *Evictor {
+func NewEvictor(client *Client, cfg EvictorConfig) *Evictor {
 	cfg.SetDefaults()
 	return &Evictor{client: client, cfg: cfg, log: cfg.Log.With("component", "evictor"), wake: make(chan struct{}, 1)}
 }
@@ -290,11 +289,7 @@ func (e *Evictor) Evict(ctx context.Context, c eviction.Candidate) (out Outcome,
 		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, DeleteOptions: opts}
-	// What PolicyV1().Evictions().Evict sends, without client-go's own retries: a refusal with a
-	// Retry-After would otherwise be retried inside the call, sleeping, instead of queued here.
-	err = e.client.PolicyV1().RESTClient().Post().
-		AbsPath("/api/v1", "namespaces", c.Namespace, "pods", c.Name, "eviction").
-		Body(ev).MaxRetries(0).Do(ctx).Error()
+	err = e.client.Evict(ctx, ev)
 	switch {
 	case err == nil:
 		return Evicted, 0, nil
@@ -302,7 +297,7 @@ func (e *Evictor) Evict(ctx context.Context, c eviction.Candidate) (out Outcome,
 		return Gone, 0, err
 	case apierrors.IsConflict(err):
 		// A failed uid precondition, or a PodDisruptionBudget update that raced: look.
-		pod, gerr := e.client.CoreV1().Pods(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		pod, gerr := e.client.GetPod(ctx, c.Namespace, c.Name)
 		if apierrors.IsNotFound(gerr) || (gerr == nil && c.UID != "" && string(pod.UID) != c.UID) {
 			return Gone, 0, err
 		}

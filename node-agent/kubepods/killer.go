@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 )
@@ -58,7 +57,7 @@ func EvictionMessage(r eviction.Reclaim) string {
 // and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
 // does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
-	client kubernetes.Interface
+	client *Client
 	node   string
 	src    *Source
 	min    time.Duration
@@ -67,7 +66,7 @@ type Killer struct {
 
 // NewKiller returns a Killer for node's pods using client, which needs create on events, patch on
 // pods/status and delete on pods. src (may be nil) answers CleanedUp from its cache and cgroups.
-func NewKiller(client kubernetes.Interface, node string, src *Source, minGrace time.Duration, log *slog.Logger) *Killer {
+func NewKiller(client *Client, node string, src *Source, minGrace time.Duration, log *slog.Logger) *Killer {
 	if minGrace <= 0 {
 		minGrace = DefaultMinGracePeriod
 	}
@@ -92,7 +91,7 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 		uid := types.UID(c.UID)
 		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
-	if err := k.client.CoreV1().Pods(c.Namespace).Delete(ctx, c.Name, opts); err != nil {
+	if err := k.client.DeletePod(ctx, c.Namespace, c.Name, opts); err != nil {
 		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
 	}
 	status := map[string]any{
@@ -109,7 +108,7 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	if err != nil {
 		return msg, err
 	}
-	if _, err := k.client.CoreV1().Pods(c.Namespace).Patch(ctx, c.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+	if err := k.client.PatchPodStatus(ctx, c.Namespace, c.Name, patch); err != nil && !apierrors.IsNotFound(err) {
 		// The pod is terminating already: the eviction happened, only its record is missing.
 		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
@@ -128,7 +127,7 @@ func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, no
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "nodefence.io/node-agent", ReportingInstance: k.node,
 	}
-	if _, err := k.client.CoreV1().Events(c.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if err := k.client.CreateEvent(ctx, ev); err != nil {
 		k.log.Warn("recording the eviction event failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
 }

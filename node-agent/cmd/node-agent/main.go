@@ -40,7 +40,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -577,7 +576,7 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
 // fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
-	client     kubernetes.Interface
+	client     *kubepods.Client
 	source     *kubepods.Source
 	killer     *kubepods.Killer
 	evictor    *kubepods.Evictor
@@ -595,7 +594,7 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := kubepods.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
