@@ -158,6 +158,15 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
+	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+		var refused string
+		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
+			return nil, err
+		}
+		if refused != "" {
+			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
+		}
+	}
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
 	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
@@ -343,17 +352,11 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 			return nil, err
 		}
 	}
-	fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool {
-		return (req.Node == "" || f.Node == req.Node) &&
-			(req.Status == coordv1.FenceStatus_FENCE_STATUS_UNSPECIFIED || f.Status == req.Status)
-	})
+	page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Status: req.Status, Limit: limit, PageToken: req.PageToken})
 	if err != nil {
 		return nil, err
 	}
-	if len(fs) > limit {
-		fs = fs[:limit]
-	}
-	return &coordv1.ListFencesResponse{Fences: fs}, nil
+	return &coordv1.ListFencesResponse{Fences: page.Fences, NextPageToken: page.NextPageToken, CorruptIds: page.Corrupt}, nil
 }
 
 // WatchFence streams a record until it is final.
@@ -374,14 +377,14 @@ func (s *FenceServer) WatchFence(req *coordv1.WatchFenceRequest, stream coordv1.
 		if err := required("node", req.GetNode()); err != nil {
 			return err
 		}
-		fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == req.Node })
+		page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Limit: 1})
 		if err != nil {
 			return err
 		}
-		if len(fs) == 0 {
-			return fmt.Errorf("node %q has no fence records: %w", req.Node, fault.ErrNotFound)
+		if len(page.Fences) == 0 {
+			return fmt.Errorf("node %q has no recent fence records: %w", req.Node, fault.ErrNotFound)
 		}
-		id = fs[0].Id
+		id = page.Fences[0].Id
 	}
 	updates, errc := s.Store.WatchFence(ctx, id)
 	for v := range updates {

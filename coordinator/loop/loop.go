@@ -390,6 +390,15 @@ func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engi
 			put(l.cfg.Prefix+"/state/zones/"+w.Zone.Key, w.Zone)
 		case w.Halted != nil:
 			put(l.cfg.Prefix+"/state/halted", *w.Halted)
+		case w.Forget != "":
+			key := l.cfg.Prefix + "/state/nodes/" + w.Forget
+			op := clientv3.OpDelete(key)
+			if i, ok := index[key]; ok {
+				ops[i] = op
+			} else {
+				index[key] = len(ops)
+				ops = append(ops, op)
+			}
 		}
 	}
 	if l.cfg.Audit != nil {
@@ -446,6 +455,9 @@ type Metrics struct {
 	QueueLatency  prometheus.Histogram
 	FenceSkips    *prometheus.CounterVec
 	FenceRequests prometheus.Counter
+	// WitnessDown counts the nodes one of whose two witnesses (Kubernetes mode) is down while the
+	// other reports, by witness: agent or kubelet.
+	WitnessDown *prometheus.GaugeVec
 	// FenceStages observes, per stage, how long a fence took: confirm (record created -> power-off
 	// or isolation confirmed), finish (created -> finished).
 	FenceStages *prometheus.HistogramVec
@@ -516,6 +528,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.FenceStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nodefence_fence_stage_seconds",
 		Help:    "Duration of each fencing stage: detect (last contact -> not ready), decide (not ready -> fence requested), confirm (requested -> confirmed off), finish (requested -> finished).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"stage"})
+	// Known label values start at zero, so rules and dashboards see 0 rather than no series.
+	for _, kind := range []string{"halted", "paused", "zone-disrupted", "cluster-unresponsive", "zone-unresponsive", "budget"} {
+		m.FenceSkips.WithLabelValues(kind)
+	}
+	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {
+		m.FenceStages.WithLabelValues(stage)
+	}
+	m.WitnessDown = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_witness_down_nodes",
+		Help: "Nodes whose agent (witness=agent) or kubelet (witness=kubelet) alone is down while the other reports (Kubernetes mode)."}, []string{"witness"})
 	m.PodGrants = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_pod_eviction_grants_total",
 		Help: "Soft-threshold pod evictions granted under the zone's budget."}, []string{"zone"})
 	m.PodCandidatesHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_eviction_candidates_held",
@@ -523,7 +544,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.PodEvictionsLocal = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_evictions_local",
 		Help: "Pod evictions agents carried out on their own in this leader's term: hard thresholds and fallbacks when no grant came."}, []string{"zone"})
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages,
+	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
 		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m
 }
@@ -540,6 +561,9 @@ func (m *Metrics) observeZones(e *engine.Engine) {
 		m.PodCandidatesHeld.WithLabelValues(z.Key).Set(float64(z.PodCandidatesHeld))
 		m.PodEvictionsLocal.WithLabelValues(z.Key).Set(float64(z.PodEvictionsLocal))
 	}
+	agent, kubelet := e.Witnesses()
+	m.WitnessDown.WithLabelValues("agent").Set(float64(agent))
+	m.WitnessDown.WithLabelValues("kubelet").Set(float64(kubelet))
 }
 
 // IsEvent reports whether an agent message must be acknowledged at once (everything but
