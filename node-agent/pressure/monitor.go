@@ -243,7 +243,10 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 {
 		m.reclaim(ctx, res.Reclaim[0], now)
+		return
 	}
+	// Nothing to reclaim any more: a grant that comes now for an earlier candidate is declined.
+	m.act.proposed = nil
 }
 
 // fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at
