@@ -484,7 +484,7 @@ func TestGrantAfterPressureGoneIsDeclined(t *testing.T) {
 		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
 			SoftGracePeriod: "memory.available=10s", PressureTransitionPeriod: time.Minute}),
 		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
-		Actions:              Actions{Killer: k, Cleanup: k, Granted: g},
+		Actions: Actions{Killer: k, Cleanup: k, Granted: g},
 	}, r, s, memPods, nil)
 	if err != nil {
 		t.Fatal(err)
