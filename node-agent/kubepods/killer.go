@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -132,20 +133,33 @@ func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, no
 	}
 }
 
-// CleanedUp reports whether an evicted pod's resources are reclaimed: the pod is gone from the
-// node's pods (or its name belongs to another uid), or it has no cgroup left.
+// CleanedUp reports whether an evicted pod's resources are reclaimed, as far as the API tells
+// (kubelet's podCleanedUpFunc looks at its own runtime state): the pod object is gone (or its name
+// belongs to another uid), or the kubelet reports every container of it terminated. Without either,
+// the caller waits out its cleanup timeout: a pod is never taken as cleaned up because the agent
+// could not find its cgroup.
 func (k *Killer) CleanedUp(_ context.Context, c eviction.Candidate) bool {
 	if k.src == nil {
 		return true
 	}
 	p, err := k.src.lister.Pods(c.Namespace).Get(c.Name)
 	if err != nil || string(p.UID) != c.UID {
-		return true
+		return apierrors.IsNotFound(err) || err == nil
 	}
-	if k.src.usage == nil {
+	return containersTerminated(p)
+}
+
+// containersTerminated reports whether the pod has container statuses and all of them are
+// terminated.
+func containersTerminated(p *corev1.Pod) bool {
+	all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
+	if len(p.Status.ContainerStatuses) == 0 {
 		return false
 	}
-	ep := Convert(p)
-	_, ok, err := k.src.usage.Read(ep.QoS, ep.UID)
-	return err == nil && !ok
+	for _, cs := range all {
+		if cs.State.Terminated == nil && (cs.State.Running != nil || cs.State.Waiting != nil) {
+			return false
+		}
+	}
+	return true
 }
