@@ -44,7 +44,7 @@ type EvictorConfig struct {
 	MinGracePeriod time.Duration
 	// Done, when set, is told how every granted eviction ended: Evicted, Gone, or Failed (refused
 	// for good, or still refused after GiveUpAfter). The agent reports it to the coordinator.
-	Done func(c eviction.Candidate, out Outcome, err error)
+	Done func(c eviction.Candidate, signal string, out Outcome, err error)
 	// Log nil means slog.Default().
 	Log *slog.Logger
 }
@@ -100,6 +100,7 @@ func (o Outcome) String() string {
 // pending is a granted eviction not carried out yet.
 type pending struct {
 	cand     eviction.Candidate
+	signal   string
 	granted  time.Time
 	due      time.Time
 	attempts int
@@ -112,15 +113,16 @@ func sameTarget(a, b eviction.Candidate) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.UID == b.UID
 }
 
-// add queues c, due at once; a pod already queued keeps its place and takes the newer grace period.
-func (q *queue) add(c eviction.Candidate, now time.Time) {
+// add queues c, granted for signal, due at once; a pod already queued keeps its place and takes
+// the newer grace period and signal.
+func (q *queue) add(c eviction.Candidate, signal string, now time.Time) {
 	for _, p := range q.items {
 		if sameTarget(p.cand, c) {
-			p.cand.GracePeriod, p.due = c.GracePeriod, now
+			p.cand.GracePeriod, p.signal, p.due = c.GracePeriod, signal, now
 			return
 		}
 	}
-	q.items = append(q.items, &pending{cand: c, granted: now, due: now})
+	q.items = append(q.items, &pending{cand: c, signal: signal, granted: now, due: now})
 }
 
 // takeDue removes and returns the items due at now, in grant order.
@@ -173,7 +175,7 @@ func (e *Evictor) Grant(g *agentv1.EvictionGrant) {
 	e.mu.Lock()
 	for _, p := range g.GetPods() {
 		e.q.add(eviction.Candidate{Namespace: p.Namespace, Name: p.Name, UID: p.Uid,
-			GracePeriod: p.GetGracePeriod().AsDuration()}, now)
+			GracePeriod: p.GetGracePeriod().AsDuration()}, g.GetSignal(), now)
 	}
 	e.mu.Unlock()
 	e.log.Info("eviction granted", "signal", g.GetSignal(), "pods", len(g.GetPods()))
@@ -240,7 +242,7 @@ func (e *Evictor) attempt(ctx context.Context, p *pending) bool {
 	now := time.Now()
 	done := func(out Outcome) {
 		if e.cfg.Done != nil {
-			e.cfg.Done(c, out, err)
+			e.cfg.Done(c, p.signal, out, err)
 		}
 	}
 	switch out {

@@ -433,7 +433,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
-		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, out kubepods.Outcome, err error) {
+		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, signal string, out kubepods.Outcome, err error) {
 			kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
 			switch {
 			case out == kubepods.Gone:
@@ -441,8 +441,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			case out != kubepods.Evicted:
 				kind, msg = agentv1.EvictionKind_EVICTION_KIND_FAILED, fmt.Sprintf("the Eviction API refused: %v", err)
 			}
-			a.Send(pressure.EvictionReport(c, "", kind, msg, time.Now()))
-			met.Eviction("", kind.String())
+			a.Send(pressure.EvictionReport(c, signal, kind, msg, time.Now()))
+			met.Eviction(signal, kind.String())
 		}})
 		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
 		if runtime != nil {
