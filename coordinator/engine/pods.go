@@ -137,6 +137,10 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 // onEvictionReport records what an agent did: a local eviction counts for its zone; a grant's
 // outcome frees its slot.
 func (e *Engine) onEvictionReport(n *node, r *agentv1.EvictionReport, at time.Time) {
+	if len(r.GetNamespace()) > maxNamespace || len(r.GetName()) > maxName || len(r.GetUid()) > maxUID || len(r.GetSignal()) > maxSignal {
+		e.event(at, "pod-eviction", n.name, "node %s: eviction report ignored: a field is longer than Kubernetes allows", n.name)
+		return
+	}
 	z := e.podZone(n.zoneKey)
 	key := podKey(n.name, r.GetNamespace(), r.GetName(), r.GetUid())
 	pod := r.GetNamespace() + "/" + r.GetName()
