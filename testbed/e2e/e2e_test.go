@@ -517,9 +517,9 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		return nil
 	})
 	cancels["w-2"]()
-	time.Sleep(grace + 500*time.Millisecond) // the judgement must hold past the grace period
-	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY {
-		t.Fatalf("w-2 after shutdown and silence: %s (%s), want NotReady", nd.Readiness, nd.Reason)
+	time.Sleep(grace + 500*time.Millisecond) // silent past the grace period: Unknown, as kube-controller-manager marks it
+	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN || !nd.ShuttingDown {
+		t.Fatalf("w-2 after shutdown and silence: %s (%s), want Unknown and still shutting down", nd.Readiness, nd.Reason)
 	}
 	if nd := get("w-3"); nd.Readiness != coordv1.Readiness_READINESS_READY {
 		t.Fatalf("w-3 still reporting: %s", nd.Readiness)
@@ -696,6 +696,19 @@ func TestKdumpWithRealSender(t *testing.T) {
 	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0"})
 	cc := conn(t, c.app.Addr())
 	leaderReady(t, cc)
+	// The other nodes are alive: their agents report. (Nodes that never reported count as not ready,
+	// as kube-controller-manager counts them: without them the zone would be fully disrupted and the
+	// coordinator halted.)
+	for _, n := range []node{nodes[0], nodes[2], nodes[3]} {
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b", Log: testLog(t)}, fixedSampler{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, acancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(actx) }()
+		t.Cleanup(func() { acancel(); <-done })
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
