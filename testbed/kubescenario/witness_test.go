@@ -233,7 +233,7 @@ func checkOwnership(t *testing.T, ctx context.Context, env *Env) {
 			if mf.Manager != kube.FieldManager || mf.FieldsV1 == nil {
 				continue
 			}
-			for _, typ := range ownedConditions(t, mf.FieldsV1.Raw) {
+			for _, typ := range ownedConditions(t, mf.FieldsV1.GetRawBytes()) {
 				if typ != string(kube.ConditionAgentReady) {
 					t.Errorf("%s: the coordinator's field manager owns condition %s (%s)", n.Name, typ, mf.Operation)
 				}
