@@ -152,6 +152,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
 	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
 	defEng := engine.DefaultConfig()
+	fs.Float64Var(&c.Engine.PodEviction.Rate, "pod-eviction-rate", engine.DefaultPodEvictionRate, "soft-threshold pod evictions granted per second per zone (token bucket; 0: none, agents fall back to local evictions)")
+	fs.IntVar(&c.Engine.PodEviction.Burst, "pod-eviction-burst", engine.DefaultPodEvictionBurst, "pod-eviction grants a zone may give at once")
+	fs.IntVar(&c.Engine.PodEviction.MaxInFlight, "pod-eviction-max-in-flight", engine.DefaultPodEvictionMaxInFlight, "granted pod evictions per zone whose outcome the agent has not reported yet")
+	fs.DurationVar(&c.Engine.PodEviction.GrantTTL, "pod-eviction-grant-ttl", engine.DefaultPodEvictionGrantTTL, "how long a grant without the agent's report counts as in flight")
 	fs.StringVar(&c.KdumpListen, "kdump-listen", "", "IP:PORT (an explicit address, never all interfaces) for fence_kdump_send messages; default off")
 	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
@@ -288,6 +292,9 @@ func (c *Config) Validate() []error {
 	if c.Engine.UnhealthyZoneThreshold <= 0 || c.Engine.UnhealthyZoneThreshold > 1 {
 		errs = append(errs, fmt.Errorf("--unhealthy-zone-threshold: %v is not in (0, 1]", c.Engine.UnhealthyZoneThreshold))
 	}
+	if c.Engine.PodEviction.Rate < 0 || c.Engine.PodEviction.Burst < 1 || c.Engine.PodEviction.MaxInFlight < 1 || c.Engine.PodEviction.GrantTTL <= 0 {
+		errs = append(errs, errors.New("--pod-eviction-rate: must not be negative; --pod-eviction-burst, --pod-eviction-max-in-flight, --pod-eviction-grant-ttl: must be positive"))
+	}
 	if c.Engine.NodeEvictionRate < 0 || c.Engine.SecondaryNodeEvictionRate < 0 {
 		errs = append(errs, errors.New("--node-eviction-rate, --secondary-node-eviction-rate: must not be negative"))
 	}
@@ -353,6 +360,7 @@ type App struct {
 	kube      *kubeMode
 	mu        sync.Mutex
 	leading   *api.Leading
+	fenceMx   *fenceMetrics
 	closeOnce sync.Once
 }
 
@@ -449,6 +457,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
+	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -660,6 +669,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.leading = nil
 		a.mu.Unlock()
+		a.fenceMx.reset()
 	}
 	return nil
 }
@@ -729,13 +739,13 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
-	if a.kube != nil {
-		a.kube.startTerm(term, lp)
-	}
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
 		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
+	}
+	if a.kube != nil {
+		a.kube.startTerm(term, lp)
 	}
 	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
@@ -767,6 +777,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(f)
 	}

@@ -54,12 +54,15 @@ type Config struct {
 	KubeletWitness bool
 	// KubeletDownPolicy is what a silent kubelet means while the agent reports (KubeletWitness).
 	KubeletDownPolicy nodes.KubeletDownPolicy
+	// PodEviction is the per-zone budget of soft-threshold pod evictions (see pods.go).
+	PodEviction PodEvictionConfig
 }
 
 // DefaultConfig is kube-controller-manager's defaults.
 func DefaultConfig() Config {
 	c := Config{NodeEvictionRate: 0.1, SecondaryNodeEvictionRate: 0.01,
-		Fence: FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute, Settle: DefaultFenceSettle}}
+		Fence:       FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute, Settle: DefaultFenceSettle},
+		PodEviction: PodEvictionConfig{Rate: DefaultPodEvictionRate}}
 	c.SetDefaults()
 	return c
 }
@@ -91,6 +94,7 @@ func (c *Config) SetDefaults() {
 	if c.Fence.Settle == 0 {
 		c.Fence.Settle = DefaultFenceSettle
 	}
+	c.PodEviction.SetDefaults()
 }
 
 // kube-controller-manager's defaults (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
@@ -132,6 +136,9 @@ type Engine struct {
 	// blind is set in Kubernetes mode while the apiserver cannot be read: nothing is re-judged.
 	blind bool
 	ready Ready
+
+	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
+	pending  []*node             // nodes with a candidate waiting for a grant
 }
 
 type node struct {
@@ -152,20 +159,21 @@ type node struct {
 	bootID             string
 	streams            int
 	fenceable          bool
-	known              bool      // restored from the store: reported in an earlier term
-	kdumpFirst         time.Time // first fence_kdump message of the current dump
-	kdumpLast          time.Time // latest fence_kdump message
-	fenceRequested     bool      // automatic fencing requested in this not-ready episode
-	fenceBlocked       string    // why the storm guard holds fencing back
-	releasedAt         time.Time // when pacing released the node (its taint was granted); zero otherwise
-	guardClearSince    time.Time // since when the storm guard has let the released node's fence pass
-	excluded           bool      // node.kubernetes.io/exclude-disruption: not counted in its zone's state
-	controlPlane       bool      // matches the control-plane selector
-	kubeletSeen        bool      // the kubelet witness was observed (Kubernetes mode)
-	kubeletBeat        time.Time // latest kubelet heartbeat (Lease renewTime), on the node's clock
-	kubeletProbe       time.Time // when the coordinator saw kubeletBeat advance, on its own clock
-	agentDown          bool      // agent silent while the kubelet reports
-	kubeletDown        bool      // kubelet silent while the agent reports
+	known              bool       // restored from the store: reported in an earlier term
+	kdumpFirst         time.Time  // first fence_kdump message of the current dump
+	kdumpLast          time.Time  // latest fence_kdump message
+	fenceRequested     bool       // automatic fencing requested in this not-ready episode
+	fenceBlocked       string     // why the storm guard holds fencing back
+	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
+	guardClearSince    time.Time  // since when the storm guard has let the released node's fence pass
+	excluded           bool       // node.kubernetes.io/exclude-disruption: not counted in its zone's state
+	controlPlane       bool       // matches the control-plane selector
+	kubeletSeen        bool       // the kubelet witness was observed (Kubernetes mode)
+	kubeletBeat        time.Time  // latest kubelet heartbeat (Lease renewTime), on the node's clock
+	kubeletProbe       time.Time  // when the coordinator saw kubeletBeat advance, on its own clock
+	agentDown          bool       // agent silent while the kubelet reports
+	kubeletDown        bool       // kubelet silent while the agent reports
+	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
 }
 
 type zone struct {
@@ -260,6 +268,7 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	e.updateZones(now)
 	e.release(now)
+	e.grantPods(now)
 	e.fence(now)
 }
 

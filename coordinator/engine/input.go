@@ -286,6 +286,10 @@ func (e *Engine) apply(n *node, in Message) {
 			e.ready.Conditions = append(e.ready.Conditions, ConditionChange{Node: n.name, Type: name, Status: status, Reason: c.Reason, Message: c.Message})
 		}
 		n.conditions[name] = &coordv1.NodeCondition{Type: name, Status: status, Reason: c.Reason, TransitionTime: c.TransitionTime}
+	case *agentv1.ConnectRequest_Candidates:
+		e.onCandidates(n, m.Candidates, in.At)
+	case *agentv1.ConnectRequest_Eviction:
+		e.onEvictionReport(n, m.Eviction, in.At)
 	case *agentv1.ConnectRequest_Shutdown:
 		switch m.Shutdown.Phase {
 		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, agentv1.ShutdownPhase_SHUTDOWN_PHASE_PODS_TERMINATED:
@@ -350,6 +354,9 @@ type Ready struct {
 	// Conditions are the agents' pressure condition changes (MemoryPressure, DiskPressure,
 	// PIDPressure), to mirror on the Kubernetes Node.
 	Conditions []ConditionChange
+	// Grants are soft-threshold pod evictions allowed by their zone's budget, to send on the
+	// nodes' agent streams.
+	Grants []Grant
 	// Events describe every decision in words, in order.
 	Events []Event
 }
@@ -357,7 +364,7 @@ type Ready struct {
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
 	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 &&
-		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0
+		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0
 }
 
 // Write is one record to persist; exactly one field is set.
@@ -484,8 +491,11 @@ func (e *Engine) Zones() []*coordv1.Zone {
 		if e.halted || e.paused {
 			r = 0
 		}
+		podRate, inFlight, held, granted, local := e.podZoneView(k)
 		out = append(out, &coordv1.Zone{Key: k, State: z.state, Size: int32(z.size), Ready: int32(z.ready),
-			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences))})
+			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences)),
+			PodEvictionRate: podRate, PodEvictionsInFlight: inFlight, PodEvictionsMaxInFlight: int32(e.cfg.PodEviction.MaxInFlight),
+			PodCandidatesHeld: held, PodEvictionsGranted: granted, PodEvictionsLocal: local})
 	}
 	return out
 }

@@ -43,6 +43,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	leader-change                          a new leader: a fresh engine restored from the persisted writes
 //	pause | unpause                        an operator pauses or resumes evictions
 //	zones | nodes                          print the current view
+//	config pod-rate=0.1 pod-burst=1 pod-max-in-flight=2 pod-grant-ttl=2m   the pod-eviction budget
+//	candidate a1 pod=ns/p [signal=memory.available]   a1 proposes evicting ns/p (uid ns/p)
+//	report a1 pod=ns/p kind=granted|failed|declined|hard|fallback   a1 reports an eviction
+//	pod-zones                              print each zone's pod-eviction budget
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")
 	if len(files) == 0 {
@@ -166,6 +170,14 @@ func (h *harness) run(cmd string) []string {
 				h.cfg.Fence.Budget = int(h.float(v))
 			case "budget-window":
 				h.cfg.Fence.BudgetWindow = h.dur(v)
+			case "pod-rate":
+				h.cfg.PodEviction.Rate = h.float(v)
+			case "pod-burst":
+				h.cfg.PodEviction.Burst = int(h.float(v))
+			case "pod-max-in-flight":
+				h.cfg.PodEviction.MaxInFlight = int(h.float(v))
+			case "pod-grant-ttl":
+				h.cfg.PodEviction.GrantTTL = h.dur(v)
 			default:
 				h.t.Fatalf("config: unknown key %s", k)
 			}
@@ -295,6 +307,12 @@ func (h *harness) run(cmd string) []string {
 	case "pause", "unpause":
 		h.e.Step(Paused{Paused: fields[0] == "pause"})
 		return h.drain()
+	case "candidate":
+		return h.handleCandidate(pos, args)
+	case "report":
+		return h.handleReport(pos, args)
+	case "pod-zones":
+		return h.handlePodZones()
 	case "zones":
 		var out []string
 		for _, z := range h.e.Zones() {
@@ -352,6 +370,11 @@ func (h *harness) drain() []string {
 	var out []string
 	for _, ev := range rd.Events {
 		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), ev.Text))
+	}
+	for _, g := range rd.Grants {
+		for _, p := range g.Grant.Pods {
+			out = append(out, fmt.Sprintf("grant -> %s: %s/%s (%s)", g.Node, p.Namespace, p.Name, g.Grant.Signal))
+		}
 	}
 	h.e.Advance()
 	return out

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -55,7 +56,7 @@ type Options struct {
 	// PlainPassword puts the BMC password in the fence template instead of a Secret, so a fence
 	// needs nothing from the apiserver once its record exists.
 	PlainPassword bool
-	Log          *slog.Logger
+	Log           *slog.Logger
 }
 
 // Env is a running scenario.
@@ -458,4 +459,13 @@ func (e *Env) HasOutOfServiceTaint(ctx context.Context, n *Node) (bool, error) {
 func TempDir() (string, func(), error) {
 	d, err := os.MkdirTemp("", "nodefence-kube-")
 	return d, func() { os.RemoveAll(d) }, err
+}
+
+// Fences returns the node's fence records, newest first (errors count as none: callers poll).
+func (e *Env) Fences(ctx context.Context, node string) []*coordv1.NodeFence {
+	page, err := e.Coord.Store().ListFences(ctx, store.ListOptions{Node: node, Limit: 100})
+	if err != nil {
+		return nil
+	}
+	return page.Fences
 }

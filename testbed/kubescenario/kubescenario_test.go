@@ -111,8 +111,7 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	env.Fail(stuck)
 	var srec *coordv1.NodeFence
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: stuck.Name, Limit: 10})
-		recs := page.Fences
+		recs := env.Fences(ctx, stuck.Name)
 		if len(recs) == 1 && recs[0].FinishedAt != nil {
 			srec = recs[0]
 			break
@@ -175,8 +174,7 @@ func TestKubernetesEndToEnd(t *testing.T) {
 		t.Fatalf("%s (shutting down): its pod was released: %v", leaving.Name, err)
 	}
 	for _, n := range append(env.Nodes[:4:4], leaving) {
-		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
-			recs := page.Fences
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
 			t.Fatalf("%s fenced: %v", n.Name, recs)
 		}
 	}
@@ -206,8 +204,7 @@ func TestStormReleasesNothing(t *testing.T) {
 		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
 			t.Fatalf("%s: out-of-service taint during a storm", n.Name)
 		}
-		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
-			recs := page.Fences
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
 			t.Fatalf("%s fenced during a storm: %v", n.Name, recs)
 		}
 		v, err := env.NodeView(ctx, n.Name)

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
-	"github.com/nodefence/nodefence/coordinator/store"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -56,8 +55,8 @@ func TestOneWitnessNeverFences(t *testing.T) {
 	// Grace (1 s) + pacing + fence timeout (1 s) + settle (0.5 s), several times over.
 	time.Sleep(8 * time.Second)
 	for _, n := range []*Node{agentDead, kubeletDead} {
-		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
-			t.Fatalf("%s fenced with one witness alive: %v", n.Name, page.Fences)
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
+			t.Fatalf("%s fenced with one witness alive: %v", n.Name, recs)
 		}
 		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
 			t.Fatalf("%s: out-of-service taint with one witness alive", n.Name)
@@ -111,9 +110,9 @@ func TestReleaseSurvivesAPIServerOutage(t *testing.T) {
 	env.Fail(victim)
 	var rec *coordv1.NodeFence
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: victim.Name, Limit: 10})
-		if len(page.Fences) == 1 {
-			rec = page.Fences[0]
+		recs := env.Fences(ctx, victim.Name)
+		if len(recs) == 1 {
+			rec = recs[0]
 			break
 		}
 		if time.Now().After(deadline) {

@@ -646,8 +646,21 @@ type Zone struct {
 	QueueLength int32 `protobuf:"varint,7,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
 	// FencesInWindow counts automatic fences started in the zone within the budget window.
 	FencesInWindow int32 `protobuf:"varint,8,opt,name=fences_in_window,json=fencesInWindow,proto3" json:"fences_in_window,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// PodEvictionRate is the zone's budget for soft-threshold pod evictions, in grants per second.
+	PodEvictionRate float64 `protobuf:"fixed64,9,opt,name=pod_eviction_rate,json=podEvictionRate,proto3" json:"pod_eviction_rate,omitempty"`
+	// PodEvictionsInFlight counts granted pod evictions whose outcome the agent has not reported yet.
+	PodEvictionsInFlight int32 `protobuf:"varint,10,opt,name=pod_evictions_in_flight,json=podEvictionsInFlight,proto3" json:"pod_evictions_in_flight,omitempty"`
+	// PodEvictionsMaxInFlight caps PodEvictionsInFlight.
+	PodEvictionsMaxInFlight int32 `protobuf:"varint,11,opt,name=pod_evictions_max_in_flight,json=podEvictionsMaxInFlight,proto3" json:"pod_evictions_max_in_flight,omitempty"`
+	// PodCandidatesHeld counts nodes whose eviction candidate waits for the zone's budget.
+	PodCandidatesHeld int32 `protobuf:"varint,12,opt,name=pod_candidates_held,json=podCandidatesHeld,proto3" json:"pod_candidates_held,omitempty"`
+	// PodEvictionsGranted counts pod evictions granted in the zone since this leader's term began.
+	PodEvictionsGranted int64 `protobuf:"varint,13,opt,name=pod_evictions_granted,json=podEvictionsGranted,proto3" json:"pod_evictions_granted,omitempty"`
+	// PodEvictionsLocal counts pod evictions agents in the zone carried out on their own since this
+	// leader's term began: hard thresholds and fallbacks after no grant came.
+	PodEvictionsLocal int64 `protobuf:"varint,14,opt,name=pod_evictions_local,json=podEvictionsLocal,proto3" json:"pod_evictions_local,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Zone) Reset() {
@@ -732,6 +745,48 @@ func (x *Zone) GetQueueLength() int32 {
 func (x *Zone) GetFencesInWindow() int32 {
 	if x != nil {
 		return x.FencesInWindow
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionRate() float64 {
+	if x != nil {
+		return x.PodEvictionRate
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsInFlight() int32 {
+	if x != nil {
+		return x.PodEvictionsInFlight
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsMaxInFlight() int32 {
+	if x != nil {
+		return x.PodEvictionsMaxInFlight
+	}
+	return 0
+}
+
+func (x *Zone) GetPodCandidatesHeld() int32 {
+	if x != nil {
+		return x.PodCandidatesHeld
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsGranted() int64 {
+	if x != nil {
+		return x.PodEvictionsGranted
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsLocal() int64 {
+	if x != nil {
+		return x.PodEvictionsLocal
 	}
 	return 0
 }
@@ -1320,7 +1375,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12C\n" +
-	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\x8c\x02\n" +
+	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\xc1\x04\n" +
 	"\x04Zone\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ZoneStateR\x05state\x12\x12\n" +
@@ -1329,7 +1384,14 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\tnot_ready\x18\x05 \x01(\x05R\bnotReady\x12#\n" +
 	"\reviction_rate\x18\x06 \x01(\x01R\fevictionRate\x12!\n" +
 	"\fqueue_length\x18\a \x01(\x05R\vqueueLength\x12(\n" +
-	"\x10fences_in_window\x18\b \x01(\x05R\x0efencesInWindow\"\x12\n" +
+	"\x10fences_in_window\x18\b \x01(\x05R\x0efencesInWindow\x12*\n" +
+	"\x11pod_eviction_rate\x18\t \x01(\x01R\x0fpodEvictionRate\x125\n" +
+	"\x17pod_evictions_in_flight\x18\n" +
+	" \x01(\x05R\x14podEvictionsInFlight\x12<\n" +
+	"\x1bpod_evictions_max_in_flight\x18\v \x01(\x05R\x17podEvictionsMaxInFlight\x12.\n" +
+	"\x13pod_candidates_held\x18\f \x01(\x05R\x11podCandidatesHeld\x122\n" +
+	"\x15pod_evictions_granted\x18\r \x01(\x03R\x13podEvictionsGranted\x12.\n" +
+	"\x13pod_evictions_local\x18\x0e \x01(\x03R\x11podEvictionsLocal\"\x12\n" +
 	"\x10ListNodesRequest\"I\n" +
 	"\x11ListNodesResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.nodefence.coordinator.v1.NodeR\x05nodes\"$\n" +
