@@ -27,6 +27,10 @@ var ErrDeposed = fmt.Errorf("%w: this replica is no longer the leader", fault.Er
 // ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change).
 var ErrConflict = fmt.Errorf("%w: concurrent modification", fault.ErrFailedPrecondition)
 
+// ErrKeyLost is returned by a campaign whose election key vanished (its lease expired) while it
+// waited for the older keys: no term is started, the caller campaigns again.
+var ErrKeyLost = errors.New("election key no longer exists")
+
 // Info identifies a replica; it is the value of its election key.
 type Info struct {
 	ID      string `json:"id"`
@@ -78,10 +82,22 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		session.Close()
 		return nil, fmt.Errorf("campaign: %w", err)
 	}
+	// Campaign returns once every older key is gone, without looking at its own: a key lost while
+	// waiting (its lease expired during an etcd outage) would make a leader without a key. Check
+	// that the key is still ours before calling this a term.
+	got, err := e.cli.Get(ctx, el.Key())
+	if err != nil || len(got.Kvs) == 0 || got.Kvs[0].CreateRevision != el.Rev() {
+		session.Close()
+		if err == nil {
+			err = ErrKeyLost
+		}
+		return nil, fmt.Errorf("campaign won with key %s: %w", el.Key(), err)
+	}
 	tctx, cancel := context.WithCancel(ctx)
 	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
-	// Leadership ends when the lease is gone or the key is deleted by anyone.
-	watch := e.cli.Watch(tctx, t.Key)
+	// Leadership ends when the lease is gone or the key is deleted by anyone (watched from the
+	// revision of the check above, so a deletion right after it is seen).
+	watch := e.cli.Watch(tctx, t.Key, clientv3.WithRev(got.Header.Revision+1))
 	go func() {
 		defer cancel()
 		for {
