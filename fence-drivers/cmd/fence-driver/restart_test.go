@@ -14,8 +14,9 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/services/dial"
-	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
@@ -75,7 +76,19 @@ func TestOperationIDSurvivesRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { bmc.Stop() })
 	state := t.TempDir()
-	args := []string{"--driver", "ipmi", "--state-dir", state, "--insecure", "--listen", "127.0.0.1:0"}
+	ca, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverFiles, err := ca.Files(identity.Driver, "ipmi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coordinator, err := ca.Files(identity.Coordinator, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--driver", "ipmi", "--state-dir", state, "--listen", "127.0.0.1:0"}, pki.Args("", serverFiles)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tg := &driverv1.Target{Name: "n1", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": strconv.Itoa(bmc.Port),
@@ -83,7 +96,7 @@ func TestOperationIDSurvivesRestart(t *testing.T) {
 	req := &driverv1.PowerOffRequest{OperationId: "fence-n1/0/power_management/bmc/off", Epoch: 7, Target: tg}
 	call := func(addr string) *driverv1.PowerOffResponse {
 		t.Helper()
-		conn, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+		conn, err := dial.New(addr, coordinator)
 		if err != nil {
 			t.Fatal(err)
 		}
