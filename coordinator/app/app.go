@@ -59,6 +59,8 @@ type Config struct {
 	EtcdPrefix string
 	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
 	EtcdAccess EtcdAccess
+	// Retention bounds the fence records and audit entries kept in etcd.
+	Retention store.Retention
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -115,6 +117,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
 	c.EtcdAccess.RegisterFlags(fs)
+	c.registerRetentionFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -174,6 +177,9 @@ func (c *Config) SetDefaults() {
 	if c.EtcdPrefix == "" {
 		c.EtcdPrefix = "/nodefence"
 	}
+	if c.Retention == (store.Retention{}) {
+		c.Retention = store.DefaultRetention()
+	}
 	if c.Engine == (engine.Config{}) {
 		c.Engine = engine.DefaultConfig()
 	}
@@ -219,6 +225,7 @@ func (c *Config) Validate() []error {
 		}
 	}
 	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
+	errs = append(errs, c.validateRetention()...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -644,6 +651,7 @@ func (a *App) lead(term *leader.Term) {
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
+	go a.pruneHistory(term)
 	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
