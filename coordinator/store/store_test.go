@@ -123,6 +123,16 @@ func TestCorruptRecordIsSkipped(t *testing.T) {
 	if _, err := st.GetFence(ctx, bad.Id); !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("GetFence of the corrupt record: %v", err)
 	}
+	// The corrupt record holds its node's active index; a new fence of the node replaces it.
+	next := record(50, "bad", true)
+	create(t, ctx, st, term, next)
+	if cur, err := st.ActiveFence(ctx, "bad"); err != nil || cur.Fence.Id != next.Id {
+		t.Fatalf("active fence of node bad after a new create: %v, %v", cur, err)
+	}
+	// And a live active record still wins over a create.
+	if got, _, created, err := st.CreateFence(ctx, term, record(51, "bad", true)); err != nil || created || got.Id != next.Id {
+		t.Fatalf("second create: %v created=%v %v; want the active %s", got, created, err, next.Id)
+	}
 
 	// A watch outlives a corrupt version of its record and delivers the next good one.
 	wctx, cancel := context.WithCancel(ctx)
