@@ -802,3 +802,59 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 		}
 	}
 }
+
+// A corrupt record forged into etcd (holding node-2's active index) is never fatal: ListFences
+// names it and lists the rest, WatchFence of another record works, a new term (the coordinator
+// restarted on its data) resumes without it, and node-2 can still be fenced.
+func TestCorruptRecordIsNeverFatal(t *testing.T) {
+	nodes := []node{{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}, {name: "node-2", password: "password", bmc: startBMC(t, "node-2")}}
+	driver := startDriver(t, t.TempDir())
+	cfg := app.Config{FenceConfig: writeConfig(t, driver, nodes), DataDir: t.TempDir(),
+		EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true}
+	first := startCoordinator(t, cfg)
+	cc := conn(t, first.app.Addr())
+	leaderReady(t, cc)
+	fc := coordv1.NewFenceServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	resp, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: "node-1", Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+
+	p := first.app.Store().Prefix()
+	for k, v := range map[string]string{
+		p + "/fences/forged": `{"node": "node-2", "status": "FENCE_STATUS_DONE", "confirmed_off_at": 7`,
+		fmt.Sprintf("%s/fences-by-time/%020d/forged", p, time.Now().UnixNano()): "",
+		p + "/active/node-2": "forged",
+	} {
+		if _, err := first.app.Etcd().Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{})
+	if err != nil || len(list.Fences) != 1 || list.Fences[0].Id != resp.Fence.Id || len(list.CorruptIds) != 1 || list.CorruptIds[0] != "forged" {
+		t.Fatalf("ListFences with a corrupt record = %v, %v", list, err)
+	}
+	if states := watchUntilFinal(t, ctx, fc, resp.Fence.Id); len(states) != 1 {
+		t.Fatalf("WatchFence of a finished record: %d states", len(states))
+	}
+
+	first.stop()
+	second := startCoordinator(t, cfg)
+	cc = conn(t, second.app.Addr())
+	leaderReady(t, cc)
+	fc = coordv1.NewFenceServiceClient(cc)
+	resp, err = fc.Fence(ctx, &coordv1.FenceRequest{Node: "node-2", Reason: "test"})
+	if err != nil {
+		t.Fatalf("Fence of node-2 whose active index names the corrupt record: %v", err)
+	}
+	states := watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+	if final := states[len(states)-1]; final.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		t.Fatalf("node-2 fence ended %s: %s", final.Status, final.Error)
+	}
+	if pw, err := ipmisim.IpmitoolPower(ctx, nodes[1].bmc.Port, "admin", "password"); err != nil || pw != "off" {
+		t.Fatalf("node-2 after its fence: ipmitool = %q, %v", pw, err)
+	}
+}
