@@ -858,3 +858,63 @@ func TestCorruptRecordIsNeverFatal(t *testing.T) {
 		t.Fatalf("node-2 after its fence: ipmitool = %q, %v", pw, err)
 	}
 }
+
+// The running coordinator's embedded etcd is locked: a real etcd client on this machine without the
+// client certificate, or without the nodefence password, can neither read nor write a record; the
+// coordinator itself, with both, fences as before.
+func TestEmbeddedEtcdIsLocked(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, startDriver(t, t.TempDir()), []node{n})})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	access := c.app.EtcdAccess()
+	certOnly, err := tlsfiles.Files{CAFile: access.CAFile, CertFile: access.CertFile, KeyFile: access.KeyFile}.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert, err := tlsfiles.Files{CAFile: access.CAFile}.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, err := os.ReadFile(access.PasswordFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := c.app.EtcdEndpoint()
+	key := c.app.Store().Prefix() + "/fences/forged"
+	for name, cfg := range map[string]clientv3.Config{
+		"plaintext":                     {Endpoints: []string{strings.Replace(ep, "https://", "http://", 1)}},
+		"TLS without a certificate":     {Endpoints: []string{ep}, TLS: noCert, Username: access.Username, Password: strings.TrimSpace(string(pw))},
+		"certificate without password":  {Endpoints: []string{ep}, TLS: certOnly},
+		"certificate and a wrong guess": {Endpoints: []string{ep}, TLS: certOnly, Username: "root", Password: "root"},
+	} {
+		cfg.DialTimeout = 2 * time.Second
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Logf("%s: refused at connect: %v", name, err)
+			continue
+		}
+		octx, ocancel := context.WithTimeout(ctx, 3*time.Second)
+		_, getErr := cli.Get(octx, c.app.Store().Prefix()+"/", clientv3.WithPrefix())
+		_, putErr := cli.Put(octx, key, `{"node":"node-1","status":"FENCE_STATUS_DONE"}`)
+		ocancel()
+		cli.Close()
+		if getErr == nil || putErr == nil {
+			t.Fatalf("%s: get err %v, put err %v; want both refused", name, getErr, putErr)
+		}
+		t.Logf("%s: refused: %v / %v", name, getErr, putErr)
+	}
+	if r, err := c.app.Etcd().Get(ctx, key); err != nil || len(r.Kvs) != 0 {
+		t.Fatalf("forged key present: %v, %v", r, err)
+	}
+	fc := coordv1.NewFenceServiceClient(cc)
+	resp, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: n.name, Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if states := watchUntilFinal(t, ctx, fc, resp.Fence.Id); states[len(states)-1].Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		t.Fatalf("fence through the locked store: %v", states[len(states)-1])
+	}
+}
