@@ -14,7 +14,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -81,7 +80,7 @@ func (e EtcdAccess) Validate(external bool) []error {
 // connection is plaintext or unauthenticated: any process that reaches such an etcd can forge
 // fence records.
 func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3.Config, error) {
-	cc := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	cc := etcdClientConfig(endpoints)
 	secure := e.CAFile != "" || e.CertFile != ""
 	plain := false
 	for _, ep := range endpoints {

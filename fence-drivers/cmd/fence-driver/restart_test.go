@@ -80,7 +80,7 @@ func TestOperationIDSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serverFiles, err := ca.Files(identity.Driver, "ipmi")
+	server, err := ca.Files(identity.Driver, "ipmi")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestOperationIDSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--driver", "ipmi", "--state-dir", state, "--listen", "127.0.0.1:0"}, pki.Args("", serverFiles)...)
+	args := append([]string{"--driver", "ipmi", "--state-dir", state, "--listen", "127.0.0.1:0"}, pki.Args("", server)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tg := &driverv1.Target{Name: "n1", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": strconv.Itoa(bmc.Port),
