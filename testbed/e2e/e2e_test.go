@@ -189,6 +189,30 @@ func leaderReady(t *testing.T, cc *grpc.ClientConn) {
 
 // Fence -> confirmed off (ipmitool agrees) -> Unfence -> confirmed on; a wrong BMC password ends in
 // ERROR with a clear message and nothing reported fenced.
+// runAgent runs a node agent for name against the coordinator until the test ends, and waits until
+// the node is Ready with its agent connected.
+func runAgent(t *testing.T, cc *grpc.ClientConn, addr, name, zone string) {
+	t.Helper()
+	a, err := agent.New(agent.Config{Coordinators: []string{addr}, TLS: insecure, NodeName: name, BootID: "b-" + name, Zone: zone, Log: testLog(t)}, fixedSampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, 10*time.Second, name+" ready with its agent connected", func() error {
+		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		if r.Node.Readiness != coordv1.Readiness_READINESS_READY || !r.Node.Connected {
+			return fmt.Errorf("%s: %s (connected %v)", r.Node.Readiness, r.Node.Reason, r.Node.Connected)
+		}
+		return nil
+	})
+}
+
 func TestFenceAndUnfenceAgainstIPMISim(t *testing.T) {
 	good := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
 	badpw := node{name: "node-2", password: "wrong-password", bmc: startBMC(t, "node-2")}
@@ -695,14 +719,21 @@ func TestKdumpWithRealSender(t *testing.T) {
 	eng.NodeEvictionRate = 10
 	eng.Fence.Timeout = 500 * time.Millisecond
 	eng.KdumpIdle, eng.KdumpTimeout = 2*time.Second, 20*time.Second
-	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0"})
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0",
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
 	cc := conn(t, c.app.Addr())
 	leaderReady(t, cc)
+	// The other nodes report (a node that never reported counts as not ready in its zone, as in
+	// kube-controller-manager); node-2 has crashed: no agent, only its kdump kernel's messages.
+	for _, n := range []node{nodes[0], nodes[2], nodes[3]} {
+		runAgent(t, cc, c.app.Addr(), n.name, "a")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
 	sent := time.Now()
-	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "3", "-i", "1", "127.0.0.1").CombinedOutput()
+	// A dump of 8 s: longer than the guard's settle window (5 s), as real dumps are.
+	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "8", "-i", "1", "127.0.0.1").CombinedOutput()
 	if err != nil {
 		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
 	}
@@ -757,14 +788,7 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 	leaderReady(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b-1", Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(actx) }()
-	defer func() { acancel(); <-done }()
+	runAgent(t, cc, c.app.Addr(), n.name, "a")
 	cl := coordv1.NewClusterServiceClient(cc)
 	ready := func() error {
 		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
@@ -776,7 +800,6 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 10*time.Second, "node-1 ready with its agent connected", ready)
 
 	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
 	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "12", "-i", "1", "127.0.0.1").CombinedOutput()
