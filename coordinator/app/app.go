@@ -517,9 +517,10 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
-// agentLive reports whether the node's agent is streaming to this leader: connected and heard
-// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
-// witness. Followers answer false; they drop kdump messages anyway.
+// agentLive reports whether a witness of the node is alive: its agent streaming to this leader
+// (connected and heard within five heartbeat intervals, at least 5 s) or, in Kubernetes mode, its
+// kubelet's Lease renewed within the monitor grace period. A fence_kdump message never overrides
+// such a witness. Followers answer false; they drop kdump messages anyway.
 func (a *App) agentLive(node string) bool {
 	a.mu.Lock()
 	l := a.leading
@@ -533,7 +534,11 @@ func (a *App) agentLive(node string) bool {
 	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
 	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
 		n := e.Node(node)
-		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		agent := n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		// Kubernetes mode: a kubelet whose Lease was renewed within the monitor grace period is a
+		// live witness too.
+		kubelet := n != nil && n.KubeletLastSeen != nil && time.Since(n.KubeletLastSeen.AsTime()) < a.cfg.Engine.NodeMonitorGracePeriod
+		live = agent || kubelet
 	})
 	return live
 }
