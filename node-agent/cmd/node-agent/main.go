@@ -53,6 +53,8 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
 )
 
 func main() {
@@ -262,6 +264,15 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		errs.add("--boot-id-file: %v", err)
 	} else if a.BootID = strings.TrimSpace(string(id)); a.BootID == "" {
 		errs.add("--boot-id-file: %s is empty", bootIDFile)
+	}
+	if a.TLS.CertFile != "" && !a.TLS.Insecure {
+		// The coordinator accepts an agent only for the node its certificate names: say so now
+		// rather than in a reconnect loop.
+		if id, err := certs.IdentityOfFile(a.TLS.CertFile); err != nil {
+			errs.add("--tls-cert: %v", err)
+		} else if id.Role != identity.Agent || id.Name != nodeName {
+			errs.add("--tls-cert: the certificate is %s, but an agent for node %q needs spiffe://%s/agent/%s", id, nodeName, identity.TrustDomain, nodeName)
+		}
 	}
 	if err := a.Validate(); err != nil {
 		var inv fault.Invalid
