@@ -63,6 +63,8 @@ type Config struct {
 	EtcdPrefix string
 	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
 	EtcdAccess EtcdAccess
+	// Retention bounds the fence records and audit entries kept in etcd.
+	Retention store.Retention
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -129,6 +131,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
 	c.EtcdAccess.RegisterFlags(fs)
+	c.registerRetentionFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -208,6 +211,9 @@ func (c *Config) SetDefaults() {
 	if c.EtcdPrefix == "" {
 		c.EtcdPrefix = "/nodefence"
 	}
+	if c.Retention == (store.Retention{}) {
+		c.Retention = store.DefaultRetention()
+	}
 	if c.Engine == (engine.Config{}) {
 		c.Engine = engine.DefaultConfig()
 	}
@@ -260,6 +266,7 @@ func (c *Config) Validate() []error {
 		}
 	}
 	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
+	errs = append(errs, c.validateRetention()...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -512,9 +519,10 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
-// agentLive reports whether the node's agent is streaming to this leader: connected and heard
-// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
-// witness. Followers answer false; they drop kdump messages anyway.
+// agentLive reports whether a witness of the node is alive: its agent streaming to this leader
+// (connected and heard within five heartbeat intervals, at least 5 s) or, in Kubernetes mode, its
+// kubelet's Lease renewed within the monitor grace period. A fence_kdump message never overrides
+// such a witness. Followers answer false; they drop kdump messages anyway.
 func (a *App) agentLive(node string) bool {
 	a.mu.Lock()
 	l := a.leading
@@ -528,7 +536,11 @@ func (a *App) agentLive(node string) bool {
 	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
 	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
 		n := e.Node(node)
-		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		agent := n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		// Kubernetes mode: a kubelet whose Lease was renewed within the monitor grace period is a
+		// live witness too.
+		kubelet := n != nil && n.KubeletLastSeen != nil && time.Since(n.KubeletLastSeen.AsTime()) < a.cfg.Engine.NodeMonitorGracePeriod
+		live = agent || kubelet
 	})
 	return live
 }
@@ -746,6 +758,7 @@ func (a *App) lead(term *leader.Term) {
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
+	go a.pruneHistory(term)
 	if a.kube != nil {
 		a.kube.startTerm(term, lp)
 	}

@@ -77,7 +77,7 @@ func NewService(d Driver, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	ops, err := loadOpTable(opts.StateDir, opts.Log)
+	ops, err := loadOpTable(opts.StateDir, opts.Log, maxRemembered)
 	if err != nil {
 		return nil, err
 	}
