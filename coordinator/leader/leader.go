@@ -114,7 +114,8 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	// for half the lease: a leader cut from etcd steps down before another replica can take over.
 	watch := e.cli.Watch(tctx, t.Key)
 	ttl := time.Duration(e.ttl) * time.Second
-	check := time.NewTicker(min(time.Second, ttl/4))
+	every := min(time.Second, ttl/4)
+	check := time.NewTicker(every)
 	lastRead := time.Now()
 	go func() {
 		defer cancel()
@@ -127,7 +128,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			case <-tctx.Done():
 				return
 			case now := <-check.C:
-				switch live, err := t.keyLive(tctx); {
+				switch live, err := t.keyLive(tctx, every); {
 				case err == nil && !live:
 					e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 					return
@@ -154,9 +155,9 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	return t, nil
 }
 
-// keyLive reads the election key (within CallTimeout): is it still this term's?
-func (t *Term) keyLive(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+// keyLive reads the election key within timeout: is it still this term's?
+func (t *Term) keyLive(ctx context.Context, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := t.cli.Get(ctx, t.Key)
 	if err != nil {
