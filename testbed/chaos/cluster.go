@@ -21,9 +21,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -74,6 +77,9 @@ type Cluster struct {
 
 	cli   *clientv3.Client
 	conns map[string]*grpc.ClientConn
+	pki   *pki.PKI
+	// operator is the harness's own client identity.
+	operator tlsfiles.Files
 }
 
 // Names of the members; "ctl" is where the harness's own clients dial from.
@@ -96,8 +102,26 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	return c, nil
 }
 
+// tlsArgs issues role/name's certificate (for 127.0.0.1 and localhost: clients verify the name
+// localhost, the namespaces' addresses are not in it) and returns its flags with prefix.
+func (c *Cluster) tlsArgs(prefix string, role identity.Role, name string) ([]string, error) {
+	f, err := c.pki.Files(role, name)
+	if err != nil {
+		return nil, err
+	}
+	return append(pki.Args(prefix, f), "--"+prefix+"tls-server-name", "localhost"), nil
+}
+
 func (c *Cluster) start(ctx context.Context) error {
 	o := c.opts
+	var err error
+	if c.pki, err = pki.New(filepath.Join(o.Dir, "pki")); err != nil {
+		return err
+	}
+	if c.operator, err = c.pki.Files(identity.Operator, "chaos"); err != nil {
+		return err
+	}
+	c.operator.ServerName = "localhost"
 	if _, err := c.Net.Add(ctlMember); err != nil {
 		return err
 	}
@@ -158,8 +182,12 @@ func (c *Cluster) start(ctx context.Context) error {
 		c.BMCs[n] = bmc
 		c.Nodes = append(c.Nodes, n)
 	}
-	c.Driver = c.proc("fence-driver", driverMember, filepath.Join(o.Bin, "fence-driver"), "--driver", "ipmi", "--listen", c.DriverAddr,
-		"--insecure", "--state-dir", filepath.Join(o.Dir, "driver-state"), "--log-level", "debug")
+	driverTLS, err := c.pki.Files(identity.Driver, "ipmi")
+	if err != nil {
+		return err
+	}
+	c.Driver = c.proc("fence-driver", driverMember, filepath.Join(o.Bin, "fence-driver"), append([]string{"--driver", "ipmi", "--listen", c.DriverAddr,
+		"--state-dir", filepath.Join(o.Dir, "driver-state"), "--log-level", "debug"}, pki.Args("", driverTLS)...)...)
 	if err := c.Driver.Start(); err != nil {
 		return err
 	}
@@ -174,8 +202,17 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 		c.CoordAddr = append(c.CoordAddr, addr+":7001")
-		args := append([]string{"--id", m, "--listen", addr + ":7001", "--insecure", "--driver-insecure", "--config", cfg,
-			"--etcd-endpoints", strings.Join(c.EtcdURL, ","), "--kdump-listen", "", "--metrics-listen", addr + ":9090"}, o.CoordinatorArgs...)
+		srvTLS, err := c.pki.Files(identity.Coordinator, m)
+		if err != nil {
+			return err
+		}
+		drvTLS, err := c.tlsArgs("driver-", identity.Coordinator, m)
+		if err != nil {
+			return err
+		}
+		args := append([]string{"--id", m, "--listen", addr + ":7001", "--config", cfg,
+			"--etcd-endpoints", strings.Join(c.EtcdURL, ","), "--metrics-listen", addr + ":9090"}, o.CoordinatorArgs...)
+		args = append(append(args, pki.Args("", srvTLS)...), drvTLS...)
 		p := c.proc(m, m, filepath.Join(o.Bin, "coordinator"), args...)
 		if err := p.Start(); err != nil {
 			return err
@@ -189,8 +226,12 @@ func (c *Cluster) start(ctx context.Context) error {
 		if _, err := c.Net.Add(n); err != nil {
 			return err
 		}
-		p := c.proc("agent-"+n, n, filepath.Join(o.Bin, "node-agent"), "--coordinator", strings.Join(c.CoordAddr, ","),
-			"--insecure", "--node-name", n, "--zone", "a", "--region", "r", "--nodefs-path", "")
+		agentTLS, err := c.tlsArgs("", identity.Agent, n)
+		if err != nil {
+			return err
+		}
+		p := c.proc("agent-"+n, n, filepath.Join(o.Bin, "node-agent"), append([]string{"--coordinator", strings.Join(c.CoordAddr, ","),
+			"--node-name", n, "--zone", "a", "--region", "r", "--nodefs-path", ""}, agentTLS...)...)
 		if err := p.Start(); err != nil {
 			return err
 		}
@@ -327,7 +368,11 @@ func (c *Cluster) Conn(addr string) *grpc.ClientConn {
 	if cc, ok := c.conns[addr]; ok {
 		return cc
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	tc, err := c.operator.Client()
+	if err != nil {
+		panic(err) // the files were just written
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
 			return c.Net.DialContext(ctx, ctlMember, "tcp", a)
 		}))
