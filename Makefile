@@ -14,10 +14,10 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 GRPCURL_VERSION            := v1.9.3
 STATICCHECK_VERSION        := v0.8.2
 
-BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest
+BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet
 
-.PHONY: chaos kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery
+.PHONY: chaos bench-failover kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery
 
 build:
 	@mkdir -p $(BIN)
@@ -27,6 +27,7 @@ build:
 	$(GO) build -o $(BIN)/fence-driver ./fence-drivers/cmd/fence-driver
 	$(GO) build -o $(BIN)/nodefence-testbed ./testbed/cmd/nodefence-testbed
 	$(GO) build -o $(BIN)/bench-ingest ./testbed/cmd/bench-ingest
+	$(GO) build -o $(BIN)/bench-failover ./testbed/cmd/bench-failover
 
 # tool NAME PKG VERSION: install PKG@VERSION as ./bin/tools/NAME unless that exact version is there.
 define tool
@@ -117,6 +118,12 @@ CHAOS_SEED ?= 0
 CHAOS_STEPS ?= 40
 chaos: deps kube-assets
 	$(GO) test -count=1 -v -timeout 70m -run TestChaosLong ./testbed/chaos -args -chaos.long -chaos.seed=$(CHAOS_SEED) -chaos.steps=$(CHAOS_STEPS)
+
+# bench-failover: 3 coordinators on a 3-member etcd, N agents, a fence in flight, the leader killed
+# with SIGKILL, 10 rounds; the last line is JSON. Smaller: make bench-failover FAILOVER_FLAGS="--agents 1000".
+FAILOVER_FLAGS ?= --agents 10000 --rounds 10
+bench-failover: deps build kube-assets
+	$(BIN)/bench-failover $(FAILOVER_FLAGS)
 
 bench: bench-ingest bench-agent bench-drivers bench-recovery
 
