@@ -111,10 +111,12 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	tctx, cancel := context.WithCancel(ctx)
 	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
 	// Leadership ends when the lease is gone, the key is deleted by anyone, or etcd cannot be read
-	// for half the lease: a leader cut from etcd steps down before another replica can take over.
+	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
+	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
 	watch := e.cli.Watch(tctx, t.Key)
 	ttl := time.Duration(e.ttl) * time.Second
 	every := min(time.Second, ttl/4)
+	readTimeout := min(CallTimeout, ttl/2)
 	check := time.NewTicker(every)
 	lastRead := time.Now()
 	go func() {
@@ -128,13 +130,13 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			case <-tctx.Done():
 				return
 			case now := <-check.C:
-				switch live, err := t.keyLive(tctx, every); {
+				switch live, err := t.keyLive(tctx, readTimeout); {
 				case err == nil && !live:
 					e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 					return
 				case err == nil:
 					lastRead = now
-				case time.Since(lastRead) >= ttl/2 && tctx.Err() == nil:
+				case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
 					e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
 					return
 				}

@@ -112,13 +112,19 @@ type bench struct {
 
 const victim = "victim"
 
-func run(ctx context.Context, binDir string, agents, rounds, perConn int) (*result, error) {
+func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *result, err error) {
 	dir, err := os.MkdirTemp("", "bench-failover-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	b := &bench{dir: dir, conns: map[string]*grpc.ClientConn{}}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(dir)
+		} else {
+			fmt.Fprintln(os.Stderr, "logs kept in", dir)
+		}
+	}()
 	defer b.close()
 	if err := b.start(ctx, binDir, agents); err != nil {
 		return nil, err
@@ -163,7 +169,20 @@ func run(ctx context.Context, binDir string, agents, rounds, perConn int) (*resu
 		}
 		return true
 	}
-	if err := poll(ctx, 3*time.Minute, func() bool { return allBack(time.Unix(0, 1)) }); err != nil {
+	lastReport := time.Now()
+	if err := poll(ctx, 5*time.Minute, func() bool {
+		if time.Since(lastReport) > 10*time.Second {
+			lastReport = time.Now()
+			n := 0
+			for i := range answered {
+				if answered[i].Load() > 0 {
+					n++
+				}
+			}
+			fmt.Printf("%d of %d agents connected\n", n, agents)
+		}
+		return allBack(time.Unix(0, 1))
+	}); err != nil {
 		return nil, fmt.Errorf("agents never all connected: %w", err)
 	}
 	fmt.Printf("all %d agents connected\n", agents)
