@@ -63,6 +63,10 @@ type Term struct {
 	session *concurrency.Session
 	el      *concurrency.Election
 
+	// txnTimeout bounds one guarded write: the lease TTL (at least CallTimeout). A leader that cannot
+	// commit within its lease is no longer safely the leader.
+	txnTimeout time.Duration
+
 	resignOnce sync.Once // concurrency.Election is not safe for concurrent use
 	resignErr  error
 }
@@ -109,7 +113,8 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		return nil, fmt.Errorf("campaign: %w", err)
 	}
 	tctx, cancel := context.WithCancel(ctx)
-	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
+	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el,
+		txnTimeout: max(CallTimeout, time.Duration(e.ttl)*time.Second)}
 	// Leadership ends when the lease is gone, the key is deleted by anyone, or etcd cannot be read
 	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
 	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
@@ -194,7 +199,7 @@ func (t *Term) Guard() clientv3.Cmp {
 // Txn commits ops if this term is still the leader's and every extra comparison holds. It returns
 // ErrDeposed when the term is over and ErrConflict when an extra comparison failed.
 func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, max(t.txnTimeout, CallTimeout))
 	defer cancel()
 	resp, err := t.cli.Txn(ctx).
 		If(append([]clientv3.Cmp{t.Guard()}, cmps...)...).
