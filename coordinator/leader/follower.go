@@ -128,7 +128,9 @@ func (f *Follower) Run(ctx context.Context, interval time.Duration) {
 func (f *Follower) refresh(ctx context.Context) View {
 	now := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, readTimeout)
-	resp, err := f.cli.Get(rctx, f.prefix+"/", clientv3.WithFirstCreate()...)
+	// Serializable, like the leader's own check: a busy etcd cluster must not look unreachable. A
+	// stale answer names a leader that either answers (and redirects in turn) or is probed dead.
+	resp, err := f.cli.Get(rctx, f.prefix+"/", append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
 	cancel()
 	if err != nil {
 		return View{Err: err, At: now}

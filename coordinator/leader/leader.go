@@ -166,7 +166,11 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 func (t *Term) keyLive(ctx context.Context, timeout time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := t.cli.Get(ctx, t.Key)
+	// Serializable: any reachable member answers from its own state, without a round of the etcd
+	// cluster's consensus, so a busy cluster (thousands of agents saying hello at once) is not taken
+	// for an unreachable one. A member cut off from its quorum answers too; the lease, which only the
+	// quorum renews, ends the term in that case.
+	resp, err := t.cli.Get(ctx, t.Key, clientv3.WithSerializable())
 	if err != nil {
 		return false, err
 	}
