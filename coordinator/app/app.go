@@ -648,7 +648,7 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
-	go a.follower.Run(ctx, 250*time.Millisecond)
+	go a.follower.Run(ctx, 100*time.Millisecond)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
