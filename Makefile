@@ -15,7 +15,7 @@ GRPCURL_VERSION            := v1.9.3
 STATICCHECK_VERSION        := v0.8.2
 
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest
-APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet
+APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd
 
 .PHONY: images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery
 

@@ -89,7 +89,8 @@ type Documented interface {
 
 // Options configures a Service. Zero fields take the defaults documented on each field.
 type Options struct {
-	// StateDir holds the persisted epochs. Required; created if missing.
+	// StateDir holds the persisted epochs and the answers of recent operations (de-duplication
+	// across restarts). Required; created if missing.
 	StateDir string
 	// DefaultTimeout bounds an operation whose request has no timeout. Default 20 s.
 	DefaultTimeout time.Duration

@@ -77,7 +77,11 @@ func NewService(d Driver, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{d: d, opts: opts, desc: desc, epochs: epochs, ops: newOpTable()}, nil
+	ops, err := loadOpTable(opts.StateDir, opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{d: d, opts: opts, desc: desc, epochs: epochs, ops: ops}, nil
 }
 
 // PowerOff turns the target off and returns once a status read-back saw it off.

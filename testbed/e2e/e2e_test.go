@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -376,7 +378,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 	cfgPath := writeConfig(t, driver, []node{n})
 	first := startCoordinator(t, app.Config{ID: "first", FenceConfig: cfgPath})
 	leaderReady(t, conn(t, first.app.Addr()))
-	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}})
+	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}, EtcdAccess: first.app.EtcdAccess()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -722,8 +724,8 @@ func TestKdumpWithRealSender(t *testing.T) {
 		t.Fatalf("fence started %s after the dump began: the node should be down at once, not after the 30s grace", rec.CreatedAt.AsTime().Sub(sent))
 	}
 	op := rec.Operations[0]
-	if !rec.ConfirmedOffAt.AsTime().Before(op.StartedAt.AsTime()) {
-		t.Fatalf("confirmed off at %s, power-off started %s: a dumping node may be released before its power-off", rec.ConfirmedOffAt.AsTime(), op.StartedAt.AsTime())
+	if rec.ConfirmedOffAt.AsTime().Before(op.StartedAt.AsTime()) {
+		t.Fatalf("confirmed off at %s, before the power-off started at %s: fence_kdump is evidence, never proof", rec.ConfirmedOffAt.AsTime(), op.StartedAt.AsTime())
 	}
 	if op.StartedAt.AsTime().Before(lastMessage.Add(eng.KdumpIdle - 200*time.Millisecond)) {
 		t.Fatalf("power management started at %s, before the dump ended (last message %s + idle %s)", op.StartedAt.AsTime(), lastMessage, eng.KdumpIdle)
@@ -736,5 +738,187 @@ func TestKdumpWithRealSender(t *testing.T) {
 		if len(r.GetFences()) != 0 {
 			t.Fatalf("%s fenced", n.name)
 		}
+	}
+}
+
+// Spoofed fence_kdump: the real fence_kdump_send, from the address of a node whose agent is
+// streaming, changes nothing: the node stays Ready and is never fenced. The messages are counted
+// as dropped for the live witness.
+func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1"), addr: "127.0.0.1"}
+	driver := startDriver(t, t.TempDir())
+	eng := engine.DefaultConfig()
+	eng.NodeMonitorGracePeriod, eng.NodeStartupGracePeriod = 30*time.Second, 30*time.Second
+	eng.Fence.Timeout = 500 * time.Millisecond
+	eng.KdumpIdle, eng.KdumpTimeout = 2*time.Second, 20*time.Second
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n}), Engine: eng, KdumpListen: "127.0.0.1:0",
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b-1", Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(actx) }()
+	defer func() { acancel(); <-done }()
+	cl := coordv1.NewClusterServiceClient(cc)
+	ready := func() error {
+		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
+		if err != nil {
+			return err
+		}
+		if r.Node.Readiness != coordv1.Readiness_READINESS_READY || !r.Node.Connected {
+			return fmt.Errorf("%s: %s (connected %v)", r.Node.Readiness, r.Node.Reason, r.Node.Connected)
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, "node-1 ready with its agent connected", ready)
+
+	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
+	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "12", "-i", "1", "127.0.0.1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
+	}
+	time.Sleep(eng.Fence.Timeout + time.Second) // a fence would have started by now
+	if err := ready(); err != nil {
+		t.Fatalf("after spoofed kdump messages: %v", err)
+	}
+	r, err := coordv1.NewFenceServiceClient(cc).ListFences(ctx, &coordv1.ListFencesRequest{Node: n.name})
+	if err != nil || len(r.Fences) != 0 {
+		t.Fatalf("fence records after spoofed kdump messages: %v, %v", r, err)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, n.bmc.Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("ipmitool after spoofed kdump messages: %q %v", p, err)
+	}
+	au, err := cl.ListAudit(ctx, &coordv1.ListAuditRequest{Node: n.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range au.Entries {
+		if e.Kind == "kdump" {
+			t.Fatalf("spoofed kdump message reached the engine: %v", e)
+		}
+	}
+}
+
+// grantLog records the grants an agent receives.
+type grantLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (g *grantLog) Grant(e *agentv1.EvictionGrant) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range e.Pods {
+		g.got = append(g.got, p.Namespace+"/"+p.Name)
+	}
+}
+
+func (g *grantLog) list() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.got)
+}
+
+// Three nodes of one zone propose soft-threshold evictions at once: the coordinator grants over
+// the agents' streams under the zone's budget (one in flight, a token every 2 s), visible in
+// ListZones; a report frees the slot.
+func TestPodEvictionsPacedPerZone(t *testing.T) {
+	names := []string{"p-1", "p-2", "p-3"}
+	var configured []node // only configured nodes may say hello
+	for _, name := range names {
+		configured = append(configured, node{name: name, password: "password", bmc: startBMC(t, name)})
+	}
+	driver := startDriver(t, t.TempDir())
+	eng := engine.DefaultConfig()
+	eng.Fence.Enabled = false
+	eng.PodEviction = engine.PodEvictionConfig{Rate: 0.5, Burst: 1, MaxInFlight: 1, GrantTTL: time.Minute}
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, configured), Engine: eng,
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	cl := coordv1.NewClusterServiceClient(cc)
+
+	agents := map[string]*agent.Agent{}
+	grants := map[string]*grantLog{}
+	for _, name := range names {
+		grants[name] = &grantLog{}
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: name, BootID: "b-" + name,
+			Zone: "a", Grants: grants[name], Log: testLog(t)}, fixedSampler{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		agents[name] = a
+	}
+	zone := func() *coordv1.Zone {
+		r, err := cl.ListZones(context.Background(), &coordv1.ListZonesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, z := range r.Zones {
+			if z.Size == 3 {
+				return z
+			}
+		}
+		return &coordv1.Zone{}
+	}
+	eventually(t, 10*time.Second, "three agents connected", func() error {
+		if z := zone(); z.Size != 3 || z.Ready != 3 {
+			return fmt.Errorf("%v", z)
+		}
+		return nil
+	})
+	for _, name := range names {
+		agents[name].Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Candidates{Candidates: &agentv1.EvictionCandidates{
+			Signal: "memory.available", Candidates: []*agentv1.EvictionCandidate{{Namespace: "web", Name: "hog-" + name, Uid: "uid-" + name}}}}})
+	}
+	total := func() (n int, who string) {
+		for _, name := range names {
+			if g := grants[name].list(); len(g) > 0 {
+				n += len(g)
+				who = name
+			}
+		}
+		return n, who
+	}
+	var first string
+	eventually(t, 5*time.Second, "one grant", func() error {
+		n, who := total()
+		if n != 1 {
+			return fmt.Errorf("%d grants", n)
+		}
+		first = who
+		return nil
+	})
+	eventually(t, 5*time.Second, "ListZones shows the budget", func() error {
+		if z := zone(); z.PodEvictionsInFlight != 1 || z.PodEvictionsMaxInFlight != 1 || z.PodCandidatesHeld != 2 || z.PodEvictionsGranted != 1 || z.PodEvictionRate != 0.5 {
+			return fmt.Errorf("%v", z)
+		}
+		return nil
+	})
+	// The cap holds the others back even when tokens are there.
+	time.Sleep(2500 * time.Millisecond)
+	if n, _ := total(); n != 1 {
+		t.Fatalf("%d grants with one in flight and a cap of 1", n)
+	}
+	agents[first].Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Eviction{Eviction: &agentv1.EvictionReport{
+		Namespace: "web", Name: "hog-" + first, Uid: "uid-" + first, Signal: "memory.available", Kind: agentv1.EvictionKind_EVICTION_KIND_GRANTED}}})
+	eventually(t, 5*time.Second, "a second grant after the report", func() error {
+		if n, _ := total(); n != 2 {
+			return fmt.Errorf("%d grants", n)
+		}
+		return nil
+	})
+	if z := zone(); z.PodCandidatesHeld != 1 || z.PodEvictionsGranted != 2 {
+		t.Fatalf("zone after the second grant: %v", z)
 	}
 }

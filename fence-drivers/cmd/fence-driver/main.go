@@ -79,7 +79,7 @@ type config struct {
 
 func (c *config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Driver, "driver", "", "fence driver to serve: "+strings.Join(driverNames(), "|"))
-	fs.StringVar(&c.StateDir, "state-dir", "", "directory for persisted epochs (required)")
+	fs.StringVar(&c.StateDir, "state-dir", "", "directory for persisted epochs and recent operation answers (required)")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", 20*time.Second, "operation timeout when a request has none")
 	fs.DurationVar(&c.PollInterval, "poll-interval", 100*time.Millisecond, "pause between status read-backs")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
