@@ -90,7 +90,7 @@ func (e *Engine) fence(now time.Time) {
 		} else if n.guardClearSince.IsZero() {
 			n.guardClearSince = now
 		}
-		if now.Sub(n.releasedAt) < fc.Timeout || (!e.dumping(n, now) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
+		if now.Sub(n.releasedAt) < fc.Timeout || (!e.crashed(n) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
 			continue // not due yet (the fence timeout counts from the release; the grace from its last restart)
 		}
 		if reason != "" {
