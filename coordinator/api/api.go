@@ -338,6 +338,12 @@ func (s *FenceServer) GetFence(ctx context.Context, req *coordv1.GetFenceRequest
 // ListFences returns records newest first.
 func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesRequest) (*coordv1.ListFencesResponse, error) {
 	limit := int(req.GetLimit())
+	if ps := int(req.GetPageSize()); ps != 0 {
+		if limit != 0 && limit != ps {
+			return nil, fault.Invalid{{Field: "page_size", Problem: "differs from limit; set one of them"}}
+		}
+		limit = ps
+	}
 	switch {
 	case limit < 0 || limit > 1000:
 		return nil, fault.Invalid{{Field: "limit", Problem: "must be between 0 and 1000"}}
