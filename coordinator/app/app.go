@@ -365,6 +365,7 @@ type App struct {
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
 	kube      *kubeMode
+	proof     *proof
 	mu        sync.Mutex
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
@@ -461,6 +462,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.follower, a.advertise = leader.NewFollower(cli, a.store.LeaderPrefix(), cfg.ID, log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
+	a.proof = newProof(a, srv.Registry)
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
@@ -790,6 +792,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.proof.observe(term, f)
 	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(f)

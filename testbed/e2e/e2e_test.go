@@ -543,9 +543,9 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		return nil
 	})
 	cancels["w-2"]()
-	time.Sleep(grace + 500*time.Millisecond) // the judgement must hold past the grace period
-	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY {
-		t.Fatalf("w-2 after shutdown and silence: %s (%s), want NotReady", nd.Readiness, nd.Reason)
+	time.Sleep(grace + 500*time.Millisecond) // silent past the grace period: Unknown, as kube-controller-manager marks it
+	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN || !nd.ShuttingDown {
+		t.Fatalf("w-2 after shutdown and silence: %s (%s), want Unknown and still shutting down", nd.Readiness, nd.Reason)
 	}
 	if nd := get("w-3"); nd.Readiness != coordv1.Readiness_READINESS_READY {
 		t.Fatalf("w-3 still reporting: %s", nd.Readiness)
