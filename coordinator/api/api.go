@@ -320,6 +320,9 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 		return nil, err
 	}
 	limit := int(req.GetLimit())
+	if ps := int(req.GetPageSize()); ps != 0 {
+		limit = ps // Validate checked it agrees with limit
+	}
 	if limit == 0 {
 		limit = 100
 	}
@@ -500,7 +503,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if err := s.configuredPlace(hello); err != nil {
 		return err
 	}
-	l, err := s.Leadership.Leading(ctx)
+	l, err := s.awaitLeader(ctx)
 	if err != nil {
 		return err
 	}
@@ -588,6 +591,29 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 				return err
 			}
 			lastAck = time.Now()
+		}
+	}
+}
+
+// helloWait is how long a replica that knows no live leader holds an agent's hello before answering:
+// during an election, a redirect the moment a leader is verified beats thousands of agents asking
+// every replica again and again.
+const helloWait = 2 * time.Second
+
+// awaitLeader returns this replica's term, or the error naming the leader, waiting up to helloWait
+// while no leader is verified.
+func (s *AgentServer) awaitLeader(ctx context.Context) (*Leading, error) {
+	deadline := time.Now().Add(helloWait)
+	for {
+		l, err := s.Leadership.Leading(ctx)
+		var nl *fault.NotLeaderError
+		if err == nil || (errors.As(err, &nl) && nl.LeaderAddress != "") || time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
