@@ -70,8 +70,8 @@ type candidate struct {
 
 // podZone is a zone's pod-eviction budget and counters.
 type podZone struct {
-	limiter  *rate.Limiter
-	inFlight map[string]time.Time // podKey -> when its grant stops counting
+	limiter   *rate.Limiter
+	inFlight  map[string]time.Time // podKey -> when its grant stops counting
 	granted   int64
 	local     int64
 	fallbacks int64
