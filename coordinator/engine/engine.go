@@ -458,6 +458,13 @@ func (e *Engine) dumping(n *node, now time.Time) bool {
 	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
 }
 
+// crashed reports whether the node sent fence_kdump messages and its agent has been silent since
+// the dump began: it crashed, so it needs no grace period to be judged, even once the dump is over
+// (a fence requested after the settle window may come after the last message).
+func (e *Engine) crashed(n *node) bool {
+	return !n.kdumpFirst.IsZero() && n.lastContact.Before(n.kdumpFirst)
+}
+
 // enqueue appends n to its zone's eviction queue and says so.
 func (e *Engine) enqueue(n *node, at time.Time) string {
 	z := e.zones[n.zoneKey]
