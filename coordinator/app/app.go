@@ -63,6 +63,8 @@ type Config struct {
 	EtcdPrefix string
 	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
 	EtcdAccess EtcdAccess
+	// Retention bounds the fence records and audit entries kept in etcd.
+	Retention store.Retention
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -83,6 +85,9 @@ type Config struct {
 	ElectionTTL time.Duration
 	// FenceOpTimeout bounds one driver call including its read-back.
 	FenceOpTimeout time.Duration
+	// DeviceCheckInterval is how often the leader checks every fence method's device with the
+	// driver's Monitor (non-destructive); 0 turns the checks off.
+	DeviceCheckInterval time.Duration
 	// Fencing is the fence flow's retry, wait and polling policy.
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
@@ -129,6 +134,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
 	c.EtcdAccess.RegisterFlags(fs)
+	c.registerRetentionFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -175,6 +181,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReleaseHealthyDelay, "release-healthy-delay", DefaultReleaseHealthyDelay, "how long a fenced node must be back and Ready before its out-of-service taint is removed (Kubernetes mode)")
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", 5*time.Second, "leader lease TTL (whole seconds)")
 	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", 30*time.Second, "deadline of one driver call including read-back")
+	fs.DurationVar(&c.DeviceCheckInterval, "device-check-interval", 5*time.Minute, "how often the leader checks every fence device with the driver's Monitor (0: never)")
 	def := fencing.DefaultPolicy()
 	fs.IntVar(&c.Fencing.Retries, "fence-retries", def.Retries, "retries of a failed fence record before it is escalated")
 	fs.DurationVar(&c.Fencing.Backoff, "fence-retry-backoff", def.Backoff, "delay before the first retry; doubles each retry")
@@ -207,6 +214,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.EtcdPrefix == "" {
 		c.EtcdPrefix = "/nodefence"
+	}
+	if c.Retention == (store.Retention{}) {
+		c.Retention = store.DefaultRetention()
 	}
 	if c.Engine == (engine.Config{}) {
 		c.Engine = engine.DefaultConfig()
@@ -260,6 +270,7 @@ func (c *Config) Validate() []error {
 		}
 	}
 	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
+	errs = append(errs, c.validateRetention()...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -310,6 +321,9 @@ func (c *Config) Validate() []error {
 	if c.ElectionTTL < time.Second || c.ElectionTTL%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("--election-ttl: %s must be a whole number of seconds, at least 1s", c.ElectionTTL))
 	}
+	if c.DeviceCheckInterval < 0 {
+		errs = append(errs, errors.New("--device-check-interval: must not be negative"))
+	}
 	if c.FenceOpTimeout <= 0 {
 		errs = append(errs, errors.New("--fence-op-timeout: must be positive"))
 	}
@@ -358,9 +372,11 @@ type App struct {
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
 	kube      *kubeMode
+	proof     *proof
 	mu        sync.Mutex
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
+	devices   *deviceChecks
 	closeOnce sync.Once
 }
 
@@ -454,10 +470,12 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.follower, a.advertise = leader.NewFollower(cli, a.store.LeaderPrefix(), cfg.ID, log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
+	a.proof = newProof(a, srv.Registry)
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
+	a.devices = newDeviceChecks(srv.Registry)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -510,9 +528,10 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
-// agentLive reports whether the node's agent is streaming to this leader: connected and heard
-// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
-// witness. Followers answer false; they drop kdump messages anyway.
+// agentLive reports whether a witness of the node is alive: its agent streaming to this leader
+// (connected and heard within five heartbeat intervals, at least 5 s) or, in Kubernetes mode, its
+// kubelet's Lease renewed within the monitor grace period. A fence_kdump message never overrides
+// such a witness. Followers answer false; they drop kdump messages anyway.
 func (a *App) agentLive(node string) bool {
 	a.mu.Lock()
 	l := a.leading
@@ -526,7 +545,11 @@ func (a *App) agentLive(node string) bool {
 	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
 	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
 		n := e.Node(node)
-		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		agent := n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		// Kubernetes mode: a kubelet whose Lease was renewed within the monitor grace period is a
+		// live witness too.
+		kubelet := n != nil && n.KubeletLastSeen != nil && time.Since(n.KubeletLastSeen.AsTime()) < a.cfg.Engine.NodeMonitorGracePeriod
+		live = agent || kubelet
 	})
 	return live
 }
@@ -634,7 +657,7 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
-	go a.follower.Run(ctx, 250*time.Millisecond)
+	go a.follower.Run(ctx, 100*time.Millisecond)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
@@ -739,11 +762,13 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
+	go a.devices.run(term.Context(), a, secrets, a.cfg.DeviceCheckInterval)
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
 		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
+	go a.pruneHistory(term)
 	if a.kube != nil {
 		a.kube.startTerm(term, lp)
 	}
@@ -777,6 +802,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.proof.observe(term, f)
 	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(f)

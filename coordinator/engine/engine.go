@@ -18,6 +18,10 @@
 // readable again give every node a fresh grace period. A released node is fenced after the fence
 // timeout counted from its release, once silent a full grace period since the last grace restart and
 // once the storm guard has let it pass for the settle window.
+//
+// Beyond kube-controller-manager, the engine paces the agents' soft-threshold pod evictions per
+// zone (pods.go): candidates in, grants out through Ready.Grants, under a token bucket and a cap on
+// grants in flight.
 package engine
 
 import (
@@ -456,13 +460,6 @@ func (e *Engine) requeue(n *node, now time.Time) {
 // dumping reports whether the node sent a fence_kdump message within the idle time.
 func (e *Engine) dumping(n *node, now time.Time) bool {
 	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
-}
-
-// crashed reports whether the node sent fence_kdump messages and its agent has been silent since
-// the dump began: it crashed, so it needs no grace period to be judged, even once the dump is over
-// (a fence requested after the settle window may come after the last message).
-func (e *Engine) crashed(n *node) bool {
-	return !n.kdumpFirst.IsZero() && n.lastContact.Before(n.kdumpFirst)
 }
 
 // enqueue appends n to its zone's eviction queue and says so.
