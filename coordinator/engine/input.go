@@ -140,6 +140,9 @@ func (e *Engine) Step(in Input) {
 		}
 	case Kubelet:
 		n := e.node(in.Node, "", "", in.At)
+		if in.Heartbeat.IsZero() {
+			return // the kubelet never posted: the startup grace period runs from the node's registration
+		}
 		if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
 			n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
 		}
