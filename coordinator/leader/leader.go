@@ -28,6 +28,10 @@ var ErrDeposed = fmt.Errorf("%w: this replica is no longer the leader", fault.Er
 // ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change).
 var ErrConflict = fmt.Errorf("%w: concurrent modification", fault.ErrFailedPrecondition)
 
+// ErrKeyLost is returned by a campaign whose election key vanished (its lease expired) while it
+// waited for the older keys: no term is started, the caller campaigns again.
+var ErrKeyLost = errors.New("election key no longer exists")
+
 // Info identifies a replica; it is the value of its election key.
 type Info struct {
 	ID      string `json:"id"`
@@ -112,13 +116,27 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		}
 		return nil, fmt.Errorf("campaign: %w", err)
 	}
+	// Campaign returns once every older key is gone, without looking at its own: a key lost while
+	// waiting (its lease expired during an etcd outage) would make a leader without a key. Check
+	// that the key is still ours before calling this a term.
+	kctx, kcancel := context.WithTimeout(ctx, CallTimeout)
+	got, err := e.cli.Get(kctx, el.Key())
+	kcancel()
+	if err != nil || len(got.Kvs) == 0 || got.Kvs[0].CreateRevision != el.Rev() {
+		session.Close()
+		if err == nil {
+			err = ErrKeyLost
+		}
+		return nil, fmt.Errorf("campaign won with key %s: %w", el.Key(), err)
+	}
 	tctx, cancel := context.WithCancel(ctx)
 	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el,
 		txnTimeout: max(CallTimeout, time.Duration(e.ttl)*time.Second)}
-	// Leadership ends when the lease is gone, the key is deleted by anyone, or etcd cannot be read
+	// Leadership ends when the lease is gone, the key is deleted by anyone (watched from the
+	// revision of the check above, so a deletion right after it is seen), or etcd cannot be read
 	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
 	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
-	watch := e.cli.Watch(tctx, t.Key)
+	watch := e.cli.Watch(tctx, t.Key, clientv3.WithRev(got.Header.Revision+1))
 	ttl := time.Duration(e.ttl) * time.Second
 	every := min(time.Second, ttl/4)
 	readTimeout := min(CallTimeout, ttl/2)

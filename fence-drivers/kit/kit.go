@@ -102,6 +102,8 @@ type Options struct {
 	ConfirmReads int
 	// Log receives the audit lines. Default slog.Default().
 	Log *slog.Logger
+	// Metrics receives per-device results and latencies; nil records none.
+	Metrics *Metrics
 }
 
 // SetDefaults fills the zero fields.

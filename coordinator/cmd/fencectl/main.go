@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -54,7 +55,8 @@ commands:
   list [--node N] [--status S] [--limit N] list fence records, newest first
   watch ID | --node NODE                  follow a fence record until it is done or in error
   nodes                                   list nodes with readiness and last contact
-  zones                                   list zones with their disruption state
+  zones                                   list zones: disruption state, and the pod-eviction budget
+                                          (rate, grants in flight/cap, candidates held, granted, local)
   leader                                  show the leader replica and its epoch
   audit [--node N] [--limit N]            the coordinator's audit trail: every decision, oldest first
   certs --dir DIR ROLE/NAME...            issue a CA and certificates with nodefence identities (offline)
@@ -304,9 +306,10 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 				return c.print(r)
 			}
 			tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\t(evictions paused: %v)\n", r.EvictionsPaused)
+			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\tPOD RATE\tIN FLIGHT\tHELD\tGRANTED\tLOCAL\t(evictions paused: %v)\n", r.EvictionsPaused)
 			for _, z := range r.Zones {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%g/s\t%d/%d\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady,
+					z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal)
 			}
 			return tw.Flush()
 		})
@@ -525,6 +528,26 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
+	var bad []string
+	for _, node := range c.NodeNames() {
+		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+			ms, _ := c.Plan(node, step)
+			for _, m := range ms {
+				for _, p := range checkMethod(m) {
+					bad = append(bad, fmt.Sprintf("nodes.%s.methods.%s (driver %s): %s", node, m.Name, m.Driver, p))
+				}
+			}
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		bad = slices.Compact(bad)
+		fmt.Fprintf(stderr, "%s: %d problem(s):\n", args[1], len(bad))
+		for _, p := range bad {
+			fmt.Fprintln(stderr, "  -", p)
+		}
+		return 1
+	}
 	for _, node := range c.NodeNames() {
 		fmt.Fprintf(stdout, "node %s\n", node)
 		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
@@ -547,7 +570,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 				sort.Strings(keys)
 				for _, k := range keys {
 					v := m.Parameters[k]
-					if isSecretName(k) {
+					if secretFor(m.Driver, k) {
 						v = "***"
 					}
 					fmt.Fprintf(stdout, "       %s=%s\n", k, v)
@@ -557,18 +580,6 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%d node(s), configuration valid\n", len(c.NodeNames()))
 	return 0
-}
-
-// isSecretName recognises secret parameters by the ClusterLabs names (password, passwd,
-// snmp-priv-passwd, community, secret keys) and by secret file references.
-func isSecretName(k string) bool {
-	k = strings.ToLower(strings.ReplaceAll(k, "-", "_"))
-	for _, s := range []string{"password", "passwd", "community", "secret", "token", "_key"} {
-		if strings.Contains(k, s) {
-			return !strings.HasSuffix(k, "_file") && !strings.HasSuffix(k, "_secret") && !strings.HasSuffix(k, "_script")
-		}
-	}
-	return false
 }
 
 func short(enum string) string { return cli.EnumWord(enum) }

@@ -41,8 +41,8 @@ var drivers = map[string]func(c *config, log *slog.Logger) kit.Driver{
 	"agent": func(c *config, _ *slog.Logger) kit.Driver {
 		return agent.NewWith(agent.Config{ExtraParameters: c.AgentExtraParameters})
 	},
-	"ipmi":  func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
-	"pdu":   func(*config, *slog.Logger) kit.Driver { return pdu.New() },
+	"ipmi": func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
+	"pdu":  func(*config, *slog.Logger) kit.Driver { return pdu.New() },
 	"brocade": func(c *config, log *slog.Logger) kit.Driver {
 		return brocade.NewWith(brocade.Config{KnownHostsFile: c.knownHosts(), Log: log})
 	},
@@ -158,16 +158,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).With("driver", cfg.Driver)
 
-	svc, err := kit.NewService(drivers[cfg.Driver](&cfg, log), kit.Options{
-		StateDir: cfg.StateDir, DefaultTimeout: cfg.DefaultTimeout, PollInterval: cfg.PollInterval, Log: log,
-	})
-	if err != nil {
-		log.Error("cannot start the driver service", "err", err)
-		return 1
-	}
 	srv, err := server.New(cfg.Server, log)
 	if err != nil {
 		log.Error("cannot start the gRPC server", "err", err)
+		return 1
+	}
+	svc, err := kit.NewService(drivers[cfg.Driver](&cfg, log), kit.Options{
+		StateDir: cfg.StateDir, DefaultTimeout: cfg.DefaultTimeout, PollInterval: cfg.PollInterval, Log: log,
+		Metrics: kit.NewMetrics(srv.Registry),
+	})
+	if err != nil {
+		srv.Stop()
+		log.Error("cannot start the driver service", "err", err)
 		return 1
 	}
 	driverv1.RegisterFenceDriverServiceServer(srv.GRPC, svc)
