@@ -865,6 +865,19 @@ func TestCorruptRecordIsNeverFatal(t *testing.T) {
 	if states := watchUntilFinal(t, ctx, fc, resp.Fence.Id); len(states) != 1 {
 		t.Fatalf("WatchFence of a finished record: %d states", len(states))
 	}
+	// Pages over gRPC: one record a page, then the end.
+	page, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{PageSize: 1})
+	if err != nil || len(page.Fences) != 1 || page.NextPageToken == "" {
+		t.Fatalf("first page: %v, %v", page, err)
+	}
+	if page, err = fc.ListFences(ctx, &coordv1.ListFencesRequest{PageSize: 1, PageToken: page.NextPageToken}); err != nil || len(page.Fences) != 0 || page.NextPageToken != "" {
+		t.Fatalf("second page: %v, %v", page, err)
+	}
+	for _, bad := range []*coordv1.ListFencesRequest{{PageSize: 1, Limit: 2}, {PageToken: "../../leader"}} {
+		if _, err := fc.ListFences(ctx, bad); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("ListFences(%v): %v, want InvalidArgument", bad, err)
+		}
+	}
 
 	first.stop()
 	second := startCoordinator(t, cfg)

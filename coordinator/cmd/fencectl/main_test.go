@@ -13,8 +13,9 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/app"
 	"github.com/nodefence/nodefence/services/server"
-	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/hanglistener"
+	"github.com/nodefence/nodefence/testbed/pki"
 )
 
 func TestConfigCheckPrintsThePlanWithSecretsMasked(t *testing.T) {
@@ -134,10 +135,20 @@ nodes:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	insecure := tlsfiles.Files{Insecure: true}
+	ca, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	coordTLS, err := ca.Files(identity.Coordinator, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opTLS, err := ca.Files(identity.Operator, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
 	a, err := app.New(app.Config{
-		Server: server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second,
-			UnauthenticatedCaller: "spiffe://nodefence/viewer/test"}, DriverTLS: insecure,
+		Server: server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second}, DriverTLS: coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
 		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, KdumpListen: "",
 	}, slog.New(slog.DiscardHandler))
@@ -152,8 +163,8 @@ nodes:
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var out, errb bytes.Buffer
-		code := run(context.Background(), []string{"--insecure", "--coordinator", ln.Addr().String() + "," + a.Addr(),
-			"--timeout", "5s", "--per-address-timeout", "1s", "nodes"}, &out, &errb)
+		code := run(context.Background(), append(pki.Args("", opTLS), "--coordinator", ln.Addr().String()+","+a.Addr(),
+			"--timeout", "5s", "--per-address-timeout", "1s", "nodes"), &out, &errb)
 		if code == 0 && strings.Contains(out.String(), "node-1") {
 			return
 		}

@@ -40,7 +40,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -445,7 +444,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
-		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, out kubepods.Outcome, err error) {
+		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, signal string, out kubepods.Outcome, err error) {
 			kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
 			switch {
 			case out == kubepods.Gone:
@@ -453,8 +452,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			case out != kubepods.Evicted:
 				kind, msg = agentv1.EvictionKind_EVICTION_KIND_FAILED, fmt.Sprintf("the Eviction API refused: %v", err)
 			}
-			a.Send(pressure.EvictionReport(c, "", kind, msg, time.Now()))
-			met.Eviction("", kind.String())
+			a.Send(pressure.EvictionReport(c, signal, kind, msg, time.Now()))
+			met.Eviction(signal, kind.String())
 		}})
 		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
 		if runtime != nil {
@@ -588,7 +587,7 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
 // fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
-	client     kubernetes.Interface
+	client     *kubepods.Client
 	source     *kubepods.Source
 	killer     *kubepods.Killer
 	evictor    *kubepods.Evictor
@@ -606,7 +605,7 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := kubepods.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
