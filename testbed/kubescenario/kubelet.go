@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // KubeletManager is the field manager of the kubelet stand-in, as a real kubelet's is "kubelet".
@@ -23,21 +24,26 @@ const KubeletManager = "kubelet"
 // stopped. (The real kubelet runs in the multi-node cluster harness; this stand-in speaks the same
 // API objects and nothing more.)
 func (e *Env) startKubelet(ctx context.Context, n *Node, renew time.Duration) error {
-	node, err := e.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-		Reason: "KubeletReady", Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
-	conds := []corev1.NodeCondition{ready}
-	for _, c := range node.Status.Conditions {
-		if c.Type != corev1.NodeReady {
-			conds = append(conds, c)
+	// The coordinator writes its own condition on the same Node: re-read on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		node, err := e.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-	}
-	node.Status.Conditions = conds
-	if _, err := e.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{FieldManager: KubeletManager}); err != nil {
+		now := metav1.Now()
+		ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
+		conds := []corev1.NodeCondition{ready}
+		for _, c := range node.Status.Conditions {
+			if c.Type != corev1.NodeReady {
+				conds = append(conds, c)
+			}
+		}
+		node.Status.Conditions = conds
+		_, err = e.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{FieldManager: KubeletManager})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("kubelet %s: post Ready: %w", n.Name, err)
 	}
 	leases := e.Admin.CoordinationV1().Leases(corev1.NamespaceNodeLease)
