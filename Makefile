@@ -15,9 +15,9 @@ GRPCURL_VERSION            := v1.9.3
 STATICCHECK_VERSION        := v0.8.2
 
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest
-APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet
+APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc
 
-.PHONY: kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery
+.PHONY: kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
 
 build:
 	@mkdir -p $(BIN)
@@ -84,6 +84,17 @@ kube-assets:
 test: deps tools check-generated lint kube-assets
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) demo
+
+# cluster: the testbed's multi-node Kubernetes (3 nodes, each in its own network namespace with its own
+# containerd and kubelet, and a BMC that really powers it) in the background; prints how to use kubectl.
+CLUSTER_FLAGS ?=
+cluster: deps kube-assets
+	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
+	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) up
+
+cluster-down:
+	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
+	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) down
 
 run: deps build
 	$(BIN)/nodefence-testbed run
