@@ -343,6 +343,23 @@ func IpmitoolPower(ctx context.Context, port int, user, password string) (string
 	return "", fmt.Errorf("ipmitool chassis power status on port %d: unexpected output %q", port, text)
 }
 
+// IpmitoolChassisPower runs `ipmitool chassis power ACTION` (on, off, cycle, reset) against the
+// BMC on 127.0.0.1:port (lanplus, cipher 3), independently of the code under test.
+func IpmitoolChassisPower(ctx context.Context, port int, user, password, action string) error {
+	switch action {
+	case "on", "off", "cycle", "reset":
+	default:
+		return fmt.Errorf("action %q: want on, off, cycle or reset", action)
+	}
+	cmd := exec.CommandContext(ctx, "ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", strconv.Itoa(port),
+		"-U", user, "-E", "-C", "3", "chassis", "power", action)
+	cmd.Env = append(os.Environ(), "IPMI_PASSWORD="+password)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ipmitool chassis power %s on port %d: %w: %s", action, port, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // Blackhole opens a UDP socket on 127.0.0.1 that reads every datagram and never answers: a BMC that
 // is powered but silent. closer closes the socket and waits for its reader.
 func Blackhole() (port int, closer func(), err error) {
