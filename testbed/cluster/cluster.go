@@ -162,7 +162,10 @@ func Up(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			n.running = true
-			err := n.startContainerd()
+			err := n.newBootID()
+			if err == nil {
+				err = n.startContainerd()
+			}
 			if err == nil {
 				err = n.waitContainerd(deadline)
 			}

@@ -85,10 +85,7 @@ func (n *Node) boot() error {
 	if n.running {
 		return nil
 	}
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	h := hex.EncodeToString(id)
-	if err := os.WriteFile(n.BootIDFile(), []byte(h[:8]+"-"+h[8:12]+"-"+h[12:16]+"-"+h[16:20]+"-"+h[20:]+"\n"), 0o644); err != nil {
+	if err := n.newBootID(); err != nil {
 		return err
 	}
 	n.running = true
@@ -110,6 +107,14 @@ func (n *Node) boot() error {
 		}
 	}
 	return nil
+}
+
+// newBootID writes a new random boot id (a UUID) to BootIDFile.
+func (n *Node) newBootID() error {
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	h := hex.EncodeToString(id)
+	return os.WriteFile(n.BootIDFile(), []byte(h[:8]+"-"+h[8:12]+"-"+h[12:16]+"-"+h[16:20]+"-"+h[20:]+"\n"), 0o644)
 }
 
 func (n *Node) startContainerd() error {

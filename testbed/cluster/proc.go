@@ -77,12 +77,21 @@ func (p *proc) failure(what string) error {
 }
 
 // Tail returns the last n lines of the file at path (or the error reading it).
-func Tail(path string, n int) string {
+func Tail(path string, n int) string { return TailWithout(path, n, "") }
+
+// TailWithout returns the last n lines of the file at path that do not contain skip (such as a
+// server's access-log lines), or the error reading it.
+func TailWithout(path string, n int, skip string) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+		if skip == "" || !strings.Contains(l, skip) {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -72,7 +72,7 @@ func start(t *testing.T, opts nfcluster.Options) *scenario {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, co := range d.Coordinators {
-				t.Logf("%s log tail:\n%s", co.ID, cluster.Tail(co.Log(), 40))
+				t.Logf("%s log tail:\n%s", co.ID, cluster.TailWithout(co.Log(), 40, nfcluster.AccessLog))
 			}
 			t.Logf("fence-driver log tail:\n%s", cluster.Tail(filepath.Join(opts.Dir, "log", "fence-driver.log"), 20))
 			for _, n := range c.Nodes {

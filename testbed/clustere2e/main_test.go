@@ -47,7 +47,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	binDir = filepath.Join(dir, "bin")
 	if err := nfcluster.BuildBinaries(ctx, binDir); err != nil {
@@ -56,7 +56,8 @@ func run(m *testing.M) int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start := time.Now()
-	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second}, log)
+	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second,
+		StartTimeout: 8 * time.Minute}, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "clustere2e: cluster:", err)
 		return 1

@@ -44,6 +44,9 @@ const Namespace = "nodefence"
 // deploy/rbac-coordinator.yaml binds.
 const CoordinatorUser = "system:serviceaccount:nodefence:nodefence-coordinator"
 
+// AccessLog marks the gRPC servers' access-log lines, left out of log tails.
+const AccessLog = `msg="finished call"`
+
 // Binaries the deployment runs, from Options.BinDir.
 var Binaries = []string{"coordinator", "node-agent", "fence-driver", "fencectl"}
 
@@ -418,7 +421,7 @@ func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) erro
 				tails = append(tails, name+" node-agent log:\n"+cluster.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
 			}
 			for _, co := range d.Coordinators {
-				tails = append(tails, co.ID+" log:\n"+cluster.Tail(co.Log(), 15))
+				tails = append(tails, co.ID+" log:\n"+cluster.TailWithout(co.Log(), 15, AccessLog))
 			}
 			return fmt.Errorf("agents within %s: %s\n%s", timeout, last, strings.Join(tails, "\n"))
 		}
