@@ -116,10 +116,14 @@ bench-agent: build
 bench-drivers: deps
 	$(GO) run ./fence-drivers/cmd/bench-drivers -rounds 20
 
-# bench-recovery: seconds from a node's agent going silent to its StatefulSet pod being released
-# (power-off confirmed first), against a real kube-apiserver; 5 rounds, grace 2 s, fence timeout 2 s.
-bench-recovery: deps kube-assets
+# bench-recovery: first, seconds from a node's agent going silent to its StatefulSet pod being
+# released (power-off confirmed first), against a real kube-apiserver; 5 rounds, grace 2 s, fence
+# timeout 2 s. Then, on the real multi-node cluster, seconds from a node's death to its StatefulSet
+# pod Running and Ready on another node: nodefence vs Kubernetes alone vs an operator's taint
+# script, grace 20 s for all; its JSON is the last line.
+bench-recovery: deps kube-assets build
 	$(GO) run ./testbed/cmd/bench-recovery --rounds 5 --grace 2s --fence-timeout 2s
+	$(GO) run ./testbed/cmd/bench-recovery-cluster --bin $(BIN) --rounds 3 --grace 20s --fence-timeout 2s
 
 bench: bench-ingest bench-agent bench-drivers bench-recovery
 

@@ -31,7 +31,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +75,7 @@ type Cluster struct {
 	etcd, apiserver, kcm, scheduler *proc
 	etcdURL                         string
 
+	sysctls   map[string]string // the machine's values of kubeletSysctls
 	lock      *os.File
 	stopPower chan struct{}
 	powerWG   sync.WaitGroup
@@ -141,7 +144,7 @@ func Up(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	if err := writeFileAtomic(statePath(cfg.Prefix), []byte(cfg.Dir+"\n")); err != nil {
 		return nil, err
 	}
-	if err := saveSysctls(cfg.Prefix); err != nil {
+	if c.sysctls, err = saveSysctls(cfg.Prefix); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -549,6 +552,46 @@ func (c *Cluster) Down() error {
 		c.downErr = errors.Join(errs...)
 	})
 	return c.downErr
+}
+
+// Leftovers lists what of the cluster remains on the machine: processes of its nodes, mounts
+// under Dir, network namespaces, the bridge, cgroup roots, and kubelet's sysctls when they differ
+// from the machine's values. After Down it must be empty.
+func (c *Cluster) Leftovers() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		if _, err := os.Stat(netnsPath(n.Netns)); err == nil {
+			out = append(out, "network namespace "+n.Netns)
+		}
+		if pids := cgroupPIDs(n.CgroupRoot); len(pids) > 0 {
+			out = append(out, fmt.Sprintf("processes %v in cgroup %s", pids, n.CgroupRoot))
+		}
+		ms, _ := readMounts()
+		for _, h := range cgroupMounts(ms, true) {
+			if _, err := os.Stat(filepath.Join(h, n.CgroupRoot)); err == nil {
+				out = append(out, "cgroup "+filepath.Join(h, n.CgroupRoot))
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join("/sys/class/net", c.layout.Bridge)); err == nil {
+		out = append(out, "bridge "+c.layout.Bridge)
+	}
+	ms, _ := readMounts()
+	for _, m := range mountsUnder(ms, c.Config.Dir) {
+		out = append(out, "mount "+m)
+	}
+	for _, p := range []*proc{c.etcd, c.apiserver, c.kcm, c.scheduler} {
+		if p != nil && !p.exited() {
+			out = append(out, "process "+p.name)
+		}
+	}
+	for k, want := range c.sysctls {
+		if got, err := os.ReadFile(filepath.Join("/proc/sys", k)); err != nil || strings.TrimSpace(string(got)) != want {
+			out = append(out, fmt.Sprintf("sysctl %s = %q, the machine's value is %q", k, strings.TrimSpace(string(got)), want))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // sweep removes what a cluster of prefix left behind when its process died without Down: the

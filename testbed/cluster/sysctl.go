@@ -30,20 +30,29 @@ func statePath(prefix string) string {
 // saveSysctls records the current values unless a file from an earlier cluster that was never
 // torn down holds them already (those are the machine's own values; the current ones may be
 // kubelet's).
-func saveSysctls(prefix string) error {
+// It returns the saved values, key (such as "kernel/panic") to value.
+func saveSysctls(prefix string) (map[string]string, error) {
 	p := sysctlPath(prefix)
-	if _, err := os.Stat(p); err == nil {
-		return nil
+	if data, err := os.ReadFile(p); err == nil {
+		saved := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok && known(k) {
+				saved[k] = v
+			}
+		}
+		return saved, nil
 	}
+	saved := map[string]string{}
 	var b strings.Builder
 	for _, k := range kubeletSysctls {
 		v, err := os.ReadFile(filepath.Join("/proc/sys", k))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		fmt.Fprintf(&b, "%s=%s\n", k, strings.TrimSpace(string(v)))
+		saved[k] = strings.TrimSpace(string(v))
+		fmt.Fprintf(&b, "%s=%s\n", k, saved[k])
 	}
-	return writeFileAtomic(p, []byte(b.String()))
+	return saved, writeFileAtomic(p, []byte(b.String()))
 }
 
 // restoreSysctls writes the saved values back and removes the file.

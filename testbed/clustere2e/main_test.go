@@ -65,8 +65,10 @@ func run(m *testing.M) int {
 	fmt.Fprintf(os.Stderr, "clustere2e: cluster of %d nodes up in %s\n", len(c.Nodes), time.Since(start).Round(time.Millisecond))
 	testCluster = c
 	code := m.Run()
-	if err := c.Down(); err != nil {
-		fmt.Fprintln(os.Stderr, "clustere2e: cluster down:", err)
+	// Teardown must leave nothing running or mounted and kubelet's sysctls restored.
+	err = c.Down()
+	if left := c.Leftovers(); err != nil || len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "clustere2e: cluster down: %v; left behind: %q\n", err, left)
 		if code == 0 {
 			code = 1
 		}

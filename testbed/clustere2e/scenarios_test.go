@@ -169,8 +169,9 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	if leader == nil {
 		t.Fatal("no leader")
 	}
-	// A slow BMC keeps the power-off in flight long enough to kill the leader during it.
-	if err := victim.BMC.SetDelay(3 * time.Second); err != nil {
+	// A slow BMC keeps the power-off in flight long enough to kill the leader during it (below the
+	// driver's 1 s retransmission interval: a slower BMC would see the command again).
+	if err := victim.BMC.SetDelay(500 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := victim.Crash(); err != nil {
@@ -198,6 +199,8 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	}
 	if fs := s.fences(victim.Name); len(fs) != 1 {
 		t.Errorf("%d NodeFence objects of %s, want 1", len(fs), victim.Name)
+	} else if st, off := fenceStatus(fs[0]); !strings.EqualFold(st, "done") || !off {
+		t.Errorf("NodeFence of %s: status %q, confirmed off %v; want done and confirmed", victim.Name, st, off)
 	}
 	if nl := s.d.Leader(s.ctx); nl == nil || nl == leader {
 		t.Errorf("leader after the kill: %v", nl)

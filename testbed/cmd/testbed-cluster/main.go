@@ -176,7 +176,11 @@ func serve(o options, stderr io.Writer) error {
 	<-ctx.Done()
 	log.Info("stopping the cluster")
 	os.Remove(readyFile(o.dir))
-	return c.Down()
+	err = c.Down()
+	if left := c.Leftovers(); len(left) > 0 {
+		err = errors.Join(err, fmt.Errorf("left behind: %q", left))
+	}
+	return err
 }
 
 // runningPID is the pid of a live serve process of dir, or 0.
