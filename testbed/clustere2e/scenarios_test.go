@@ -169,6 +169,7 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	if leader == nil {
 		t.Fatal("no leader")
 	}
+	before := len(calls(t, victim.BMC)) // the BMC's call log spans earlier scenarios
 	// A slow BMC keeps the power-off in flight long enough to kill the leader during it (below the
 	// driver's 1 s retransmission interval: a slower BMC would see the command again).
 	if err := victim.BMC.SetDelay(500 * time.Millisecond); err != nil {
@@ -178,7 +179,7 @@ func TestLeaderKilledMidFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(recoveryTimeout); ; time.Sleep(50 * time.Millisecond) {
-		if powerOffs(t, victim.BMC) > 0 {
+		if powerOffs(calls(t, victim.BMC)[before:]) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -194,8 +195,8 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	if got := s.power(victim); got != "off" {
 		t.Errorf("ipmitool says %q, want off", got)
 	}
-	if n := powerOffs(t, victim.BMC); n != 1 {
-		t.Errorf("%d power-offs reached the BMC, want exactly 1", n)
+	if c := calls(t, victim.BMC)[before:]; powerOffs(c) != 1 {
+		t.Errorf("%d power-offs reached the BMC, want exactly 1: %q", powerOffs(c), c)
 	}
 	if fs := s.fences(victim.Name); len(fs) != 1 {
 		t.Errorf("%d NodeFence objects of %s, want 1", len(fs), victim.Name)
@@ -208,13 +209,18 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	s.checkLog(w, newPod)
 }
 
-// powerOffs counts the power-off commands the BMC received.
-func powerOffs(t *testing.T, b *ipmisim.BMC) int {
+// calls is the BMC's chassis-control call log.
+func calls(t *testing.T, b *ipmisim.BMC) []string {
 	t.Helper()
-	calls, err := b.Calls()
+	c, err := b.Calls()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// powerOffs counts the power-off commands among calls.
+func powerOffs(calls []string) int {
 	n := 0
 	for _, c := range calls {
 		if c == "set power 0" {
