@@ -11,6 +11,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -25,7 +26,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/fault"
-	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/wire"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -56,6 +57,26 @@ type Deps struct {
 	HeartbeatInterval, SampleInterval time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// KnownNode returns nil when node may say hello: a configured node in standalone mode, an
+	// existing Node in Kubernetes mode. Nil allows only configured nodes.
+	KnownNode func(ctx context.Context, node string) error
+	// KubeletReporting reports whether the node's kubelet still reports (Kubernetes mode), so that
+	// Acknowledge refuses a node one of whose witnesses is alive. Nil in standalone mode.
+	KubeletReporting func(ctx context.Context, node string) (bool, error)
+}
+
+// MaxText caps every free-text field of a request (reasons).
+const MaxText = 1024
+
+// knownNode applies KnownNode, or the fence configuration when it is nil.
+func (d *Deps) knownNode(ctx context.Context, node string) error {
+	if d.KnownNode != nil {
+		return d.KnownNode(ctx, node)
+	}
+	if !d.Config().HasNode(node) {
+		return fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
+	}
+	return nil
 }
 
 func (d *Deps) now() time.Time {
@@ -84,10 +105,36 @@ type AgentServer struct {
 }
 
 func required(field, value string) error {
+	var v fault.Invalid
+	checkName(&v, field, value)
+	return v.Err()
+}
+
+// checkName adds a problem when value is not a valid node name (a Kubernetes object name).
+func checkName(v *fault.Invalid, field, value string) {
 	if strings.TrimSpace(value) == "" {
-		return fault.Invalid{{Field: field, Problem: "required"}}
+		v.Add(field, "required")
+	} else if err := identity.ValidName(value); err != nil {
+		v.Add(field, "%v", err)
 	}
-	return nil
+}
+
+// checkText adds a problem when a free-text field is longer than MaxText or not UTF-8.
+func checkText(v *fault.Invalid, field, value string) {
+	if len(value) > MaxText {
+		v.Add(field, "%d bytes, more than %d", len(value), MaxText)
+	} else if !utf8.ValidString(value) {
+		v.Add(field, "not valid UTF-8")
+	}
+}
+
+// checkID adds a problem when a record id is empty or longer than a node name and a timestamp.
+func checkID(v *fault.Invalid, field, value string) {
+	if strings.TrimSpace(value) == "" {
+		v.Add(field, "required")
+	} else if len(value) > identity.MaxName+40 || !utf8.ValidString(value) || strings.ContainsAny(value, "/\x00") {
+		v.Add(field, "not a fence record id")
+	}
 }
 
 // NewID returns a record id that sorts by creation time per node.
@@ -97,7 +144,10 @@ func NewID(node string, now time.Time) string {
 
 // start creates (or returns the active) record for node with action, and runs it.
 func (s *FenceServer) start(ctx context.Context, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
-	if err := required("node", node); err != nil {
+	var v fault.Invalid
+	checkName(&v, "node", node)
+	checkText(&v, "reason", reason)
+	if err := v.Err(); err != nil {
 		return nil, err
 	}
 	l, err := s.Leadership.Leading(ctx)
@@ -110,7 +160,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
 	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
-	rec.Reason, rec.RequestedBy, rec.Epoch = reason, server.PeerIdentity(ctx), l.Term.Epoch
+	rec.Reason, rec.RequestedBy, rec.Epoch = reason, identity.Name(ctx), l.Term.Epoch
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {
 		return nil, err
@@ -141,14 +191,20 @@ func (s *FenceServer) Unfence(ctx context.Context, req *coordv1.UnfenceRequest) 
 	return &coordv1.UnfenceResponse{Fence: f}, nil
 }
 
-// Acknowledge records an operator's confirmation that a node is off.
+// Acknowledge records an operator's confirmation that a node is off. The operator is the caller's
+// certificate. A node whose agent (or kubelet) is still reporting is refused unless forced with a
+// reason; either way the acknowledgement is in the audit trail.
 func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeRequest) (*coordv1.AcknowledgeResponse, error) {
 	var v fault.Invalid
-	if strings.TrimSpace(req.GetNode()) == "" {
-		v.Add("node", "required")
+	checkName(&v, "node", req.GetNode())
+	checkText(&v, "reason", req.GetReason())
+	checkText(&v, "operator", req.GetOperator())
+	if req.GetForce() && strings.TrimSpace(req.GetReason()) == "" {
+		v.Add("reason", "required with force: say how you know the node is off")
 	}
-	if strings.TrimSpace(req.GetOperator()) == "" {
-		v.Add("operator", "required: name the person confirming the node is off")
+	id, _ := identity.From(ctx)
+	if req.GetOperator() != "" && id.Role == identity.Operator && req.GetOperator() != id.Name {
+		v.Add("operator", "%q is not the caller: the operator is %s, from the client certificate", req.GetOperator(), id.Name)
 	}
 	if err := v.Err(); err != nil {
 		return nil, err
@@ -160,6 +216,26 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 	if !s.Config().HasNode(req.Node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", req.Node, fault.ErrNotFound)
 	}
+	who := id.String()
+	if id.Role == identity.Operator {
+		who = id.Name
+	} else if id.Role == identity.Any && req.GetOperator() != "" {
+		who = fmt.Sprintf("%s (says %q)", id, req.GetOperator())
+	}
+	live, err := s.witnesses(ctx, l, req.Node)
+	if err != nil {
+		return nil, err
+	}
+	note := req.Reason
+	if live != "" {
+		if !req.GetForce() {
+			return nil, fmt.Errorf("node %s is not silent (%s): it may be running; acknowledge only a node you know is off, with force and a reason: %w",
+				req.Node, live, fault.ErrFailedPrecondition)
+		}
+		note = fmt.Sprintf("FORCED while %s: %s", live, req.Reason)
+	}
+	s.audit(ctx, l, req.Node, "acknowledge", fmt.Sprintf("%s acknowledged node %s off: %s", who, req.Node, note))
+	req = &coordv1.AcknowledgeRequest{Node: req.Node, Operator: who, Reason: note}
 	for attempt := 0; attempt < 5; attempt++ {
 		now := s.now()
 		cur, err := s.Store.ActiveFence(ctx, req.Node)
@@ -170,7 +246,7 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 			rec := &coordv1.NodeFence{
 				Id: NewID(req.Node, now), Node: req.Node, Action: coordv1.FenceAction_FENCE_ACTION_OFF,
 				Step: coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, Status: coordv1.FenceStatus_FENCE_STATUS_DONE,
-				Reason: "acknowledged: " + req.Reason, RequestedBy: server.PeerIdentity(ctx), AcknowledgedBy: req.Operator,
+				Reason: "acknowledged: " + req.Reason, RequestedBy: identity.Name(ctx), AcknowledgedBy: req.Operator,
 				Epoch: l.Term.Epoch, CreatedAt: timestamppb.New(now), UpdatedAt: timestamppb.New(now), FinishedAt: timestamppb.New(now),
 				ConfirmedOffAt: timestamppb.New(now), Evidence: []string{"acknowledged by " + req.Operator + ": " + req.Reason},
 			}
@@ -205,9 +281,41 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
 }
 
+// witnesses returns why the node looks alive ("" when every witness is silent): its agent is
+// connected or the engine judges it ready, or (Kubernetes mode) its kubelet reports.
+func (s *FenceServer) witnesses(ctx context.Context, l *Leading, node string) (string, error) {
+	var n *coordv1.Node
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(node) }); err != nil {
+		return "", err
+	}
+	switch {
+	case n != nil && n.Connected:
+		return "its agent is connected", nil
+	case n != nil && n.Readiness == coordv1.Readiness_READINESS_READY:
+		return "its agent reported within the grace period", nil
+	}
+	if s.KubeletReporting != nil {
+		up, err := s.KubeletReporting(ctx, node)
+		if err != nil {
+			return "", fmt.Errorf("cannot tell whether the kubelet of %s reports: %w", node, err)
+		}
+		if up {
+			return "its kubelet reports Ready", nil
+		}
+	}
+	return "", nil
+}
+
+// audit appends an entry to the audit trail under the term's epoch.
+func (s *FenceServer) audit(ctx context.Context, l *Leading, node, kind, text string) {
+	_, _ = l.Term.Txn(ctx, nil, s.Store.AuditOp(s.now(), l.Term.Epoch, node, kind, text))
+}
+
 // GetFence returns one record.
 func (s *FenceServer) GetFence(ctx context.Context, req *coordv1.GetFenceRequest) (*coordv1.GetFenceResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	var bad fault.Invalid
+	checkID(&bad, "id", req.GetId())
+	if err := bad.Err(); err != nil {
 		return nil, err
 	}
 	v, err := s.Store.GetFence(ctx, req.Id)
@@ -229,6 +337,11 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 	if _, ok := coordv1.FenceStatus_name[int32(req.GetStatus())]; !ok {
 		return nil, fault.Invalid{{Field: "status", Problem: fmt.Sprintf("unknown status %d", req.GetStatus())}}
 	}
+	if req.GetNode() != "" {
+		if err := required("node", req.GetNode()); err != nil {
+			return nil, err
+		}
+	}
 	fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool {
 		return (req.Node == "" || f.Node == req.Node) &&
 			(req.Status == coordv1.FenceStatus_FENCE_STATUS_UNSPECIFIED || f.Status == req.Status)
@@ -246,9 +359,19 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 func (s *FenceServer) WatchFence(req *coordv1.WatchFenceRequest, stream coordv1.FenceService_WatchFenceServer) error {
 	ctx := stream.Context()
 	id := req.GetId()
+	if id != "" {
+		var v fault.Invalid
+		checkID(&v, "id", id)
+		if err := v.Err(); err != nil {
+			return err
+		}
+	}
 	if id == "" {
 		if req.GetNode() == "" {
 			return fault.Invalid{{Field: "id", Problem: "id or node is required"}}
+		}
+		if err := required("node", req.GetNode()); err != nil {
+			return err
 		}
 		fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == req.Node })
 		if err != nil {
@@ -320,6 +443,11 @@ func (s *ClusterServer) ListZones(ctx context.Context, _ *coordv1.ListZonesReque
 
 // PauseEvictions persists the pause flag, then tells the engine.
 func (s *ClusterServer) PauseEvictions(ctx context.Context, req *coordv1.PauseEvictionsRequest) (*coordv1.PauseEvictionsResponse, error) {
+	var v fault.Invalid
+	checkText(&v, "reason", req.GetReason())
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
 	if err := s.setPaused(ctx, true, req.GetReason()); err != nil {
 		return nil, err
 	}
@@ -341,7 +469,7 @@ func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason strin
 	}
 	op := clientv3.OpDelete(loop.PausedKey(s.Store.Prefix()))
 	if paused {
-		op = clientv3.OpPut(loop.PausedKey(s.Store.Prefix()), "paused by "+server.PeerIdentity(ctx)+": "+reason)
+		op = clientv3.OpPut(loop.PausedKey(s.Store.Prefix()), "paused by "+identity.Name(ctx)+": "+reason)
 	}
 	if _, err := l.Term.Txn(ctx, nil, op); err != nil {
 		return err
@@ -360,6 +488,11 @@ func (s *ClusterServer) ListAudit(ctx context.Context, req *coordv1.ListAuditReq
 	}
 	if req.GetAfterRevision() < 0 {
 		return nil, fault.Invalid{{Field: "after_revision", Problem: "must not be negative"}}
+	}
+	if req.GetNode() != "" {
+		if err := required("node", req.GetNode()); err != nil {
+			return nil, err
+		}
 	}
 	entries, err := s.Store.ListAudit(ctx, req.GetNode(), req.GetAfterRevision(), limit)
 	if err != nil {
@@ -399,7 +532,14 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if hello == nil {
 		return fault.Invalid{{Field: "hello", Problem: "the first message on a stream must be a hello"}}
 	}
-	if err := required("hello.node_name", hello.NodeName); err != nil {
+	if err := agentwire.ValidateHello(hello); err != nil {
+		return err
+	}
+	// An agent speaks only for its own node.
+	if id, _ := identity.From(ctx); id.Role != identity.Any && (id.Role != identity.Agent || id.Name != hello.NodeName) {
+		return fmt.Errorf("%s may not speak for node %q: %w", id, hello.NodeName, fault.ErrPermissionDenied)
+	}
+	if err := s.knownNode(ctx, hello.NodeName); err != nil {
 		return err
 	}
 	l, err := s.Leadership.Leading(ctx)
@@ -439,6 +579,11 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		}
 		at := s.now()
 		event := loop.IsEvent(m)
+		if event {
+			if err := agentwire.ValidateEvent(m); err != nil {
+				return err
+			}
+		}
 		applied := false
 		if !event {
 			// The hot path: a heartbeat or sample of a known node is recorded on this goroutine.

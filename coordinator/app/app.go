@@ -386,6 +386,10 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
+		KnownNode: a.knownNode,
+	}
+	if a.kube != nil {
+		deps.KubeletReporting = a.kubeletReporting
 	}
 	if cfg.KdumpListen != "" {
 		if a.kdump, err = kdump.Listen(cfg.KdumpListen); err != nil {

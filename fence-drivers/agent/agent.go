@@ -49,6 +49,10 @@ type Config struct {
 	Agent string
 	// MetadataTimeout bounds reading an agent's metadata. Default 10 s.
 	MetadataTimeout time.Duration
+	// ExtraParameters are agent parameters the driver host's administrator allows beyond the
+	// built-in allowlist (say status_file for fence_dummy in tests). Names that name a program, a
+	// script, a file or command-line options are refused whatever this says.
+	ExtraParameters []string
 }
 
 // Driver is the fence-agent runner.
@@ -211,8 +215,11 @@ func (d *Driver) prepare(params map[string]string) (*call, error) {
 		case slices.Contains(controlled, name):
 			inv.Add(k, "is set by the runner, not by the target")
 			continue
-		case strings.ContainsAny(v, "\n\r"):
-			inv.Add(k, "must be one line")
+		case forbiddenName(name) || !allowed[name] && !slices.Contains(d.cfg.ExtraParameters, name):
+			inv.Add(k, "is not an allowed parameter: the runner passes only the device, credential, protocol and timing parameters it allowlists, never a program, script, file or command-line option")
+			continue
+		case !allowValue(name, v):
+			inv.Add(k, "must be one line without shell special characters")
 			continue
 		}
 		ap := m.Params[name]

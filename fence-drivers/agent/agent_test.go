@@ -35,7 +35,8 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 
 // TestFenceDummy drives fence_dummy (type=file): the status file is the true state.
 func TestFenceDummy(t *testing.T) {
-	c := serve(t, agent.New())
+	// fence_dummy keeps its state in a file: only an administrator may allow that parameter.
+	c := serve(t, agent.NewWith(agent.Config{ExtraParameters: []string{"type", "status_file"}}))
 	ctx := testCtx(t, 60*time.Second)
 	file := filepath.Join(t.TempDir(), "status")
 	if err := os.WriteFile(file, []byte("on"), 0o644); err != nil {
@@ -97,6 +98,7 @@ func TestFenceDummy(t *testing.T) {
 		"bad agent name":    {"agent": "../bin/sh"},
 		"no agent":          {"type": "file"},
 		"bad select":        {"agent": "fence_ipmilan", "ip": "127.0.0.1", "auth": "rot13"},
+		"shell in a value":  {"agent": "fence_ipmilan", "ip": "127.0.0.1; reboot"},
 	} {
 		_, err := c.Status(ctx, &driverv1.StatusRequest{Target: &driverv1.Target{Parameters: params}})
 		if status.Code(err) != codes.InvalidArgument {
@@ -211,5 +213,56 @@ func TestDescribeTheNamedAgent(t *testing.T) {
 	}
 	if _, err := c.Describe(ctx, &driverv1.DescribeRequest{Target: &driverv1.Target{}}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Describe without an agent: %v, want InvalidArgument", err)
+	}
+}
+
+// A target cannot make the runner execute a program of its choosing: with fence_ipmilan's own
+// ipmitool_path (or any *_path, *_script, sudo, debug_file, ssh_options), even on a read-only
+// Status, the call is refused and the program never runs. Before the allowlist this ran the
+// script as the driver's user (root in production).
+func TestNoParameterRunsAProgram(t *testing.T) {
+	c := serve(t, agent.New())
+	ctx := testCtx(t, 30*time.Second)
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "pwned")
+	script := filepath.Join(dir, "evil.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\ntouch "+marker+"\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]string{"agent": "fence_ipmilan", "ip": "127.0.0.1", "ipport": "1", "username": "admin", "password": "x", "lanplus": "1"}
+	for _, attack := range [][2]string{
+		{"ipmitool_path", script}, {"ipmitool-path", script}, {"sudo_path", script}, {"use_sudo", "1"},
+		{"password_script", script}, {"passwd_script", script}, {"debug_file", marker}, {"verbose", "1"},
+		{"ip", "127.0.0.1;" + script}, {"ip", "$(" + script + ")"}, {"username", "`" + script + "`"},
+	} {
+		params := map[string]string{}
+		for k, v := range base {
+			params[k] = v
+		}
+		params[attack[0]] = attack[1]
+		tg := &driverv1.Target{Name: "n1", Parameters: params}
+		_, err := c.Status(ctx, &driverv1.StatusRequest{Target: tg, Timeout: durationpb.New(10 * time.Second)})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Status with %s=%q: %v, want InvalidArgument", attack[0], attack[1], err)
+		}
+		_, err = c.PowerOff(ctx, &driverv1.PowerOffRequest{OperationId: opID(), Epoch: 1, Target: tg, Timeout: durationpb.New(10 * time.Second)})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("PowerOff with %s=%q: %v, want InvalidArgument", attack[0], attack[1], err)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatalf("%s=%q: the script ran", attack[0], attack[1])
+		}
+	}
+	// An administrator cannot allow a program-naming parameter either.
+	c = serve(t, agent.NewWith(agent.Config{ExtraParameters: []string{"ipmitool_path"}}))
+	params := map[string]string{"ipmitool_path": script}
+	for k, v := range base {
+		params[k] = v
+	}
+	if _, err := c.Status(ctx, &driverv1.StatusRequest{Target: &driverv1.Target{Parameters: params}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Status with an administrator-allowed ipmitool_path: %v, want InvalidArgument", err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the script ran")
 	}
 }

@@ -20,13 +20,25 @@ type epochState struct {
 	Version int `json:"version"`
 	// Epochs maps a device key to the highest epoch seen for it.
 	Epochs map[string]int64 `json:"epochs"`
+	// Floor is the highest epoch of the devices forgotten to keep the table bounded: every device
+	// not in Epochs has at least this epoch.
+	Floor int64 `json:"floor,omitempty"`
 }
 
-// epochStore remembers the highest fencing token seen per device, on disk.
+// maxEpochs bounds the table: a driver serves a few hundred devices, and the file is rewritten on
+// every new epoch.
+const maxEpochs = 4096
+
+// epochStore remembers the highest fencing token seen per device, on disk. It keeps at most max
+// devices: to add one more it forgets the device with the lowest epoch and raises the floor, the
+// epoch every device it does not list is taken to have. Forgetting is therefore safe: a deposed
+// leader's epoch is below the floor too.
 type epochStore struct {
 	mu     sync.Mutex
 	path   string
 	epochs map[string]int64
+	floor  int64
+	max    int
 }
 
 // loadEpochs opens (or creates) the epoch table in dir. A file that cannot be read is an error:
@@ -35,10 +47,10 @@ func loadEpochs(dir string) (*epochStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
-	s := &epochStore{path: filepath.Join(dir, epochFile), epochs: map[string]int64{}}
+	s := &epochStore{path: filepath.Join(dir, epochFile), epochs: map[string]int64{}, max: maxEpochs}
 	data, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
-		return s, s.persist(s.epochs) // prove now that the directory is writable
+		return s, s.persist(s.epochs, 0) // prove now that the directory is writable
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read epochs: %w", err)
@@ -53,6 +65,7 @@ func loadEpochs(dir string) (*epochStore, error) {
 	for k, v := range st.Epochs {
 		s.epochs[k] = v
 	}
+	s.floor = st.Floor
 	return s, nil
 }
 
@@ -60,7 +73,15 @@ func loadEpochs(dir string) (*epochStore, error) {
 func (s *epochStore) check(key string, epoch int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return staleErr(key, epoch, s.epochs[key])
+	return staleErr(key, epoch, s.high(key))
+}
+
+// high is the highest epoch seen for key, or the floor.
+func (s *epochStore) high(key string) int64 {
+	if e, ok := s.epochs[key]; ok {
+		return e
+	}
+	return s.floor
 }
 
 // observe rejects an epoch lower than the highest seen for key and records (and persists, before
@@ -68,7 +89,7 @@ func (s *epochStore) check(key string, epoch int64) error {
 func (s *epochStore) observe(key string, epoch int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	high := s.epochs[key]
+	high := s.high(key)
 	if err := staleErr(key, epoch, high); err != nil {
 		return err
 	}
@@ -79,11 +100,22 @@ func (s *epochStore) observe(key string, epoch int64) error {
 	for k, v := range s.epochs {
 		next[k] = v
 	}
+	floor := s.floor
+	if _, known := next[key]; !known && len(next) >= s.max {
+		lowest, low := "", int64(0)
+		for k, v := range next {
+			if lowest == "" || v < low || v == low && k < lowest {
+				lowest, low = k, v
+			}
+		}
+		delete(next, lowest)
+		floor = max(floor, low)
+	}
 	next[key] = epoch
-	if err := s.persist(next); err != nil {
+	if err := s.persist(next, floor); err != nil {
 		return fmt.Errorf("persist epoch %d for %s: %w", epoch, key, err)
 	}
-	s.epochs = next
+	s.epochs, s.floor = next, floor
 	return nil
 }
 
@@ -95,8 +127,8 @@ func staleErr(key string, epoch, high int64) error {
 }
 
 // persist writes the table atomically: temporary file, fsync, rename, fsync of the directory.
-func (s *epochStore) persist(epochs map[string]int64) error {
-	data, err := json.MarshalIndent(epochState{Version: 1, Epochs: epochs}, "", "  ")
+func (s *epochStore) persist(epochs map[string]int64, floor int64) error {
+	data, err := json.MarshalIndent(epochState{Version: 1, Epochs: epochs, Floor: floor}, "", "  ")
 	if err != nil {
 		return err
 	}

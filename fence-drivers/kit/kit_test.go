@@ -242,3 +242,34 @@ func TestParseSeconds(t *testing.T) {
 		}
 	}
 }
+
+// The epoch table stays bounded: past its size the lowest epoch is forgotten into the floor, and a
+// forgotten device still refuses what it refused before.
+func TestEpochStoreBounded(t *testing.T) {
+	dir := t.TempDir()
+	s, err := loadEpochs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.max = 3
+	for i, dev := range []string{"a", "b", "c", "d", "e"} {
+		if err := s.observe(dev, int64(10+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.epochs) != 3 || s.floor != 11 {
+		t.Fatalf("table %v floor %d, want 3 devices and floor 11", s.epochs, s.floor)
+	}
+	s2, err := loadEpochs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dev, stale := range map[string]int64{"a": 9, "b": 10, "new": 10, "e": 13} {
+		if err := s2.check(dev, stale); !errors.Is(err, fault.ErrStaleEpoch) {
+			t.Errorf("after reload, %s at epoch %d = %v, want ErrStaleEpoch", dev, stale, err)
+		}
+	}
+	if err := s2.check("new", 11); err != nil {
+		t.Errorf("a new device at the floor: %v", err)
+	}
+}

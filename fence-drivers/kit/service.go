@@ -18,6 +18,7 @@ import (
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 )
 
 // ServiceName is the full gRPC name of the service, for health checks.
@@ -81,7 +82,7 @@ func NewService(d Driver, opts Options) (*Service, error) {
 
 // PowerOff turns the target off and returns once a status read-back saw it off.
 func (s *Service) PowerOff(ctx context.Context, req *driverv1.PowerOffRequest) (*driverv1.PowerOffResponse, error) {
-	m, err := s.mutate(ctx, mutation{"off", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout()},
+	m, err := s.mutate(ctx, mutation{"off", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout(), ""},
 		func(ctx context.Context, t Target, start time.Time) (proto.Message, error) {
 			if err := s.d.PowerOff(ctx, t); err != nil {
 				return nil, fmt.Errorf("power off: %w", err)
@@ -103,7 +104,7 @@ func (s *Service) PowerOff(ctx context.Context, req *driverv1.PowerOffRequest) (
 
 // PowerOn turns the target on and returns once a status read-back saw it on.
 func (s *Service) PowerOn(ctx context.Context, req *driverv1.PowerOnRequest) (*driverv1.PowerOnResponse, error) {
-	m, err := s.mutate(ctx, mutation{"on", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout()},
+	m, err := s.mutate(ctx, mutation{"on", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout(), ""},
 		func(ctx context.Context, t Target, start time.Time) (proto.Message, error) {
 			if err := s.d.PowerOn(ctx, t); err != nil {
 				return nil, fmt.Errorf("power on: %w", err)
@@ -125,7 +126,7 @@ func (s *Service) PowerOn(ctx context.Context, req *driverv1.PowerOnRequest) (*d
 
 // Reboot is power off, read-back off, power on, read-back on.
 func (s *Service) Reboot(ctx context.Context, req *driverv1.RebootRequest) (*driverv1.RebootResponse, error) {
-	m, err := s.mutate(ctx, mutation{"reboot", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout()},
+	m, err := s.mutate(ctx, mutation{"reboot", req.GetOperationId(), req.GetEpoch(), req.GetTarget(), req.GetTimeout(), ""},
 		func(ctx context.Context, t Target, start time.Time) (proto.Message, error) {
 			if err := s.d.PowerOff(ctx, t); err != nil {
 				return nil, fmt.Errorf("reboot: power off: %w", err)
@@ -171,7 +172,7 @@ func (s *Service) Status(ctx context.Context, req *driverv1.StatusRequest) (*dri
 		}
 		return &driverv1.StatusResponse{State: st, ObservedAt: timestamppb.Now()}, nil
 	}, nil)
-	s.opts.Log.Debug("fence status", "driver", s.d.Name(), "target", t.Name, "device", key,
+	s.opts.Log.Info("fence status", "driver", s.d.Name(), "caller", identity.Name(ctx), "target", t.Name, "device", key,
 		"elapsed", time.Since(start), "code", fault.Code(err).String(), "err", err)
 	if err != nil {
 		return nil, err
@@ -229,7 +230,7 @@ func (s *Service) Monitor(ctx context.Context, req *driverv1.MonitorRequest) (*d
 	default:
 		resp.Reachable, resp.Detail = true, err.Error()
 	}
-	s.opts.Log.Info("fence monitor", "driver", s.d.Name(), "target", t.Name, "device", key,
+	s.opts.Log.Info("fence monitor", "driver", s.d.Name(), "caller", identity.Name(ctx), "target", t.Name, "device", key,
 		"reachable", resp.Reachable, "credentials_ok", resp.CredentialsOk, "elapsed", time.Since(start), "err", err)
 	return resp, nil
 }
@@ -267,6 +268,7 @@ type mutation struct {
 	epoch   int64
 	target  *driverv1.Target
 	timeout *durationpb.Duration
+	caller  string // the caller's certificate identity (package identity), set by mutate
 }
 
 // actFunc performs a mutation on a validated target, under the device lock, after the epoch has
@@ -276,6 +278,13 @@ type actFunc func(ctx context.Context, t Target, start time.Time) (proto.Message
 // mutate validates, checks the epoch, de-duplicates by operation_id and runs act once.
 func (s *Service) mutate(ctx context.Context, m mutation, act actFunc) (proto.Message, error) {
 	start := time.Now()
+	m.caller = identity.Name(ctx)
+	if err := coordinatorOnly(ctx); err != nil {
+		// The server's policy refuses such a caller before it gets here; this is the kit's own
+		// guarantee that no epoch is recorded from anyone else.
+		s.audit(m, Target{Name: m.target.GetName()}, "", start, "rejected", err)
+		return nil, err
+	}
 	var inv fault.Invalid
 	if strings.TrimSpace(m.opID) == "" {
 		inv.Add("operation_id", "required: a unique id per operation (repeat it only to retry the same operation)")
@@ -412,6 +421,16 @@ func (s *Service) await(ctx context.Context, t Target, want driverv1.PowerState)
 	}
 }
 
+// coordinatorOnly refuses a call whose authorized identity is not a coordinator. A call with no
+// identity at all comes from inside the process (tests, benchmarks), not from the network.
+func coordinatorOnly(ctx context.Context) error {
+	id, ok := identity.From(ctx)
+	if !ok || id.Role == identity.Coordinator || id.Role == identity.Any {
+		return nil
+	}
+	return fmt.Errorf("%w: %s may not call a fence driver (only the coordinator)", fault.ErrPermissionDenied, id)
+}
+
 // permanent reports errors that polling cannot cure.
 func permanent(err error) bool {
 	var inv fault.Invalid
@@ -504,7 +523,7 @@ func (s *Service) audit(m mutation, t Target, key string, start time.Time, resul
 		params = m.target.GetParameters()
 	}
 	s.opts.Log.Log(context.Background(), level, "fence operation",
-		"driver", s.d.Name(), "action", m.action, "operation_id", m.opID, "epoch", m.epoch,
+		"driver", s.d.Name(), "caller", m.caller, "action", m.action, "operation_id", m.opID, "epoch", m.epoch,
 		"target", t.Name, "device", key, "params", Masked(params, s.desc),
 		"result", result, "code", fault.Code(err).String(), "elapsed", time.Since(start), "err", err)
 }

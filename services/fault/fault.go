@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 
@@ -146,23 +147,32 @@ func leaderTrailer(ctx context.Context, err error) {
 	}
 }
 
-// UnaryServerInterceptor maps handler errors with Status.
-func UnaryServerInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+// logInternal records the real cause of an error the client sees only as Internal.
+func logInternal(log *slog.Logger, method string, err error) {
+	if log != nil && Code(err) == codes.Internal {
+		log.Error("internal error", "method", method, "err", err)
+	}
+}
+
+// UnaryServerInterceptor maps handler errors with Status, logging the cause of every Internal one.
+func UnaryServerInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		resp, err := h(ctx, req)
 		if err != nil {
 			leaderTrailer(ctx, err)
+			logInternal(log, info.FullMethod, err)
 			return nil, Status(err)
 		}
 		return resp, nil
 	}
 }
 
-// StreamServerInterceptor maps handler errors with Status.
-func StreamServerInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+// StreamServerInterceptor maps handler errors with Status, logging the cause of every Internal one.
+func StreamServerInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		err := h(srv, ss)
 		if err != nil {
+			logInternal(log, info.FullMethod, err)
 			var nl *NotLeaderError
 			if errors.As(err, &nl) && nl.LeaderAddress != "" {
 				ss.SetTrailer(metadata.Pairs(LeaderTrailer, nl.LeaderAddress))

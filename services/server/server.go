@@ -6,7 +6,6 @@ package server
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,18 +30,18 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
 )
 
-// Authorizer decides whether the caller in ctx may call the full gRPC method name. It returns an
-// error wrapping fault.ErrPermissionDenied to refuse. Binaries pass their own policy; the default
-// allows every caller that passed the transport's authentication (mutual TLS when configured).
+// Authorizer is an extra check after the role policy: it decides whether the caller in ctx (its
+// identity is identity.From(ctx)) may call the full gRPC method name, returning an error to refuse
+// (PermissionDenied).
 type Authorizer func(ctx context.Context, fullMethod string) error
 
 // Config configures a server. The zero value plus SetDefaults is a plaintext-refusing server on
@@ -63,8 +62,20 @@ type Config struct {
 	KeepaliveTimeout time.Duration
 	// DrainTimeout bounds GracefulStop before connections are closed hard. Zero means 10 s.
 	DrainTimeout time.Duration
-	// Authorize is the per-method authorization hook; nil allows every authenticated caller.
+	// Policy names the roles that may call each method; nil is identity.Default. Every call but
+	// health and reflection needs an identity the policy allows: a verified client certificate's
+	// URI SAN, or UnauthenticatedCaller.
+	Policy identity.Policy
+	// Authorize is an optional extra check after Policy.
 	Authorize Authorizer
+	// UnauthenticatedCaller is the identity ("any", or a spiffe://nodefence/<role>/<name> URI)
+	// granted to callers that present no certificate, which is possible only on a plaintext server
+	// or one without a client CA. Empty (the default): such callers reach only health and
+	// reflection, every other method answers Unauthenticated. For tests and demos.
+	UnauthenticatedCaller string
+	// AllowUnauthenticatedClients lets a TLS server start without a client CA (TLS.CAFile): clients
+	// then present no certificate and have only UnauthenticatedCaller's identity, if any.
+	AllowUnauthenticatedClients bool
 	// Pprof serves Go's /debug/pprof handlers on MetricsListen (profiling; off by default).
 	Pprof bool
 	// BusyStreams names streaming methods ("/package.Service/Method") that carry so many small
@@ -83,6 +94,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultListen string) {
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "keepalive MaxConnectionAge (0: 30m)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "graceful stop deadline (0: 10s)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve /debug/pprof on --metrics-listen")
+	fs.StringVar(&c.UnauthenticatedCaller, "unauthenticated-caller", c.UnauthenticatedCaller,
+		`identity granted to callers without a client certificate (--insecure or no --tls-ca): "any" (every role, every node) or spiffe://nodefence/ROLE/NAME; empty: they reach only health and reflection (tests and demos only)`)
+	fs.BoolVar(&c.AllowUnauthenticatedClients, "allow-unauthenticated-clients", c.AllowUnauthenticatedClients,
+		"allow --tls-cert without --tls-ca (clients present no certificate; see --unauthenticated-caller)")
 	c.TLS.RegisterFlags(fs, "", "the gRPC server")
 }
 
@@ -126,7 +141,46 @@ func (c Config) Validate() []error {
 			errs = append(errs, fmt.Errorf("--%s: must not be negative", d.flag))
 		}
 	}
+	if !c.TLS.Insecure && c.TLS.CertFile != "" && c.TLS.CAFile == "" && !c.AllowUnauthenticatedClients {
+		errs = append(errs, errors.New("--tls-ca: required to verify client certificates (or --allow-unauthenticated-clients to serve callers without one)"))
+	}
+	if c.UnauthenticatedCaller != "" {
+		if !c.TLS.Insecure && c.TLS.CAFile != "" {
+			errs = append(errs, errors.New("--unauthenticated-caller: has no effect with --tls-ca (every client presents a certificate)"))
+		}
+		if _, err := anonymous(c.UnauthenticatedCaller); err != nil {
+			errs = append(errs, fmt.Errorf("--unauthenticated-caller: %w", err))
+		}
+	}
 	return append(errs, c.TLS.Validate("", true)...)
+}
+
+// anonymous parses UnauthenticatedCaller.
+func anonymous(s string) (*identity.Identity, error) {
+	switch s {
+	case "":
+		return nil, nil
+	case "any":
+		return &identity.Identity{Role: identity.Any}, nil
+	}
+	id, err := identity.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	return &id, nil
+}
+
+// loopback reports whether a listen address's host is a loopback address or localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Server is a configured gRPC server with health, reflection and metrics.
@@ -163,14 +217,34 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	))
 	reg.MustRegister(metrics)
 
-	authorize := cfg.Authorize
-	if authorize == nil {
-		authorize = func(context.Context, string) error { return nil }
+	policy := cfg.Policy
+	if policy == nil {
+		policy = identity.Default
+	}
+	anon, _ := anonymous(cfg.UnauthenticatedCaller) // validated
+	if anon != nil {
+		log.Warn("callers without a client certificate are trusted", "identity", anon.String())
 	}
 	authFn := func(ctx context.Context) (context.Context, error) {
 		method, _ := grpc.Method(ctx)
-		if err := authorize(ctx, method); err != nil {
+		if identity.Open(method) {
+			return ctx, nil
+		}
+		id, err := identity.FromPeer(ctx)
+		if errors.Is(err, identity.ErrNoIdentity) && anon != nil {
+			id, err = *anon, nil
+		}
+		if err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
+		if err := policy.Allow(id, method); err != nil {
 			return nil, status.Error(codes.PermissionDenied, err.Error())
+		}
+		ctx = identity.With(ctx, id)
+		if cfg.Authorize != nil {
+			if err := cfg.Authorize(ctx, method); err != nil {
+				return nil, status.Error(codes.PermissionDenied, err.Error())
+			}
 		}
 		return ctx, nil
 	}
@@ -206,7 +280,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		grpc.ChainUnaryInterceptor(
 			metrics.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(logger, logOpts...),
-			fault.UnaryServerInterceptor(),
+			fault.UnaryServerInterceptor(log),
 			auth.UnaryServerInterceptor(authFn),
 			recovery.UnaryServerInterceptor(recoverOpt),
 		),
@@ -214,7 +288,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			selector.StreamServerInterceptor(metrics.StreamServerInterceptor(), notBusy),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(logger, logOpts...), notBusy),
 			busyStreams.interceptor,
-			fault.StreamServerInterceptor(),
+			fault.StreamServerInterceptor(log),
 			auth.StreamServerInterceptor(authFn),
 			recovery.StreamServerInterceptor(recoverOpt),
 		),
@@ -238,6 +312,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	if cfg.MetricsListen != "" {
+		if !loopback(cfg.MetricsListen) {
+			log.Warn("metrics are served without TLS or authentication on a non-loopback address", "addr", cfg.MetricsListen, "pprof", cfg.Pprof)
+		}
 		s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
 		if err != nil {
 			lis.Close()
@@ -299,29 +376,4 @@ func (s *Server) Stop() {
 		defer cancel()
 		_ = s.httpSrv.Shutdown(ctx)
 	}
-}
-
-// PeerIdentity names the caller: the verified client certificate's common name under mutual TLS,
-// else the remote address, else "anonymous".
-func PeerIdentity(ctx context.Context) string {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return "anonymous"
-	}
-	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-		if chains := ti.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
-			return commonName(chains[0][0])
-		}
-	}
-	if p.Addr != nil {
-		return p.Addr.String()
-	}
-	return "anonymous"
-}
-
-func commonName(c *x509.Certificate) string {
-	if c.Subject.CommonName != "" {
-		return c.Subject.CommonName
-	}
-	return c.Subject.String()
 }

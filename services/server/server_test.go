@@ -2,20 +2,11 @@ package server
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -28,56 +19,57 @@ import (
 
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
-// pki writes a CA, a server certificate for 127.0.0.1 and a client certificate (CN "operator").
-type pki struct{ dir, ca, serverCert, serverKey, clientCert, clientKey string }
+// pki writes a CA, a server certificate for 127.0.0.1 and client certificates for an operator, a
+// viewer, and one without an identity.
+type pki struct {
+	dir, ca, serverCert, serverKey string
+	clients                        map[string]tlsfiles.Files
+}
 
 func newPKI(t *testing.T) pki {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, err := certs.NewCA("test-ca", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	p := pki{dir: dir, ca: filepath.Join(dir, "ca.crt")}
-	writePEM(t, p.ca, "CERTIFICATE", caDER)
-	issue := func(name string, serial int64, server bool) (string, string) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature}
-		if server {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-		} else {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	p := pki{dir: dir, clients: map[string]tlsfiles.Files{}}
+	if p.ca, _, err = ca.WriteCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.Issue(identity.Identity{Role: identity.Driver, Name: "test"}, []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.serverCert, p.serverKey, err = srv.Write(dir, "server"); err != nil {
+		t.Fatal(err)
+	}
+	for name, id := range map[string]identity.Identity{
+		"operator": {Role: identity.Operator, Name: "alice"}, "viewer": {Role: identity.Viewer, Name: "bob"},
+	} {
+		pair, err := ca.Issue(id, nil, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		keyDER, _ := x509.MarshalECPrivateKey(key)
-		cert, keyPath := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-		writePEM(t, cert, "CERTIFICATE", der)
-		writePEM(t, keyPath, "EC PRIVATE KEY", keyDER)
-		return cert, keyPath
+		c, k, _ := pair.Write(dir, name)
+		p.clients[name] = tlsfiles.Files{CertFile: c, KeyFile: k, CAFile: p.ca}
 	}
-	p.serverCert, p.serverKey = issue("server", 2, true)
-	p.clientCert, p.clientKey = issue("operator", 3, false)
+	bare, err := ca.IssueURIs("no-identity", nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, k, _ := bare.Write(dir, "bare")
+	p.clients["bare"] = tlsfiles.Files{CertFile: c, KeyFile: k, CAFile: p.ca}
 	return p
 }
 
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+// boomPolicy lets operators call the test service.
+var boomPolicy = identity.Policy{"/test.Boom/Check": {identity.Operator}}
 
 // boom is a tiny service whose handler panics, returns a domain error, or answers SERVING.
 var boomDesc = grpc.ServiceDesc{
@@ -96,6 +88,8 @@ var boomDesc = grpc.ServiceDesc{
 					panic("handler bug")
 				case "notfound":
 					return nil, fmt.Errorf("node x: %w", fault.ErrNotFound)
+				case "internal":
+					return nil, errors.New("disk on fire")
 				}
 				return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 			}
@@ -107,6 +101,9 @@ var boomDesc = grpc.ServiceDesc{
 func start(t *testing.T, cfg Config) *Server {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
+	if cfg.Policy == nil {
+		cfg.Policy = boomPolicy
+	}
 	s, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +127,7 @@ func call(t *testing.T, addr string, files tlsfiles.Files, service string) error
 }
 
 func TestInterceptorsOverPlaintext(t *testing.T) {
-	s := start(t, Config{TLS: tlsfiles.Files{Insecure: true}, MetricsListen: "127.0.0.1:0"})
+	s := start(t, Config{TLS: tlsfiles.Files{Insecure: true}, MetricsListen: "127.0.0.1:0", UnauthenticatedCaller: "any"})
 	files := tlsfiles.Files{Insecure: true}
 	if err := call(t, s.Addr(), files, "panic"); status.Code(err) != codes.Internal || strings.Contains(err.Error(), "handler bug") {
 		t.Fatalf("panic: %v, want Internal without the panic text", err)
@@ -161,20 +158,25 @@ func TestMutualTLSAndAuthorization(t *testing.T) {
 	s := start(t, Config{
 		TLS: tlsfiles.Files{CertFile: p.serverCert, KeyFile: p.serverKey, CAFile: p.ca},
 		Authorize: func(ctx context.Context, method string) error {
-			seen = append(seen, PeerIdentity(ctx)+" "+method)
-			if method == "/test.Boom/Check" && PeerIdentity(ctx) != "operator" {
-				return fault.ErrPermissionDenied
-			}
+			seen = append(seen, identity.Name(ctx)+" "+method)
 			return nil
 		},
 	})
-	client := tlsfiles.Files{CertFile: p.clientCert, KeyFile: p.clientKey, CAFile: p.ca}
-	// Authorized: the call reaches the handler, whose domain error comes back mapped.
-	if err := call(t, s.Addr(), client, "notfound"); status.Code(err) != codes.NotFound {
-		t.Fatalf("mTLS client: %v, want the handler's NotFound", err)
+	// Authorized: the call reaches the handler, whose domain error comes back mapped; the extra
+	// check sees the certificate's identity.
+	if err := call(t, s.Addr(), p.clients["operator"], "notfound"); status.Code(err) != codes.NotFound {
+		t.Fatalf("operator: %v, want the handler's NotFound", err)
 	}
-	if len(seen) != 1 || seen[0] != "operator /test.Boom/Check" {
+	if len(seen) != 1 || seen[0] != "spiffe://nodefence/operator/alice /test.Boom/Check" {
 		t.Fatalf("authorizer saw %v", seen)
+	}
+	// A role the policy does not name.
+	if err := call(t, s.Addr(), p.clients["viewer"], "notfound"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("viewer: %v, want PermissionDenied", err)
+	}
+	// A certificate from the CA but with no identity.
+	if err := call(t, s.Addr(), p.clients["bare"], "notfound"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("certificate without identity: %v, want Unauthenticated", err)
 	}
 	// No client certificate: the handshake fails.
 	if err := call(t, s.Addr(), tlsfiles.Files{CAFile: p.ca}, "notfound"); status.Code(err) != codes.Unavailable {
@@ -184,12 +186,79 @@ func TestMutualTLSAndAuthorization(t *testing.T) {
 	if err := call(t, s.Addr(), tlsfiles.Files{Insecure: true}, "notfound"); err == nil || status.Code(err) == codes.NotFound {
 		t.Fatalf("plaintext client reached the handler: %v", err)
 	}
+	if len(seen) != 1 {
+		t.Fatalf("refused calls reached the extra check: %v", seen)
+	}
 }
 
+// The extra check refuses with PermissionDenied.
 func TestPermissionDenied(t *testing.T) {
-	s := start(t, Config{TLS: tlsfiles.Files{Insecure: true}, Authorize: func(context.Context, string) error { return fault.ErrPermissionDenied }})
+	s := start(t, Config{TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any",
+		Authorize: func(context.Context, string) error { return fault.ErrPermissionDenied }})
 	if err := call(t, s.Addr(), tlsfiles.Files{Insecure: true}, "notfound"); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("%v, want PermissionDenied", err)
+	}
+}
+
+// Without a certificate there is no identity: a plaintext server serves health and reflection,
+// and nothing else unless told whom to trust.
+func TestPlaintextHasNoIdentity(t *testing.T) {
+	s := start(t, Config{TLS: tlsfiles.Files{Insecure: true}})
+	plain := tlsfiles.Files{Insecure: true}
+	if err := call(t, s.Addr(), plain, "notfound"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("plaintext caller: %v, want Unauthenticated", err)
+	}
+	conn, _ := dial.New(s.Addr(), plain)
+	defer conn.Close()
+	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	viewer := start(t, Config{TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "spiffe://nodefence/viewer/demo"})
+	if err := call(t, viewer.Addr(), plain, "notfound"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("plaintext caller trusted as a viewer: %v, want PermissionDenied", err)
+	}
+}
+
+// A server with a certificate but no client CA would accept anyone: it refuses to start unless
+// told so explicitly.
+func TestTLSWithoutClientCARefusedUnlessAllowed(t *testing.T) {
+	p := newPKI(t)
+	cfg := Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{CertFile: p.serverCert, KeyFile: p.serverKey}}
+	if _, err := New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--tls-ca") {
+		t.Fatalf("New without --tls-ca = %v, want a refusal naming --tls-ca", err)
+	}
+	cfg.AllowUnauthenticatedClients = true
+	s := start(t, cfg)
+	if err := call(t, s.Addr(), tlsfiles.Files{CAFile: p.ca}, "notfound"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("client without certificate: %v, want Unauthenticated", err)
+	}
+	bad := Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{CertFile: p.serverCert, KeyFile: p.serverKey, CAFile: p.ca}, UnauthenticatedCaller: "spiffe://nodefence/root/x"}
+	joined := fmt.Sprint(bad.Validate())
+	for _, want := range []string{"has no effect with --tls-ca", "unknown role"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("Validate = %s, want %q", joined, want)
+		}
+	}
+}
+
+// The client sees a fixed message for an Internal error; the server log has its cause.
+func TestInternalCauseLogged(t *testing.T) {
+	var logged strings.Builder
+	cfg := Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", Policy: boomPolicy}
+	s, err := New(cfg, slog.New(slog.NewTextHandler(&syncWriter{b: &logged}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.GRPC.RegisterService(&boomDesc, struct{}{})
+	go s.Serve()
+	defer s.Stop()
+	err = call(t, s.Addr(), tlsfiles.Files{Insecure: true}, "internal")
+	if status.Code(err) != codes.Internal || strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("internal: %v, want Internal without the cause", err)
+	}
+	s.Stop()
+	if !strings.Contains(logged.String(), "disk on fire") {
+		t.Fatalf("the cause is not in the server log:\n%s", logged.String())
 	}
 }
 
@@ -216,9 +285,7 @@ func TestBusyStreamsAreObservedPerCall(t *testing.T) {
 	for _, busy := range []bool{true, false} {
 		t.Run(fmt.Sprint("busy=", busy), func(t *testing.T) {
 			var logged strings.Builder
-			var authorized []string
-			cfg := Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true},
-				Authorize: func(_ context.Context, m string) error { authorized = append(authorized, m); return nil }}
+			cfg := Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}}
 			if busy {
 				cfg.BusyStreams = []string{watch}
 			}
@@ -265,9 +332,6 @@ func TestBusyStreamsAreObservedPerCall(t *testing.T) {
 			}
 			if got := strings.Contains(metrics, perMessage); got == busy {
 				t.Errorf("per-message count present = %v, want %v:\n%s", got, !busy, metrics)
-			}
-			if len(authorized) != 1 || authorized[0] != watch {
-				t.Errorf("authorized %v, want [%s]", authorized, watch)
 			}
 			s.Stop()
 			if log := logged.String(); !strings.Contains(log, `msg="finished call"`) || !strings.Contains(log, "grpc.method=Watch") ||

@@ -106,7 +106,7 @@ func (c *coordinator) stop() { c.cancel(); <-c.done }
 
 func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 	t.Helper()
-	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second}
+	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, UnauthenticatedCaller: "any", DrainTimeout: time.Second}
 	cfg.DriverTLS = insecure
 	if cfg.DataDir == "" && len(cfg.EtcdEndpoints) == 0 {
 		cfg.DataDir = t.TempDir()
@@ -296,10 +296,10 @@ func TestAPIRejectsBadInput(t *testing.T) {
 	}{
 		{"fence without node", func() error { _, err := fc.Fence(ctx, &coordv1.FenceRequest{}); return err }, codes.InvalidArgument, "node"},
 		{"fence unknown node", func() error { _, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: "ghost"}); return err }, codes.NotFound, "ghost"},
-		{"ack without operator", func() error {
-			_, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name})
+		{"ack with an oversized reason", func() error {
+			_, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Reason: strings.Repeat("r", 2048)})
 			return err
-		}, codes.InvalidArgument, "operator"},
+		}, codes.InvalidArgument, "reason"},
 		{"get without id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{}); return err }, codes.InvalidArgument, "id"},
 		{"get unknown id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{Id: "nope"}); return err }, codes.NotFound, "nope"},
 		{"list with bad limit", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Limit: -1}); return err }, codes.InvalidArgument, "limit"},
@@ -336,7 +336,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			s.Send(&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "bad-utf8", BootId: "b"}}})
+			s.Send(&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: n.name, BootId: "b"}}})
 			if _, err := s.Recv(); err != nil { // the AgentConfig
 				return err
 			}
@@ -357,9 +357,13 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			}
 		})
 	}
-	// Acknowledge records a manual confirmation, DONE without any driver call.
-	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Operator: "alice", Reason: "pulled the plug"})
-	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || ack.Fence.AcknowledgedBy != "alice" || len(ack.Fence.Operations) != 0 {
+	// Acknowledge records a manual confirmation, DONE without any driver call. The node's agent
+	// reported a moment ago (the stream above): only a forced acknowledgement with a reason passes.
+	if _, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Reason: "pulled the plug"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Acknowledge of a reporting node = %v, want FailedPrecondition", err)
+	}
+	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Operator: "alice", Reason: "pulled the plug", Force: true})
+	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !strings.Contains(ack.Fence.AcknowledgedBy, `"alice"`) || len(ack.Fence.Operations) != 0 {
 		t.Fatalf("Acknowledge = %v, %v", ack, err)
 	}
 }
@@ -442,18 +446,22 @@ func (fixedSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
 // Agents over real gRPC: every node Ready while reporting; one goes silent and is Unknown after the
 // grace period; a node that announced shutdown is NotReady with kubelet's reason, never Unknown.
 func TestAgentsReadinessOverGRPC(t *testing.T) {
-	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	names := []string{"node-1", "w-1", "w-2", "w-3"}
+	var configured []node // only configured nodes may say hello
+	for _, name := range names {
+		configured = append(configured, node{name: name, password: "password", bmc: startBMC(t, name)})
+	}
 	driver := startDriver(t, t.TempDir())
 	grace := 1500 * time.Millisecond
 	eng := engine.DefaultConfig()
 	eng.NodeMonitorGracePeriod = grace
-	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n}), Engine: eng,
+	eng.Fence.Enabled = false
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, configured), Engine: eng,
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
 	cc := conn(t, c.app.Addr())
 	leaderReady(t, cc)
 	cl := coordv1.NewClusterServiceClient(cc)
 
-	names := []string{"node-1", "w-1", "w-2", "w-3"}
 	cancels := map[string]context.CancelFunc{}
 	agents := map[string]*agent.Agent{}
 	for _, name := range names {

@@ -201,7 +201,7 @@ func (e *Env) startDriver() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, DrainTimeout: time.Second}, e.Opts.Log)
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", DrainTimeout: time.Second}, e.Opts.Log)
 	if err != nil {
 		return "", err
 	}
@@ -271,7 +271,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 	eng.NodeEvictionRate = 1 // one released node per second: rounds do not wait for the default 10 s token
 	eng.Fence.Timeout, eng.Fence.Budget = e.Opts.FenceTimeout, 0
 	cfg := app.Config{
-		Server:  server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, DrainTimeout: time.Second},
+		Server:  server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", DrainTimeout: time.Second},
 		DataDir: filepath.Join(e.dir, "coordinator"), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true,
 		KubeREST: rc, FenceNamespace: "nodefence", DriverEndpoints: map[string]string{"ipmi": driverAddr},
 		DriverTLS: tlsfiles.Files{Insecure: true}, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,

@@ -47,7 +47,8 @@ const usage = `usage: fencectl [global flags] COMMAND [flags] [ARGS]
 commands:
   fence NODE [--reason R] [--no-watch]   power a node off, confirmed by read-back; follows progress
   unfence NODE [--reason R] [--no-watch] power a node back on, confirmed by read-back
-  ack NODE --operator NAME [--reason R]  confirm by hand that a node is off (like stonith_admin --confirm)
+  ack NODE [--reason R] [--force]         confirm by hand that a node is off (like stonith_admin --confirm);
+                                          you are the operator your certificate names
   get ID                                  show one fence record
   list [--node N] [--status S] [--limit N] list fence records, newest first
   watch ID | --node NODE                  follow a fence record until it is done or in error
@@ -55,6 +56,7 @@ commands:
   zones                                   list zones with their disruption state
   leader                                  show the leader replica and its epoch
   audit [--node N] [--limit N]            the coordinator's audit trail: every decision, oldest first
+  certs --dir DIR ROLE/NAME...            issue a CA and certificates with nodefence identities (offline)
   config check PATH                       validate a fence configuration offline (standalone YAML, or the
                                           seed's ConfigMaps: a file or a directory) and print each node's plan
 
@@ -102,6 +104,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// Offline: no coordinator, no TLS.
 		return configCheck(fs.Args()[1:], stdout, stderr)
 	}
+	if fs.NArg() > 0 && fs.Arg(0) == "certs" {
+		return certsCommand(fs.Args()[1:], stdout, stderr)
+	}
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(stderr, "fencectl:", p)
@@ -142,7 +147,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 	sub.SetOutput(stderr)
 	reason := sub.String("reason", "", "reason recorded with the record")
 	noWatch := sub.Bool("no-watch", false, "return once the record is written")
-	operator := sub.String("operator", "", "who confirms the node is off (ack)")
+	operator := sub.String("operator", "", "ack: must equal your certificate's operator name if given (who you are comes from the certificate)")
+	force := sub.Bool("force", false, "ack: acknowledge although the node's agent or kubelet still reports (needs --reason)")
 	node := sub.String("node", "", "node filter (list, watch)")
 	statusF := sub.String("status", "", "status filter: new, running, done, error (list)")
 	limit := sub.Int("limit", 0, "most records (list)")
@@ -194,7 +200,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			return err
 		}
 		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
-			r, err := fc(conn).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: pos[0], Operator: *operator, Reason: *reason}, opts...)
+			r, err := fc(conn).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: pos[0], Operator: *operator, Reason: *reason, Force: *force}, opts...)
 			if err != nil {
 				return err
 			}

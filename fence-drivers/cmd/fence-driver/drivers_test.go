@@ -34,7 +34,7 @@ func TestRunBrocadeAcceptNew(t *testing.T) {
 	}
 	defer sw.Close()
 	state := t.TempDir()
-	srv := startRun(t, "--driver", "brocade", "--state-dir", state, "--insecure", "--listen", "127.0.0.1:0")
+	srv := startRun(t, "--driver", "brocade", "--state-dir", state, "--insecure", "--unauthenticated-caller", "spiffe://nodefence/coordinator/test", "--listen", "127.0.0.1:0")
 	conn, done, stderr := srv.conn, srv.done, srv.stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

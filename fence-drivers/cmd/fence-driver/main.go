@@ -38,7 +38,9 @@ import (
 
 // drivers are the drivers this binary can serve, by --driver name.
 var drivers = map[string]func(c *config, log *slog.Logger) kit.Driver{
-	"agent": func(*config, *slog.Logger) kit.Driver { return agent.New() },
+	"agent": func(c *config, _ *slog.Logger) kit.Driver {
+		return agent.NewWith(agent.Config{ExtraParameters: c.AgentExtraParameters})
+	},
 	"ipmi":  func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
 	"pdu":   func(*config, *slog.Logger) kit.Driver { return pdu.New() },
 	"brocade": func(c *config, log *slog.Logger) kit.Driver {
@@ -68,6 +70,9 @@ type config struct {
 	// host key: unknown keys are recorded on first use, changed keys refused. Default
 	// <state-dir>/known_hosts.
 	KnownHosts string
+	// AgentExtraParameters are fence-agent parameters allowed beyond the agent driver's built-in
+	// allowlist (--driver agent); parameters naming programs, scripts or files stay refused.
+	AgentExtraParameters []string
 	// Server is the gRPC server configuration (listen address, TLS, metrics).
 	Server server.Config
 }
@@ -79,6 +84,10 @@ func (c *config) registerFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PollInterval, "poll-interval", 100*time.Millisecond, "pause between status read-backs")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.KnownHosts, "ssh-known-hosts", "", "SSH known_hosts file for targets that pin no host key (accept-new; default <state-dir>/known_hosts)")
+	fs.Func("agent-allow-parameter", "fence-agent parameter to allow beyond the built-in allowlist (--driver agent; repeatable)", func(v string) error {
+		c.AgentExtraParameters = append(c.AgentExtraParameters, kit.NormalizeName(v))
+		return nil
+	})
 	c.Server.RegisterFlags(fs, "127.0.0.1:7101")
 }
 

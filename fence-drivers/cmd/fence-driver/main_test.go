@@ -130,7 +130,7 @@ func startRun(t *testing.T, args ...string) running {
 }
 
 func TestRunServesUntilSIGTERM(t *testing.T) {
-	srv := startRun(t, "--driver", "ipmi", "--state-dir", t.TempDir(), "--insecure", "--listen", "127.0.0.1:0")
+	srv := startRun(t, "--driver", "ipmi", "--state-dir", t.TempDir(), "--insecure", "--unauthenticated-caller", "spiffe://nodefence/coordinator/test", "--listen", "127.0.0.1:0")
 	conn, done, stderr := srv.conn, srv.done, srv.stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -61,7 +61,7 @@ func Serve(t testing.TB, d kit.Driver, opts kit.Options) (string, driverv1.Fence
 	if err != nil {
 		t.Fatalf("kit.NewService: %v", err)
 	}
-	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, DrainTimeout: time.Second}, opts.Log)
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "spiffe://nodefence/coordinator/test", DrainTimeout: time.Second}, opts.Log)
 	if err != nil {
 		t.Fatalf("server.New: %v", err)
 	}

@@ -117,8 +117,14 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 	}
 	defer os.RemoveAll(dir)
 	cfg := filepath.Join(dir, "fence.yaml")
-	// The configuration needs one fenceable node; the driver is never called in this benchmark.
-	if err := os.WriteFile(cfg, []byte("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\nnodes:\n  agent-0:\n    methods: {bmc: {driver: ipmi}}\n    steps: {power_management: [bmc]}\n"), 0o600); err != nil {
+	// Only configured nodes may say hello: every agent is a node (the driver is never called in
+	// this benchmark).
+	var yaml strings.Builder
+	yaml.WriteString("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\ntemplates:\n  bmc: {driver: ipmi}\nnodes:\n")
+	for i := 0; i < agents; i++ {
+		fmt.Fprintf(&yaml, "  agent-%d: {zone: zone-%d, region: bench, methods: {bmc: {template: bmc}}, steps: {power_management: [bmc]}}\n", i, i%10)
+	}
+	if err := os.WriteFile(cfg, []byte(yaml.String()), 0o600); err != nil {
 		return nil, err
 	}
 	port, err := procs.FreePort()
@@ -130,7 +136,7 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 		return nil, err
 	}
 	addr, maddr := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(mport)
-	args := []string{"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--kdump-listen=", "--driver-insecure", "--config", cfg,
+	args := []string{"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--unauthenticated-caller", "any", "--kdump-listen=", "--driver-insecure", "--config", cfg,
 		"--data-dir", filepath.Join(dir, "data"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
 		"--etcd-unsafe-no-fsync", "--log-level", "warn", "--node-monitor-grace-period", "1h", "--node-startup-grace-period", "1h",
 		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second) / rate))}

@@ -15,9 +15,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/pki"
 	"github.com/nodefence/nodefence/testbed/procs"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -50,6 +52,9 @@ type cluster struct {
 	sims                  []*sim
 	conn                  *grpc.ClientConn
 	log                   *slog.Logger
+	pki                   *pki.PKI
+	operator              tlsfiles.Files // the testbed's own client certificate (operator/testbed)
+	host                  *ipmisim.BMC   // this host's (simulated) BMC: every node that says hello is configured
 }
 
 func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
@@ -66,6 +71,33 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	}
 	host, _ := os.Hostname()
 	c.hostName = strings.ToLower(host)
+	if identity.ValidName(c.hostName) != nil {
+		c.hostName = "this-host"
+	}
+	// Every component has its certificate: mutual TLS everywhere, as in production.
+	var err error
+	if c.pki, err = pki.New(filepath.Join(c.dir, "pki")); err != nil {
+		return c, err
+	}
+	if c.operator, err = c.pki.Files(identity.Operator, "testbed"); err != nil {
+		return c, err
+	}
+	driverTLS, err := c.pki.Files(identity.Driver, "ipmi")
+	if err != nil {
+		return c, err
+	}
+	coordTLS, err := c.pki.Files(identity.Coordinator, "coordinator-1")
+	if err != nil {
+		return c, err
+	}
+	hostTLS, err := c.pki.Files(identity.Agent, c.hostName)
+	if err != nil {
+		return c, err
+	}
+	step("issued a CA and certificates (mutual TLS) in %s", c.pki.Dir)
+	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), 0, "admin", "password"); err != nil {
+		return c, fmt.Errorf("start BMC for %s: %w", c.hostName, err)
+	}
 
 	// BMCs, one per simulated node.
 	for i := 1; i <= opts.simulated; i++ {
@@ -90,7 +122,7 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	}
 	c.driverAddr = "127.0.0.1:" + strconv.Itoa(driverPort)
 	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(opts.binDir, "fence-driver"),
-		"--driver", "ipmi", "--listen", c.driverAddr, "--state-dir", filepath.Join(c.dir, "driver-state"), "--insecure")
+		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
 	if err != nil {
 		return c, err
 	}
@@ -109,13 +141,14 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		return c, err
 	}
 	c.coordAddr = "127.0.0.1:" + strconv.Itoa(coordPort)
-	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"),
-		"--listen", c.coordAddr, "--insecure", "--driver-insecure", "--config", cfgPath,
+	coordArgs := append(pki.Args("", coordTLS), pki.Args("driver-", coordTLS)...)
+	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"), append(coordArgs,
+		"--listen", c.coordAddr, "--config", cfgPath,
 		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
 		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2 * opts.grace).String(),
 		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
 		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
-		"--kdump-listen", "127.0.0.1:0")
+		"--kdump-listen", "127.0.0.1:0")...)
 	if err != nil {
 		return c, err
 	}
@@ -125,8 +158,8 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	}
 	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
 
-	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"),
-		"--coordinator", c.coordAddr, "--insecure", "--node-name", c.hostName, "--zone", "zone-a", "--region", "local")
+	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"), append(pki.Args("", hostTLS),
+		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local")...)
 	if err != nil {
 		return c, err
 	}
@@ -140,7 +173,7 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	}
 	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
 
-	if c.conn, err = dial.New(c.coordAddr, tlsfiles.Files{Insecure: true}); err != nil {
+	if c.conn, err = dial.New(c.coordAddr, c.operator); err != nil {
 		return c, err
 	}
 	want := append(c.simNames(), c.hostName)
@@ -163,6 +196,9 @@ func (c *cluster) writeFenceConfig() (string, error) {
 	fmt.Fprintf(&b, "drivers:\n  ipmi: {endpoint: %q}\n", c.driverAddr)
 	fmt.Fprintf(&b, "templates:\n  bmc:\n    driver: ipmi\n    parameters: {lanplus: \"1\", cipher: \"3\", username: admin, password_file: %q}\n", pw)
 	b.WriteString("nodes:\n")
+	// This host is configured too (only configured nodes may say hello), with a simulated BMC.
+	fmt.Fprintf(&b, "  %s:\n    zone: zone-a\n    region: local\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}\n    steps:\n      power_management: [bmc]\n",
+		c.hostName, c.host.Port)
 	for _, s := range c.sims {
 		fmt.Fprintf(&b, "  %s:\n    zone: %s\n    region: local\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}\n    steps:\n      power_management: [bmc]\n",
 			s.name, s.zone, s.bmc.Port)
@@ -173,8 +209,12 @@ func (c *cluster) writeFenceConfig() (string, error) {
 
 // startSim runs a simulated agent in this process.
 func (c *cluster) startSim(s *sim) error {
+	files, err := c.pki.Files(identity.Agent, s.name)
+	if err != nil {
+		return err
+	}
 	a, err := agent.New(agent.Config{
-		Coordinators: []string{c.coordAddr}, TLS: tlsfiles.Files{Insecure: true},
+		Coordinators: []string{c.coordAddr}, TLS: files,
 		NodeName: s.name, BootID: "boot-" + s.name, Zone: s.zone, Region: "local", Log: c.log,
 		Capacity: &agentv1.Capacity{MemoryBytes: 64 << 30, CpuMillis: 32000, Pids: 4194304},
 	}, simSampler{})
@@ -281,6 +321,9 @@ func (c *cluster) stop(out io.Writer) {
 		if s.bmc != nil {
 			_ = s.bmc.Stop()
 		}
+	}
+	if c.host != nil {
+		_ = c.host.Stop()
 	}
 	if c.ownDir && !c.opts.keep {
 		os.RemoveAll(c.dir)

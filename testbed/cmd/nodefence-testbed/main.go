@@ -106,17 +106,22 @@ nodefence is running (work directory %[1]s):
   BMCs         %[5]s
   agents       %[6]s (real node-agent for this host) and %[7]s (simulated)
 
+Everything speaks mutual TLS; you are operator/testbed (certificates in %[12]s):
+  TLS="--tls-ca %[13]s --tls-cert %[14]s --tls-key %[15]s"
+  GRPCURL="-cacert %[13]s -cert %[14]s -key %[15]s"
+
 Try, in another terminal:
-  grpcurl -plaintext %[2]s list
-  grpcurl -plaintext %[2]s nodefence.coordinator.v1.ClusterService/ListNodes
-  grpcurl -plaintext -d '{"node":"%[8]s","reason":"try it"}' %[2]s nodefence.coordinator.v1.FenceService/Fence
-  %[9]s/fencectl --insecure --coordinator %[2]s nodes
-  %[9]s/fencectl --insecure --coordinator %[2]s fence %[8]s
-  %[9]s/fencectl --insecure --coordinator %[2]s unfence %[8]s
+  grpcurl $GRPCURL %[2]s list
+  grpcurl $GRPCURL %[2]s nodefence.coordinator.v1.ClusterService/ListNodes
+  grpcurl $GRPCURL -d '{"node":"%[8]s","reason":"try it"}' %[2]s nodefence.coordinator.v1.FenceService/Fence
+  %[9]s/fencectl $TLS --coordinator %[2]s nodes
+  %[9]s/fencectl $TLS --coordinator %[2]s fence %[8]s
+  %[9]s/fencectl $TLS --coordinator %[2]s unfence %[8]s
   ipmitool -I lanplus -H 127.0.0.1 -p %[10]d -U admin -P password -C 3 chassis power status
 (grpcurl is in %[9]s/tools.) Press Ctrl-C to stop everything.
 `, c.dir, c.coordAddr, c.opts.grace, c.driverAddr, strings.Join(c.bmcList(), ", "), c.hostName,
-		strings.Join(c.simNames(), ", "), c.sims[0].name, c.opts.binDir, c.sims[0].bmc.Port, c.opts.fenceTimeout)
+		strings.Join(c.simNames(), ", "), c.sims[0].name, c.opts.binDir, c.sims[0].bmc.Port, c.opts.fenceTimeout,
+		c.pki.Dir, c.operator.CAFile, c.operator.CertFile, c.operator.KeyFile)
 }
 
 // result is the demo's last line.

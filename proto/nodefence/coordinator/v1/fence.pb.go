@@ -291,9 +291,13 @@ type NodeFence struct {
 	// Automatic is true when the coordinator started the fence on its own.
 	Automatic bool `protobuf:"varint,19,opt,name=automatic,proto3" json:"automatic,omitempty"`
 	// Polls counts readiness polls after power management (the seed's "N pollings").
-	Polls         int32 `protobuf:"varint,20,opt,name=polls,proto3" json:"polls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Polls int32 `protobuf:"varint,20,opt,name=polls,proto3" json:"polls,omitempty"`
+	// WrongMachineAt is set when the node's agent kept reporting after its power-off was confirmed:
+	// the fence switched off some other machine. A critical alarm; the node's pods are never
+	// released while it is set.
+	WrongMachineAt *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=wrong_machine_at,json=wrongMachineAt,proto3" json:"wrong_machine_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeFence) Reset() {
@@ -464,6 +468,13 @@ func (x *NodeFence) GetPolls() int32 {
 		return x.Polls
 	}
 	return 0
+}
+
+func (x *NodeFence) GetWrongMachineAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WrongMachineAt
+	}
+	return nil
 }
 
 // Operation is one driver call of a fence record.
@@ -836,10 +847,13 @@ type AcknowledgeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Node is the node the operator confirms is off.
 	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	// Operator names the person confirming.
+	// Operator is ignored as an identity: who acknowledged is the caller's certificate. When set it
+	// must equal the certificate's operator name.
 	Operator string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
-	// Reason says how they know.
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Reason says how they know (at most 1 KiB; required with force).
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Force acknowledges a node whose agent (or kubelet) is still reporting: refused without it.
+	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -893,6 +907,13 @@ func (x *AcknowledgeRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AcknowledgeRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 // AcknowledgeResponse returns the acknowledged record.
@@ -1248,7 +1269,7 @@ var File_nodefence_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xe2\x06\n" +
+	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xa8\a\n" +
 	"\tNodeFence\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12=\n" +
@@ -1275,7 +1296,8 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\bevidence\x18\x11 \x03(\tR\bevidence\x12B\n" +
 	"\x0fnext_attempt_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\x12\x1c\n" +
 	"\tautomatic\x18\x13 \x01(\bR\tautomatic\x12\x14\n" +
-	"\x05polls\x18\x14 \x01(\x05R\x05polls\"\xb8\x04\n" +
+	"\x05polls\x18\x14 \x01(\x05R\x05polls\x12D\n" +
+	"\x10wrong_machine_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewrongMachineAt\"\xb8\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
@@ -1303,11 +1325,12 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"L\n" +
 	"\x0fUnfenceResponse\x129\n" +
-	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"\\\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"r\n" +
 	"\x12AcknowledgeRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"P\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"P\n" +
 	"\x13AcknowledgeResponse\x129\n" +
 	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"!\n" +
 	"\x0fGetFenceRequest\x12\x0e\n" +
@@ -1403,36 +1426,37 @@ var file_nodefence_coordinator_v1_fence_proto_depIdxs = []int32{
 	18, // 6: nodefence.coordinator.v1.NodeFence.finished_at:type_name -> google.protobuf.Timestamp
 	18, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
 	18, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
-	3,  // 9: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
-	19, // 10: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
-	18, // 11: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
-	18, // 12: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 13: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
-	1,  // 14: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
-	4,  // 15: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 16: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 17: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 18: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	2,  // 19: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	4,  // 20: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 21: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	6,  // 22: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
-	8,  // 23: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
-	10, // 24: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
-	12, // 25: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
-	14, // 26: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
-	16, // 27: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
-	7,  // 28: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
-	9,  // 29: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
-	11, // 30: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
-	13, // 31: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
-	15, // 32: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
-	17, // 33: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
-	28, // [28:34] is the sub-list for method output_type
-	22, // [22:28] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	18, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
+	3,  // 10: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
+	19, // 11: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
+	18, // 12: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
+	18, // 13: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 14: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
+	1,  // 15: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
+	4,  // 16: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 17: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 18: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 19: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	2,  // 20: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
+	4,  // 21: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 22: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	6,  // 23: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
+	8,  // 24: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
+	10, // 25: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
+	12, // 26: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
+	14, // 27: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
+	16, // 28: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
+	7,  // 29: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
+	9,  // 30: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
+	11, // 31: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
+	13, // 32: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
+	15, // 33: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
+	17, // 34: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
+	29, // [29:35] is the sub-list for method output_type
+	23, // [23:29] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_fence_proto_init() }

@@ -1,0 +1,174 @@
+package agentwire
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
+)
+
+// Bounds of what an agent may send. Names follow Kubernetes' rules (a node name is a DNS
+// subdomain, a label name a qualified name, a label value at most 63 characters), free text is
+// capped at MaxText.
+const (
+	// MaxText caps free-text fields (condition reason and message).
+	MaxText = 1024
+	// MaxLabels caps the labels of a hello.
+	MaxLabels = 64
+	// MaxCandidates caps the pods of one eviction proposal.
+	MaxCandidates = 1000
+	// maxLabelValue is Kubernetes' label value length.
+	maxLabelValue = 63
+	// maxShortText caps identifiers such as a boot id or an agent version.
+	maxShortText = 128
+)
+
+// ValidateHello checks every field of a hello, listing each problem with its field name.
+func ValidateHello(h *agentv1.Hello) error {
+	var v fault.Invalid
+	if err := identity.ValidName(h.GetNodeName()); err != nil {
+		v.Add("hello.node_name", "%v", err)
+	}
+	labelValue(&v, "hello.zone", h.GetZone())
+	labelValue(&v, "hello.region", h.GetRegion())
+	shortText(&v, "hello.boot_id", h.GetBootId())
+	shortText(&v, "hello.agent_version", h.GetAgentVersion())
+	if len(h.GetLabels()) > MaxLabels {
+		v.Add("hello.labels", "%d labels, more than %d", len(h.GetLabels()), MaxLabels)
+	} else {
+		for k, val := range h.GetLabels() {
+			if !validLabelName(k) {
+				v.Add("hello.labels", "label name %q is not a Kubernetes qualified name (at most 253+63 characters)", clip(k))
+			}
+			labelValue(&v, "hello.labels["+clip(k)+"]", val)
+		}
+	}
+	if c := h.GetCapacity(); c != nil && (c.GetMemoryBytes() < 0 || c.GetCpuMillis() < 0 || c.GetPids() < 0) {
+		v.Add("hello.capacity", "must not be negative")
+	}
+	return v.Err()
+}
+
+// ValidateEvent checks a condition change, a shutdown event or an eviction proposal: known enum
+// values, non-negative durations, capped text. Heartbeats and samples pass (agentwire decodes
+// them, bounded by the message size).
+func ValidateEvent(m *agentv1.ConnectRequest) error {
+	var v fault.Invalid
+	switch msg := m.GetMsg().(type) {
+	case *agentv1.ConnectRequest_Condition:
+		c := msg.Condition
+		if _, ok := agentv1.ConditionType_name[int32(c.GetType())]; !ok || c.GetType() == agentv1.ConditionType_CONDITION_TYPE_UNSPECIFIED {
+			v.Add("condition.type", "unknown condition type %d", c.GetType())
+		}
+		if _, ok := agentv1.ConditionStatus_name[int32(c.GetStatus())]; !ok || c.GetStatus() == agentv1.ConditionStatus_CONDITION_STATUS_UNSPECIFIED {
+			v.Add("condition.status", "unknown condition status %d", c.GetStatus())
+		}
+		text(&v, "condition.reason", c.GetReason())
+		text(&v, "condition.message", c.GetMessage())
+		if t := c.GetTransitionTime(); t != nil && t.CheckValid() != nil {
+			v.Add("condition.transition_time", "not a valid timestamp")
+		}
+	case *agentv1.ConnectRequest_Shutdown:
+		s := msg.Shutdown
+		if _, ok := agentv1.ShutdownPhase_name[int32(s.GetPhase())]; !ok || s.GetPhase() == agentv1.ShutdownPhase_SHUTDOWN_PHASE_UNSPECIFIED {
+			v.Add("shutdown.phase", "unknown shutdown phase %d", s.GetPhase())
+		}
+		duration(&v, "shutdown.grace_period", s.GetGracePeriod())
+		if t := s.GetAt(); t != nil && t.CheckValid() != nil {
+			v.Add("shutdown.at", "not a valid timestamp")
+		}
+	case *agentv1.ConnectRequest_Candidates:
+		c := msg.Candidates
+		shortText(&v, "candidates.signal", c.GetSignal())
+		if len(c.GetCandidates()) > MaxCandidates {
+			v.Add("candidates.candidates", "%d pods, more than %d", len(c.GetCandidates()), MaxCandidates)
+			break
+		}
+		for _, p := range c.GetCandidates() {
+			if len(p.GetNamespace()) > 63 || len(p.GetName()) > 253 || len(p.GetUid()) > maxShortText {
+				v.Add("candidates.candidates", "a pod's namespace, name or uid is longer than Kubernetes allows")
+				break
+			}
+			duration(&v, "candidates.candidates.grace_period", p.GetGracePeriod())
+		}
+	}
+	return v.Err()
+}
+
+func duration(v *fault.Invalid, field string, d *durationpb.Duration) {
+	if d == nil {
+		return
+	}
+	if d.CheckValid() != nil || d.AsDuration() < 0 {
+		v.Add(field, "must be a valid, non-negative duration")
+	}
+}
+
+func text(v *fault.Invalid, field, s string) {
+	if len(s) > MaxText {
+		v.Add(field, "%d bytes, more than %d", len(s), MaxText)
+	} else if !utf8.ValidString(s) {
+		v.Add(field, "not valid UTF-8")
+	}
+}
+
+func shortText(v *fault.Invalid, field, s string) {
+	if len(s) > maxShortText {
+		v.Add(field, "%d bytes, more than %d", len(s), maxShortText)
+		return
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+			v.Add(field, "must be printable text")
+			return
+		}
+	}
+}
+
+// labelValue checks a Kubernetes label value: empty, or at most 63 characters of [A-Za-z0-9-_.]
+// starting and ending with a letter or digit.
+func labelValue(v *fault.Invalid, field, s string) {
+	if s == "" {
+		return
+	}
+	if len(s) > maxLabelValue || !labelPart(s) {
+		v.Add(field, "%q is not a Kubernetes label value (at most %d letters, digits, '-', '_', '.', starting and ending with a letter or digit)", clip(s), maxLabelValue)
+	}
+}
+
+// validLabelName checks a qualified name: an optional DNS-subdomain prefix and '/', then a name
+// part of at most 63 characters.
+func validLabelName(s string) bool {
+	prefix, name, ok := strings.Cut(s, "/")
+	if !ok {
+		name, prefix = prefix, ""
+	} else if identity.ValidName(prefix) != nil {
+		return false
+	}
+	return name != "" && len(name) <= maxLabelValue && labelPart(name)
+}
+
+func labelPart(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+		if !alnum && (i == 0 || i == len(s)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

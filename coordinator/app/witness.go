@@ -1,0 +1,49 @@
+package app
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodefence/nodefence/services/fault"
+)
+
+// knownNode says whether an agent may say hello for node: a node of the fence configuration, or
+// in Kubernetes mode an existing Node.
+func (a *App) knownNode(ctx context.Context, node string) error {
+	if a.fences() != nil && a.fences().HasNode(node) {
+		return nil
+	}
+	if a.kube == nil {
+		return fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrPermissionDenied)
+	}
+	_, err := a.kube.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("node %q does not exist in the cluster: %w", node, fault.ErrPermissionDenied)
+	case err != nil:
+		return fmt.Errorf("cannot look up node %q: %w: %v", node, fault.ErrUnreachable, err)
+	}
+	return nil
+}
+
+// kubeletReporting says whether the node's kubelet still reports: its Ready condition, which
+// kube-controller-manager turns Unknown once the kubelet's lease and status go stale, is True.
+func (a *App) kubeletReporting(ctx context.Context, node string) (bool, error) {
+	n, err := a.kube.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue, nil
+		}
+	}
+	return false, nil
+}

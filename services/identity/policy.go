@@ -1,0 +1,91 @@
+package identity
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// Policy maps a full gRPC method name ("/package.Service/Method") to the roles that may call it.
+// A method it does not name is refused to everyone, except the open services (health, reflection).
+type Policy map[string][]Role
+
+var (
+	operators = []Role{Operator}
+	readers   = []Role{Operator, Viewer}
+)
+
+// Default is nodefence's authorization table, one rule per method of every service:
+//   - an agent may only open its stream (and the stream checks the node is its own);
+//   - only an operator changes anything: Fence, Unfence, Acknowledge, pause and resume;
+//   - operators and viewers read;
+//   - only the coordinator calls a fence driver, reads included (a Status or Describe is a device
+//     login, and a driver's answers name devices and plugs).
+var Default = Policy{
+	agentv1.AgentService_Connect_FullMethodName: {Agent},
+
+	coordv1.FenceService_Fence_FullMethodName:       operators,
+	coordv1.FenceService_Unfence_FullMethodName:     operators,
+	coordv1.FenceService_Acknowledge_FullMethodName: operators,
+	coordv1.FenceService_GetFence_FullMethodName:    readers,
+	coordv1.FenceService_ListFences_FullMethodName:  readers,
+	coordv1.FenceService_WatchFence_FullMethodName:  readers,
+
+	coordv1.ClusterService_PauseEvictions_FullMethodName:  operators,
+	coordv1.ClusterService_ResumeEvictions_FullMethodName: operators,
+	coordv1.ClusterService_ListNodes_FullMethodName:       readers,
+	coordv1.ClusterService_GetNode_FullMethodName:         readers,
+	coordv1.ClusterService_ListZones_FullMethodName:       readers,
+	coordv1.ClusterService_GetLeader_FullMethodName:       readers,
+	coordv1.ClusterService_ListAudit_FullMethodName:       readers,
+
+	driverv1.FenceDriverService_PowerOff_FullMethodName: {Coordinator},
+	driverv1.FenceDriverService_PowerOn_FullMethodName:  {Coordinator},
+	driverv1.FenceDriverService_Reboot_FullMethodName:   {Coordinator},
+	driverv1.FenceDriverService_Status_FullMethodName:   {Coordinator},
+	driverv1.FenceDriverService_List_FullMethodName:     {Coordinator},
+	driverv1.FenceDriverService_Monitor_FullMethodName:  {Coordinator},
+	driverv1.FenceDriverService_Describe_FullMethodName: {Coordinator},
+}
+
+// openServices need no identity: health checks (load balancers, kubelet probes) and reflection
+// (grpcurl list), which describe the API but touch nothing.
+var openServices = []string{
+	"/grpc.health.v1.Health/",
+	"/grpc.reflection.v1.ServerReflection/",
+	"/grpc.reflection.v1alpha.ServerReflection/",
+}
+
+// Open reports whether a method is served to every caller, identified or not.
+func Open(fullMethod string) bool {
+	for _, p := range openServices {
+		if strings.HasPrefix(fullMethod, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Allow returns nil when id may call fullMethod, else an error saying who may. Any may call every
+// method the policy names.
+func (p Policy) Allow(id Identity, fullMethod string) error {
+	if Open(fullMethod) {
+		return nil
+	}
+	roles, ok := p[fullMethod]
+	if !ok {
+		return fmt.Errorf("method %s is not in the authorization policy", clip(fullMethod))
+	}
+	if id.Role == Any || slices.Contains(roles, id.Role) {
+		return nil
+	}
+	names := make([]string, len(roles))
+	for i, r := range roles {
+		names[i] = string(r)
+	}
+	return fmt.Errorf("%s may not call %s (allowed: %s)", id, fullMethod, strings.Join(names, ", "))
+}
