@@ -2,7 +2,8 @@
 // runs on bare metal: an etcd of its own, one or more coordinators in Kubernetes mode with a
 // client certificate whose user is the ServiceAccount that deploy/'s RBAC binds (not
 // system:masters), the IPMI fence-driver driving the nodes' BMCs, and one node-agent per node,
-// started inside that node's network namespace as one of its services (so it dies with the node
+// started inside that node's network namespace as one of its services. Everything speaks mutual
+// TLS with a certificate per component carrying its nodefence identity (services/identity) (so it dies with the node
 // and starts again when the node boots). Every part is a real process of the binaries `make
 // build` produces; BuildBinaries builds them for tests.
 package nfcluster
@@ -30,9 +31,12 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -104,8 +108,14 @@ type Deployment struct {
 	// DriverAddr is the IPMI fence-driver's address.
 	DriverAddr string
 
+	// OperatorTLS is the client certificate of an operator (operator/e2e), for fencectl and
+	// the API calls of tests.
+	OperatorTLS tlsfiles.Files
+
 	etcd, driver *process
 	etcdURL      string
+	ca           *certs.CA
+	caFile       string
 }
 
 // Coordinator is one coordinator replica.
@@ -166,6 +176,9 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 		return nil, err
 	}
 	d := &Deployment{Opts: o, Cluster: c}
+	if err := d.newCA(); err != nil {
+		return nil, err
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -198,10 +211,14 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 		addrs = append(addrs, co.Addr)
 	}
 	for _, n := range c.Nodes {
-		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: []string{
-			"--coordinator=" + strings.Join(addrs, ","), "--node-name=" + n.Name, "--zone=" + n.Zone, "--region=" + c.Config.Region,
-			"--insecure", "--boot-id-file=" + n.BootIDFile(), "--nodefs-path=" + n.Dir, "--log-level=info",
-		}}); err != nil {
+		tls, err := d.issue(identity.Agent, n.Name)
+		if err != nil {
+			return nil, err
+		}
+		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(pki.Args("", tls),
+			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
+			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
+		)}); err != nil {
 			return nil, err
 		}
 	}
@@ -210,6 +227,34 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 	}
 	ok = true
 	return d, nil
+}
+
+// newCA makes the deployment's certificate authority and the operator's certificate.
+func (d *Deployment) newCA() error {
+	ca, err := certs.NewCA("nodefence testbed cluster CA", 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(d.Opts.Dir, "pki")
+	if d.caFile, _, err = ca.WriteCA(dir); err != nil {
+		return err
+	}
+	d.ca = ca
+	d.OperatorTLS, err = d.issue(identity.Operator, "e2e")
+	return err
+}
+
+// issue writes a certificate for role/name, valid for 127.0.0.1 and the cluster's host address.
+func (d *Deployment) issue(role identity.Role, name string) (tlsfiles.Files, error) {
+	pair, err := d.ca.Issue(identity.Identity{Role: role, Name: name}, []string{"127.0.0.1", d.Cluster.HostIP().String()}, 24*time.Hour)
+	if err != nil {
+		return tlsfiles.Files{}, err
+	}
+	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), string(role)+"-"+name)
+	if err != nil {
+		return tlsfiles.Files{}, err
+	}
+	return tlsfiles.Files{CertFile: cert, KeyFile: key, CAFile: d.caFile}, nil
 }
 
 // setupKube applies deploy/'s namespace, CRD and coordinator RBAC, issues the coordinator's
@@ -308,9 +353,13 @@ func (d *Deployment) startDriver() error {
 		return err
 	}
 	d.DriverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
-	d.driver, err = start("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"),
-		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr, "--insecure",
-		"--poll-interval=100ms", "--default-timeout=20s")
+	tls, err := d.issue(identity.Driver, "ipmi")
+	if err != nil {
+		return err
+	}
+	d.driver, err = start("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
+		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
+		"--poll-interval=100ms", "--default-timeout=20s")...)
 	if err != nil {
 		return err
 	}
@@ -328,8 +377,13 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	}
 	o := d.Opts
 	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
-	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"),
-		"--id="+co.ID, "--listen="+co.Addr, "--insecure", "--driver-insecure",
+	tls, err := d.issue(identity.Coordinator, co.ID)
+	if err != nil {
+		return nil, err
+	}
+	args := append(pki.Args("", tls), pki.Args("driver-", tls)...)
+	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
+		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
 		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
 		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
@@ -337,7 +391,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
 		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
 		"--power-management-polls=3", "--power-management-poll-interval=1s",
-		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")
+		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")...)
 	if err != nil {
 		return nil, err
 	}
@@ -347,9 +401,9 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	return co, nil
 }
 
-// Conn dials a coordinator replica (plaintext).
-func Conn(addr string) (coordv1.ClusterServiceClient, coordv1.FenceServiceClient, func(), error) {
-	conn, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+// Conn dials a coordinator replica as the operator.
+func (d *Deployment) Conn(addr string) (coordv1.ClusterServiceClient, coordv1.FenceServiceClient, func(), error) {
+	conn, err := dial.New(addr, d.OperatorTLS)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -362,7 +416,7 @@ func (d *Deployment) Leader(ctx context.Context) *Coordinator {
 		if !co.Alive() {
 			continue
 		}
-		cl, _, closeConn, err := Conn(co.Addr)
+		cl, _, closeConn, err := d.Conn(co.Addr)
 		if err != nil {
 			continue
 		}
@@ -383,7 +437,7 @@ func (d *Deployment) Nodes(ctx context.Context) ([]*coordv1.Node, error) {
 	if co == nil {
 		return nil, errors.New("no coordinator leads")
 	}
-	cl, _, closeConn, err := Conn(co.Addr)
+	cl, _, closeConn, err := d.Conn(co.Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -450,7 +504,7 @@ func (d *Deployment) Fencectl(ctx context.Context, args ...string) (string, erro
 		addrs = append(addrs, co.Addr)
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(d.Opts.BinDir, "fencectl"),
-		append([]string{"--insecure", "--coordinator=" + strings.Join(addrs, ","), "--timeout=20s"}, args...)...)
+		append(append(pki.Args("", d.OperatorTLS), "--coordinator="+strings.Join(addrs, ","), "--timeout=20s"), args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
