@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -79,6 +80,7 @@ type Cluster struct {
 	lock      *os.File
 	stopPower chan struct{}
 	powerWG   sync.WaitGroup
+	stopped   atomic.Bool
 	downOnce  sync.Once
 	downErr   error
 }
@@ -515,6 +517,7 @@ func (c *Cluster) waitDefaultServiceAccount(ctx context.Context, deadline time.T
 // lock. It is safe to call more than once.
 func (c *Cluster) Down() error {
 	c.downOnce.Do(func() {
+		c.stopped.Store(true) // no BMC boots a node from now on
 		close(c.stopPower)
 		c.powerWG.Wait()
 		var errs []error
@@ -614,7 +617,7 @@ func sweep(prefix string, nodes int, log *slog.Logger) {
 		}
 	}
 	if dir, err := os.ReadFile(statePath(prefix)); err == nil {
-		if d := string(dir[:len(dir)-1]); filepath.IsAbs(d) {
+		if d := strings.TrimSpace(string(dir)); filepath.IsAbs(d) && d != "/" {
 			_ = unmountUnder(d)
 		}
 	}

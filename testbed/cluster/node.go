@@ -293,7 +293,7 @@ func (n *Node) powerOff() error {
 func (n *Node) powerOn() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.running {
+	if n.running || n.c.stopped.Load() {
 		return
 	}
 	err := n.boot()

@@ -113,8 +113,7 @@ func up(o options, args []string, stdout io.Writer) error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	start := time.Now()
-	for deadline := start.Add(4 * time.Minute); ; {
+	for deadline := time.Now().Add(4 * time.Minute); ; {
 		if _, err := os.Stat(readyFile(o.dir)); err == nil {
 			break
 		}
@@ -139,7 +138,6 @@ Images (no registry): %s, %s. Each node has a BMC on 127.0.0.1 (user %s, passwor
 Stop everything with: make cluster-down
 `, o.dir, o.nodes, cmd.Process.Pid, logFile(o.dir), kc, cluster.BusyboxImage, cluster.BusyboxImage, cluster.PauseImage,
 		cluster.BMCUser, filepath.Join(o.dir, "bmc-password"), bmcLines(o.dir))
-	_ = start
 	return nil
 }
 
