@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc
 
-.PHONY: kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
+.PHONY: images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
 
 build:
 	@mkdir -p $(BIN)
@@ -27,6 +27,23 @@ build:
 	$(GO) build -o $(BIN)/fence-driver ./fence-drivers/cmd/fence-driver
 	$(GO) build -o $(BIN)/nodefence-testbed ./testbed/cmd/nodefence-testbed
 	$(GO) build -o $(BIN)/bench-ingest ./testbed/cmd/bench-ingest
+
+# images: one OCI image-layout tarball per binary in bin/images (nodefence/<binary>:$(VERSION), and
+# nodefence/etcd for deploy/etcd.yaml), built
+# without a container engine or registry (testbed/images). Static, trimmed binaries and a fixed time
+# (the last commit's) make the same commit give the same digests. Import with
+# `ctr -n k8s.io images import bin/images/nodefence-coordinator.oci.tar`.
+VERSION           ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+images: deps
+	@mkdir -p $(BIN)/linux-amd64
+	for b in coordinator:coordinator node-agent:node-agent fence-driver:fence-drivers fencectl:coordinator; do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w -buildid=' \
+			-o $(BIN)/linux-amd64/$${b%%:*} ./$${b#*:}/cmd/$${b%%:*} || exit 1; \
+	done
+	cd testbed/kube/tools/etcd && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/linux-amd64/etcd .
+	$(GO) run ./testbed/cmd/nodefence-images --bin $(BIN)/linux-amd64 --out $(BIN)/images \
+		--version $(VERSION) --revision $$(git rev-parse HEAD 2>/dev/null) --source-date-epoch $(SOURCE_DATE_EPOCH)
 
 # tool NAME PKG VERSION: install PKG@VERSION as ./bin/tools/NAME unless that exact version is there.
 define tool

@@ -342,17 +342,11 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 			return nil, err
 		}
 	}
-	fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool {
-		return (req.Node == "" || f.Node == req.Node) &&
-			(req.Status == coordv1.FenceStatus_FENCE_STATUS_UNSPECIFIED || f.Status == req.Status)
-	})
+	page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Status: req.Status, Limit: limit, PageToken: req.PageToken})
 	if err != nil {
 		return nil, err
 	}
-	if len(fs) > limit {
-		fs = fs[:limit]
-	}
-	return &coordv1.ListFencesResponse{Fences: fs}, nil
+	return &coordv1.ListFencesResponse{Fences: page.Fences, NextPageToken: page.NextPageToken, CorruptIds: page.Corrupt}, nil
 }
 
 // WatchFence streams a record until it is final.
@@ -373,14 +367,14 @@ func (s *FenceServer) WatchFence(req *coordv1.WatchFenceRequest, stream coordv1.
 		if err := required("node", req.GetNode()); err != nil {
 			return err
 		}
-		fs, err := s.Store.ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == req.Node })
+		page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Limit: 1})
 		if err != nil {
 			return err
 		}
-		if len(fs) == 0 {
-			return fmt.Errorf("node %q has no fence records: %w", req.Node, fault.ErrNotFound)
+		if len(page.Fences) == 0 {
+			return fmt.Errorf("node %q has no recent fence records: %w", req.Node, fault.ErrNotFound)
 		}
-		id = fs[0].Id
+		id = page.Fences[0].Id
 	}
 	updates, errc := s.Store.WatchFence(ctx, id)
 	for v := range updates {

@@ -18,10 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodefence/nodefence/coordinator/api"
@@ -58,6 +59,8 @@ type Config struct {
 	EtcdClientListen, EtcdPeerListen string
 	// EtcdPrefix is the key prefix of all coordinator state.
 	EtcdPrefix string
+	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
+	EtcdAccess EtcdAccess
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -82,7 +85,8 @@ type Config struct {
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
 	AgentHeartbeatInterval, AgentSampleInterval time.Duration
-	// KdumpListen is the UDP address for fence_kdump messages ("" disables the listener).
+	// KdumpListen is the UDP IP:PORT for fence_kdump messages: an explicit address, never all
+	// interfaces ("" disables the listener, the default).
 	KdumpListen string
 	// DriverTLS secures connections to fence-driver services.
 	DriverTLS tlsfiles.Files
@@ -112,6 +116,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdClientListen, "etcd-client-listen", "127.0.0.1:2379", "embedded etcd client address")
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
+	c.EtcdAccess.RegisterFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -135,7 +140,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
 	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
 	defEng := engine.DefaultConfig()
-	fs.StringVar(&c.KdumpListen, "kdump-listen", ":7410", "UDP address for fence_kdump_send messages (empty: off)")
+	fs.StringVar(&c.KdumpListen, "kdump-listen", "", "IP:PORT (an explicit address, never all interfaces) for fence_kdump_send messages; default off")
 	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
 	fs.BoolVar(&c.Engine.Fence.Enabled, "auto-fence", defEng.Fence.Enabled, "fence not-ready nodes automatically (manual fencing is always available)")
@@ -215,6 +220,7 @@ func (c *Config) Validate() []error {
 			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, addr))
 		}
 	}
+	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -295,12 +301,16 @@ type App struct {
 	srv     *server.Server
 	drivers *fencing.Drivers
 	elector *leader.Elector
+	// follower names a verified leader to clients of a replica that does not lead.
+	follower  *leader.Follower
+	advertise string
 
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
 	kube      *kubeMode
 	mu        sync.Mutex
 	leading   *api.Leading
+	fenceMx   *fenceMetrics
 	closeOnce sync.Once
 }
 
@@ -346,7 +356,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 			a.fenceCf.Store(c)
 		}
 	}
-	endpoints := cfg.EtcdEndpoints
+	endpoints, access := cfg.EtcdEndpoints, cfg.EtcdAccess
 	if len(endpoints) == 0 {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("--data-dir: %w", err)
@@ -354,21 +364,28 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		e, err := etcdembed.Start(etcdembed.Config{
 			Name: "nodefence", DataDir: filepath.Join(cfg.DataDir, "etcd"),
 			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: log,
+			SecretsDir: filepath.Join(cfg.DataDir, "etcd-secrets"), Prefix: cfg.EtcdPrefix,
 		})
 		if err != nil {
 			return nil, err
 		}
 		a.etcd = e
-		endpoints = []string{e.Endpoint}
-		log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir)
+		endpoints, access = []string{e.Endpoint}, embeddedAccess(e.Client)
+		log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir, "secrets", filepath.Dir(e.Client.CAFile))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cc, err := access.clientConfig(endpoints, log)
+	if err != nil {
+		a.closeEtcd()
+		return nil, err
+	}
+	cli, err := clientv3.New(cc)
 	if err != nil {
 		a.closeEtcd()
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	a.cli = cli
 	a.store = store.New(cli, cfg.EtcdPrefix)
+	a.store.Log = log
 	// Agent streams carry every heartbeat and sample: observed per call, not per message.
 	cfg.Server.BusyStreams = append(cfg.Server.BusyStreams, agentv1.AgentService_Connect_FullMethodName)
 	srv, err := server.New(cfg.Server, log)
@@ -382,7 +399,12 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		advertise = srv.Addr()
 	}
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
+	a.follower, a.advertise = leader.NewFollower(cli, a.store.LeaderPrefix(), cfg.ID, log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
+	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
+		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
+		func() float64 { return float64(a.store.CorruptRecords()) }))
+	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -396,7 +418,8 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 			a.Close()
 			return nil, err
 		}
-		a.kdump.Log, a.kdump.Resolve, a.kdump.Seen = log, a.nodeByAddress, a.kdumpSeen
+		a.kdump.Log, a.kdump.Resolve, a.kdump.Seen, a.kdump.Live = log, a.nodeByAddress, a.kdumpSeen, a.agentLive
+		a.kdump.Messages = kdump.NewMessageCounter(srv.Registry)
 	}
 	coordv1.RegisterFenceServiceServer(srv.GRPC, &api.FenceServer{Deps: deps})
 	coordv1.RegisterClusterServiceServer(srv.GRPC, &api.ClusterServer{Deps: deps})
@@ -434,6 +457,27 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
+// agentLive reports whether the node's agent is streaming to this leader: connected and heard
+// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
+// witness. Followers answer false; they drop kdump messages anyway.
+func (a *App) agentLive(node string) bool {
+	a.mu.Lock()
+	l := a.leading
+	a.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	window := max(5*a.cfg.AgentHeartbeatInterval, 5*time.Second)
+	ctx, cancel := context.WithTimeout(l.Term.Context(), time.Second)
+	defer cancel()
+	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
+	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
+		n := e.Node(node)
+		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+	})
+	return live
+}
+
 // KdumpAddr is the kdump listener's address ("" when off).
 func (a *App) KdumpAddr() string {
 	if a.kdump == nil {
@@ -453,6 +497,14 @@ func (a *App) EtcdEndpoint() string {
 	return a.etcd.Endpoint
 }
 
+// EtcdAccess is what another process needs to use the embedded etcd (zero with external etcd).
+func (a *App) EtcdAccess() EtcdAccess {
+	if a.etcd == nil {
+		return EtcdAccess{}
+	}
+	return embeddedAccess(a.etcd.Client)
+}
+
 // Etcd is the app's etcd client.
 func (a *App) Etcd() *clientv3.Client { return a.cli }
 
@@ -467,12 +519,41 @@ func (a *App) Leading(ctx context.Context) (*api.Leading, error) {
 	if l != nil && l.Term.Context().Err() == nil {
 		return l, nil
 	}
-	info, _, ok, err := leader.Current(ctx, a.cli, a.store.LeaderPrefix())
-	if err != nil || !ok || info.ID == a.cfg.ID {
+	v := a.follower.View(ctx)
+	switch {
+	case v.Err != nil:
+		return nil, fmt.Errorf("not the leader, and this coordinator cannot reach etcd to name one; try another: %w", fault.ErrUnreachable)
+	case !v.Found || v.Leader.ID == a.cfg.ID:
 		return nil, &fault.NotLeaderError{}
+	case !v.Answers:
+		return nil, fmt.Errorf("not the leader; the leader %s at %s does not answer, an election is under way; retry shortly: %w",
+			v.Leader.ID, v.Leader.Address, fault.ErrUnreachable)
 	}
-	return nil, &fault.NotLeaderError{LeaderID: info.ID, LeaderAddress: info.Address}
+	return nil, &fault.NotLeaderError{LeaderID: v.Leader.ID, LeaderAddress: v.Leader.Address}
 }
+
+// etcdClientConfig is the etcd client's configuration: keepalive pings find a connection that a
+// partition left dead (etcd refuses pings more often than every 5 s), and every unary call without
+// a deadline of its own gets one, so no etcd read or write can block a coordinator for ever.
+func etcdClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialKeepAliveTime: 6 * time.Second, DialKeepAliveTimeout: 3 * time.Second, PermitWithoutStream: true,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if _, ok := ctx.Deadline(); !ok {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, etcdCallTimeout)
+					defer cancel()
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
+	}
+}
+
+// etcdCallTimeout is the deadline of an etcd call made without one (listing many records is the
+// slowest; the election's own calls have leader.CallTimeout).
+const etcdCallTimeout = 10 * time.Second
 
 // Term returns the current leadership term, or nil when not leading.
 func (a *App) Term() *leader.Term {
@@ -500,13 +581,18 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
+	go a.follower.Run(ctx, 250*time.Millisecond)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
 			return fmt.Errorf("grpc server: %w", err)
 		default:
 		}
-		term, err := a.elector.Campaign(ctx)
+		var term *leader.Term
+		err := a.reachable(ctx)
+		if err == nil {
+			term, err = a.elector.Campaign(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -530,8 +616,22 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.leading = nil
 		a.mu.Unlock()
+		a.fenceMx.reset()
 	}
 	return nil
+}
+
+// reachable checks that this replica's advertised address accepts connections before it campaigns:
+// other replicas remove the election key of a leader whose address refuses them.
+func (a *App) reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", a.advertise)
+	if err != nil {
+		return fmt.Errorf("--advertise %s does not accept connections, not campaigning: %w", a.advertise, err)
+	}
+	return c.Close()
 }
 
 // lead sets up one term: an engine loop (every node gets a fresh grace period; persisted state is
@@ -595,7 +695,12 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
-	active, err := a.store.ListFences(term.Context(), func(f *coordv1.NodeFence) bool { return !store.Finished(f) })
+	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
+		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
+	} else if n > 0 {
+		a.log.Info("indexed the fence history by time", "records", n)
+	}
+	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
 		return
@@ -625,6 +730,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(term, f)
 	}
@@ -665,9 +771,9 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
 	rec.Evidence = append(req.Evidence, rec.Evidence...)
 	if !req.KdumpSince.IsZero() {
-		// The node reported itself, from its kdump kernel, as crashed: its workloads are not running.
-		rec.ConfirmedOffAt = timestamppb.New(req.KdumpSince)
-		rec.Evidence = append(rec.Evidence, "down: dumping its memory (fence_kdump); power management waits for the dump")
+		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is
+		// confirmed by the driver's read-back after power management, which waits for the dump.
+		rec.Evidence = append(rec.Evidence, "dumping its memory (fence_kdump, unauthenticated evidence); power management waits for the dump")
 	}
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()

@@ -130,11 +130,16 @@ func Load(path string) (*Config, error) {
 	return Parse(data, path)
 }
 
-// Parse parses and validates YAML; source names the input in errors.
+// Parse parses and validates YAML; source names the input in errors. Input of another shape (the
+// seed's ConfigMaps, several documents, a list, nothing) is refused with what it is and what was
+// expected, before any field is looked at.
 func Parse(data []byte, source string) (*Config, error) {
+	if problem := notStandalone(data); problem != "" {
+		return nil, fault.Invalid{{Field: source, Problem: problem}}
+	}
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return nil, fault.Invalid{{Field: source, Problem: err.Error()}}
+		return nil, fault.Invalid{{Field: source, Problem: "not a valid standalone fence configuration (drivers:, templates:, nodes:): " + err.Error()}}
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -378,4 +383,64 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// expectedStandalone says what a standalone configuration file looks like, for errors.
+const expectedStandalone = "expected the standalone fence configuration: one YAML document with drivers:, templates: and nodes:"
+
+// notStandalone says what data is when it is plainly not a standalone configuration, or "" when it
+// may be one (the strict decoder then names any wrong field).
+func notStandalone(data []byte) string {
+	var docs []map[string]any
+	for i, doc := range splitYAMLDocuments(data) {
+		var probe any
+		if err := yaml.Unmarshal(doc, &probe); err != nil {
+			return fmt.Sprintf("document %d is not YAML (%v); %s", i+1, err, expectedStandalone)
+		}
+		switch v := probe.(type) {
+		case nil:
+			continue
+		case map[string]any:
+			docs = append(docs, v)
+		case []any:
+			return fmt.Sprintf("document %d is a YAML list of %d items (ConfigMaps as the node-fencing proposal writes them?); %s; "+
+				"in Kubernetes mode (--kubeconfig) the coordinator reads the fence ConfigMaps from --fence-namespace", i+1, len(v), expectedStandalone)
+		default:
+			return fmt.Sprintf("document %d is a single value (%T), not a mapping; %s", i+1, v, expectedStandalone)
+		}
+	}
+	if len(docs) == 0 {
+		return "the file is empty (or only comments); " + expectedStandalone
+	}
+	var kinds []string
+	configMaps := false
+	for _, d := range docs {
+		kind, hasKind := d["kind"].(string)
+		_, hasAPI := d["apiVersion"]
+		if !hasKind && !hasAPI {
+			continue
+		}
+		configMaps = configMaps || kind == "ConfigMap" || kind == "List"
+		name := ""
+		if md, ok := d["metadata"].(map[string]any); ok {
+			name, _ = md["name"].(string)
+		}
+		kinds = append(kinds, strings.TrimSpace(kind+" "+name))
+	}
+	if len(kinds) > 0 {
+		shown := kinds
+		if len(shown) > 3 {
+			shown = append(shown[:3:3], fmt.Sprintf("and %d more", len(kinds)-3))
+		}
+		msg := fmt.Sprintf("the file holds %d Kubernetes object(s) (%s); %s", len(kinds), strings.Join(shown, ", "), expectedStandalone)
+		if configMaps {
+			msg += ". The node-fencing proposal's fence ConfigMaps are read in Kubernetes mode (--kubeconfig) from --fence-namespace: " +
+				"apply them with kubectl (fencectl config check PATH validates them offline)"
+		}
+		return msg
+	}
+	if len(docs) > 1 {
+		return fmt.Sprintf("the file has %d YAML documents; %s", len(docs), expectedStandalone)
+	}
+	return ""
 }

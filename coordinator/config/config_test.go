@@ -268,3 +268,74 @@ func FuzzFromConfigMaps(f *testing.F) {
 		}
 	})
 }
+
+// Every file of the wrong shape is refused with what it is and what was expected, never with the
+// decoder's bare complaint about the first field it met.
+func TestWrongShapeSaysWhatItIsAndWhatWasExpected(t *testing.T) {
+	seedConfigMaps := "# the seed's format\n---\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: fence-config-host0}\ndata: {config.properties: node_name=host0}\n"
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"ConfigMaps", seedConfigMaps, []string{"1 Kubernetes object(s) (ConfigMap fence-config-host0)", "expected the standalone", "Kubernetes mode (--kubeconfig)"}},
+		{"other object", "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n", []string{"(Kustomization)", "expected the standalone"}},
+		{"list", "- kind: ConfigMap\n- kind: ConfigMap\n", []string{"YAML list of 2 items", "expected the standalone"}},
+		{"empty", "# nothing here\n", []string{"empty (or only comments)", "expected the standalone"}},
+		{"two documents", "nodes: {}\n---\ndrivers: {}\n", []string{"2 YAML documents", "expected the standalone"}},
+		{"scalar", "hello\n", []string{"single value", "expected the standalone"}},
+		{"unknown key", "nodez: {}\n", []string{"not a valid standalone fence configuration", `unknown field "nodez"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.in), "f.yaml")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// LoadAny (fencectl config check) names what it found when a path holds no fence configuration.
+func TestLoadAnyWrongShape(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"plain mapping", "foo: bar\n", []string{"neither a Kubernetes object", "expected fence ConfigMaps"}},
+		{"only Secrets", "kind: Secret\napiVersion: v1\nmetadata: {name: creds}\n", []string{"no fence configuration found", "found Secret creds"}},
+		{"empty", "", []string{"found nothing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+			if err := os.WriteFile(p, []byte(tc.in), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadAny(p, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// The README's own example: the examples directory (a kustomization, Secret templates, and the
+// seed's ConfigMaps behind a comment-only first document) checks clean.
+func TestDeployExamplesCheck(t *testing.T) {
+	c, err := LoadAny("../../deploy/examples", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"host0", "host1"}, c.NodeNames()); d != "" {
+		t.Errorf("nodes (-want +got):\n%s", d)
+	}
+}

@@ -110,6 +110,8 @@ func parseConfigMaps(data []byte, source string) ([]ConfigMap, error) {
 		}
 		var items []ConfigMap
 		switch v := probe.(type) {
+		case nil:
+			continue // only comments: an empty document
 		case []any:
 			if err := yaml.Unmarshal(doc, &items); err != nil {
 				return nil, fmt.Errorf("document %d: %w", i+1, err)
@@ -124,6 +126,10 @@ func parseConfigMaps(data []byte, source string) ([]ConfigMap, error) {
 				}
 				items = list.Items
 			} else {
+				if _, ok := v["kind"]; !ok {
+					return nil, fmt.Errorf("document %d is neither a Kubernetes object (no kind:) nor the standalone fence configuration (no nodes:); "+
+						"expected fence ConfigMaps (fence-config-*, fence-method-*, fence-method-template-*) or one YAML document with drivers:, templates: and nodes:", i+1)
+				}
 				var cm ConfigMap
 				if err := yaml.Unmarshal(doc, &cm); err != nil {
 					return nil, fmt.Errorf("document %d: %w", i+1, err)
@@ -373,8 +379,22 @@ func LoadAny(path string, drivers map[string]Driver) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(cms) == 0 {
-		return nil, fault.Invalid{{Field: path, Problem: "no fence configuration found (neither a standalone YAML with nodes: nor fence ConfigMaps)"}}
+	var others []string
+	fence := 0
+	for _, cm := range cms {
+		if (cm.Kind == "" || cm.Kind == "ConfigMap") && strings.HasPrefix(cm.Metadata.Name, "fence-") {
+			fence++
+		} else {
+			others = append(others, strings.TrimSpace(cm.Kind+" "+cm.Metadata.Name))
+		}
+	}
+	if fence == 0 {
+		found := "nothing"
+		if len(others) > 0 {
+			found = strings.Join(others, ", ")
+		}
+		return nil, fault.Invalid{{Field: path, Problem: "no fence configuration found: expected a standalone YAML with nodes: or fence ConfigMaps " +
+			"(fence-config-*, fence-method-*, fence-method-template-*); found " + found}}
 	}
 	c, err := FromConfigMaps(cms, drivers)
 	if err != nil {

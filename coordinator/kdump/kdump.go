@@ -1,6 +1,7 @@
 // Package kdump receives fence_kdump_send messages: a node that crashed into its kdump kernel sends
 // an 8-byte UDP datagram (magic 0x1B302A40, version 1, host byte order) every few seconds while it
-// dumps. The source address names the node. A dumping node is down: its workloads are not running.
+// dumps. The source address names the node. The datagram is unauthenticated: it is evidence that a
+// node is dumping, never proof that it is off, and it is dropped for a node whose agent is streaming.
 package kdump
 
 import (
@@ -12,6 +13,8 @@ import (
 	"net"
 	"net/netip"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Magic and Version of a fence_kdump message.
@@ -38,23 +41,112 @@ func Parse(b []byte) error {
 	return fmt.Errorf("kdump message with invalid magic %#x", binary.LittleEndian.Uint32(b[0:4]))
 }
 
-// Listener receives kdump messages on one UDP socket.
+// Why a message was dropped, or "accepted": the values of the result label.
+const (
+	Accepted      = "accepted"
+	Malformed     = "malformed"
+	UnknownSource = "unknown_source"
+	RateLimited   = "rate_limited"
+	LiveWitness   = "live_witness"
+)
+
+var results = []string{Accepted, Malformed, UnknownSource, RateLimited, LiveWitness}
+
+// NewMessageCounter registers nodefence_kdump_messages_total, by result, on reg.
+func NewMessageCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_kdump_messages_total",
+		Help: "fence_kdump datagrams received, by result: accepted, or why they were dropped."}, []string{"result"})
+	for _, r := range results {
+		c.WithLabelValues(r)
+	}
+	reg.MustRegister(c)
+	return c
+}
+
+// Limits bound the messages the listener passes on. fence_kdump_send sends one message every 10 s
+// by default; anything much faster is a flood or a spoof.
+type Limits struct {
+	// PerSource and PerSourceBurst: messages per second, and burst, from one node's address.
+	PerSource      float64
+	PerSourceBurst int
+	// Global and GlobalBurst: messages per second, and burst, over all sources, checked before
+	// anything else is done with a datagram.
+	Global      float64
+	GlobalBurst int
+}
+
+// DefaultLimits allow a node 1 message a second (burst 3) and the listener 50 a second (burst 100).
+func DefaultLimits() Limits {
+	return Limits{PerSource: 1, PerSourceBurst: 3, Global: 50, GlobalBurst: 100}
+}
+
+// Bucket is a token bucket; time is a value passed in.
+type Bucket struct {
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+// NewBucket is a full bucket of burst tokens refilled at rate per second.
+func NewBucket(rate float64, burst int) *Bucket {
+	return &Bucket{rate: rate, burst: float64(burst), tokens: float64(burst)}
+}
+
+// Take spends one token if there is one at now.
+func (b *Bucket) Take(now time.Time) bool {
+	if !b.last.IsZero() && now.After(b.last) {
+		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	}
+	if now.After(b.last) {
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Listener receives kdump messages on one UDP socket. Messages are evidence that a node is
+// dumping, never proof that it is off: the listener only passes them on, rate-limited, for nodes
+// whose agent is silent.
 type Listener struct {
 	conn *net.UDPConn
 	// Resolve maps a source address to a node name; ok=false discards the message.
 	Resolve func(netip.Addr) (node string, ok bool)
-	// Seen is called for every valid message of a known node.
+	// Live reports whether the node's own agent is streaming; a kdump message for such a node is
+	// spoofed or stale and is dropped. nil: no node is live.
+	Live func(node string) bool
+	// Seen is called for every accepted message.
 	Seen func(node string, from netip.Addr, at time.Time)
 	Log  *slog.Logger
+	// Limits bound the accepted rate; zero values take DefaultLimits.
+	Limits Limits
+	// Messages counts datagrams by result (NewMessageCounter); nil counts nothing.
+	Messages *prometheus.CounterVec
+
+	global    *Bucket
+	perSource map[netip.Addr]*Bucket
+	dropped   map[string]int // since the last summary line
+	lastLog   time.Time
 }
 
-// Listen binds addr (host:port, UDP).
+// logEvery is the most often the listener logs dropped messages: one summary line per interval,
+// never one line per datagram.
+const logEvery = time.Minute
+
+// Listen binds addr, an explicit IP address and UDP port: the listener is off unless asked for,
+// and never listens on every interface.
 func Listen(addr string) (*Listener, error) {
-	ua, err := net.ResolveUDPAddr("udp", addr)
+	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("--kdump-listen %s: %w", addr, err)
+		return nil, fmt.Errorf("--kdump-listen %q: want IP:PORT of the address fence_kdump_send reaches: %w", addr, err)
 	}
-	c, err := net.ListenUDP("udp", ua)
+	if ap.Addr().IsUnspecified() {
+		return nil, fmt.Errorf("--kdump-listen %s: listens on every interface; name the address fence_kdump_send reaches", addr)
+	}
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
 	if err != nil {
 		return nil, fmt.Errorf("--kdump-listen %s: %w", addr, err)
 	}
@@ -67,6 +159,11 @@ func (l *Listener) Addr() string { return l.conn.LocalAddr().String() }
 // Run reads messages until ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
 	go func() { <-ctx.Done(); l.conn.Close() }()
+	if l.Limits == (Limits{}) {
+		l.Limits = DefaultLimits()
+	}
+	l.global = NewBucket(l.Limits.Global, l.Limits.GlobalBurst)
+	l.perSource = map[netip.Addr]*Bucket{}
 	buf := make([]byte, 64)
 	for {
 		n, from, err := l.conn.ReadFromUDPAddrPort(buf)
@@ -76,16 +173,67 @@ func (l *Listener) Run(ctx context.Context) error {
 			}
 			return err
 		}
+		now := time.Now()
 		src := from.Addr().Unmap()
-		if err := Parse(buf[:n]); err != nil {
-			l.Log.Warn("discarding kdump message", "from", src, "err", err)
-			continue
+		node, result := l.judge(buf[:n], src, now)
+		l.count(result, src, now)
+		if result == Accepted {
+			l.Seen(node, src, now)
 		}
-		node, ok := l.Resolve(src)
-		if !ok {
-			l.Log.Warn("discarding kdump message from an unknown address", "from", src)
-			continue
-		}
-		l.Seen(node, src, time.Now())
 	}
+}
+
+// judge decides what happens to one datagram: cheap checks first, so a flood costs little.
+func (l *Listener) judge(b []byte, src netip.Addr, now time.Time) (string, string) {
+	if !l.global.Take(now) {
+		return "", RateLimited
+	}
+	if Parse(b) != nil {
+		return "", Malformed
+	}
+	node, ok := l.Resolve(src)
+	if !ok {
+		return "", UnknownSource
+	}
+	// Only configured node addresses get a bucket, so the map is bounded by the configuration.
+	bk := l.perSource[src]
+	if bk == nil {
+		bk = NewBucket(l.Limits.PerSource, l.Limits.PerSourceBurst)
+		l.perSource[src] = bk
+	}
+	if !bk.Take(now) {
+		return node, RateLimited
+	}
+	if l.Live != nil && l.Live(node) {
+		return node, LiveWitness
+	}
+	return node, Accepted
+}
+
+// count records the result in the metric and, for drops, in at most one log line per logEvery.
+func (l *Listener) count(result string, src netip.Addr, now time.Time) {
+	if l.Messages != nil {
+		l.Messages.WithLabelValues(result).Inc()
+	}
+	if result == Accepted || l.Log == nil {
+		return
+	}
+	if l.dropped == nil {
+		l.dropped = map[string]int{}
+	}
+	l.dropped[result]++
+	if now.Sub(l.lastLog) < logEvery {
+		return
+	}
+	args := []any{"last_from", src, "since", l.lastLog}
+	if l.lastLog.IsZero() {
+		args = args[:2]
+	}
+	for _, r := range results {
+		if n := l.dropped[r]; n > 0 {
+			args = append(args, r, n)
+		}
+	}
+	l.Log.Warn("dropped fence_kdump messages (counted in nodefence_kdump_messages_total; next summary in at most a minute)", args...)
+	l.dropped, l.lastLog = map[string]int{}, now
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -66,24 +67,58 @@ type Term struct {
 	resignErr  error
 }
 
-// Campaign blocks until this replica is leader or ctx ends.
+// CallTimeout bounds every single etcd call of the election and of a term's guarded writes: a
+// replica cut from etcd must notice, not wait for ever.
+const CallTimeout = 3 * time.Second
+
+// Campaign blocks until this replica is leader, ctx ends, or the replica's lease is lost while it
+// waits (then it returns an error and the caller campaigns again with a new lease).
 func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
-	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(e.ttl), concurrency.WithContext(ctx))
+	gctx, gcancel := context.WithTimeout(ctx, CallTimeout)
+	lease, err := e.cli.Grant(gctx, int64(e.ttl))
+	gcancel()
+	if err != nil {
+		return nil, fmt.Errorf("election lease: %w", err)
+	}
+	session, err := concurrency.NewSession(e.cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(e.ttl), concurrency.WithContext(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("election session: %w", err)
 	}
 	val, _ := json.Marshal(e.info)
 	el := concurrency.NewElection(session, e.prefix)
-	if err := el.Campaign(ctx, string(val)); err != nil {
+	// Waiting in line is a watch without a deadline: stop waiting when the lease is gone.
+	cctx, ccancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-session.Done():
+		case <-cctx.Done():
+		}
+		ccancel()
+	}()
+	err = el.Campaign(cctx, string(val))
+	ccancel()
+	if err != nil {
 		session.Close()
+		select {
+		case <-session.Done():
+			if ctx.Err() == nil {
+				return nil, fmt.Errorf("campaign: election lease lost while waiting: %w", err)
+			}
+		default:
+		}
 		return nil, fmt.Errorf("campaign: %w", err)
 	}
 	tctx, cancel := context.WithCancel(ctx)
 	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
-	// Leadership ends when the lease is gone or the key is deleted by anyone.
+	// Leadership ends when the lease is gone, the key is deleted by anyone, or etcd cannot be read
+	// for half the lease: a leader cut from etcd steps down before another replica can take over.
 	watch := e.cli.Watch(tctx, t.Key)
+	ttl := time.Duration(e.ttl) * time.Second
+	check := time.NewTicker(min(time.Second, ttl/4))
+	lastRead := time.Now()
 	go func() {
 		defer cancel()
+		defer check.Stop()
 		for {
 			select {
 			case <-session.Done():
@@ -91,6 +126,17 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				return
 			case <-tctx.Done():
 				return
+			case now := <-check.C:
+				switch live, err := t.keyLive(tctx); {
+				case err == nil && !live:
+					e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
+					return
+				case err == nil:
+					lastRead = now
+				case time.Since(lastRead) >= ttl/2 && tctx.Err() == nil:
+					e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
+					return
+				}
 			case wr, ok := <-watch:
 				if !ok {
 					return
@@ -106,6 +152,17 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	}()
 	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
 	return t, nil
+}
+
+// keyLive reads the election key (within CallTimeout): is it still this term's?
+func (t *Term) keyLive(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	resp, err := t.cli.Get(ctx, t.Key)
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == t.Epoch, nil
 }
 
 // Context is cancelled when the term ends; run leader-only work under it.
@@ -134,6 +191,8 @@ func (t *Term) Guard() clientv3.Cmp {
 // Txn commits ops if this term is still the leader's and every extra comparison holds. It returns
 // ErrDeposed when the term is over and ErrConflict when an extra comparison failed.
 func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	resp, err := t.cli.Txn(ctx).
 		If(append([]clientv3.Cmp{t.Guard()}, cmps...)...).
 		Then(ops...).
@@ -155,6 +214,8 @@ func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op)
 // Current returns the current leader (the oldest election key under prefix) and its epoch.
 // ok is false when no replica leads.
 func Current(ctx context.Context, cli *clientv3.Client, prefix string) (info Info, epoch int64, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
 		return Info{}, 0, false, fmt.Errorf("read leader: %w", err)

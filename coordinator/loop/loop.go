@@ -457,6 +457,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.FenceStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nodefence_fence_stage_seconds",
 		Help:    "Duration of each fencing stage: detect (last contact -> not ready), decide (not ready -> fence requested), confirm (requested -> confirmed off), finish (requested -> finished).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"stage"})
+	// Known label values start at zero, so rules and dashboards see 0 rather than no series.
+	for _, kind := range []string{"halted", "paused", "zone-disrupted", "cluster-unresponsive", "zone-unresponsive", "budget"} {
+		m.FenceSkips.WithLabelValues(kind)
+	}
+	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {
+		m.FenceStages.WithLabelValues(stage)
+	}
 	m.seen = map[string]bool{}
 	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages)
 	return m

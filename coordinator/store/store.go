@@ -1,7 +1,20 @@
 // Package store keeps the coordinator's durable state in etcd: fence records, the one-active-fence-
-// per-node index, and node registrations. Reads are plain; every write goes through a leader.Term, so
-// it is valid only while the writer's epoch is the leader's. Records are stored as protobuf JSON so
-// operators can read them with etcdctl.
+// per-node index, a creation-time index, and node registrations. Reads are plain; every write goes
+// through a leader.Term, so it is valid only while the writer's epoch is the leader's. Records are
+// stored as protobuf JSON so operators can read them with etcdctl.
+//
+// Key layout under the prefix:
+//
+//	fences/<id>                    the record (protobuf JSON)
+//	active/<node>                  id of the node's active (unfinished) record
+//	fences-by-time/<ns>/<id>       empty; <ns> is the record's creation time (20 digits), so
+//	                               listings and pruning walk records in time order a page at a time
+//	audit/<ns>-<seq>               one audit entry
+//	nodes/<node>                   the node's registration
+//
+// A record that cannot be decoded (written by something other than the coordinator, or damaged)
+// is skipped by every listing, logged once and counted (CorruptRecords); it never stops a listing,
+// a watch or the resume of the other records.
 package store
 
 import (
@@ -9,7 +22,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -24,10 +41,53 @@ import (
 type Store struct {
 	cli    *clientv3.Client
 	prefix string
+	// Log receives one warning per corrupt record version; nil discards.
+	Log *slog.Logger
+
+	corruptMu   sync.Mutex
+	corruptSeen map[string]int64 // key -> mod revision already reported
+	corrupt     atomic.Int64
 }
 
 // New returns a store under prefix (for example "/nodefence").
 func New(cli *clientv3.Client, prefix string) *Store { return &Store{cli: cli, prefix: prefix} }
+
+// ErrCorrupt marks a stored record that cannot be decoded.
+var ErrCorrupt = fmt.Errorf("%w: stored record is corrupt", fault.ErrFailedPrecondition)
+
+// maxCorruptRemembered bounds the set of corrupt record versions already logged.
+const maxCorruptRemembered = 1024
+
+// CorruptRecords is how many corrupt record versions the store has met since it started.
+func (s *Store) CorruptRecords() int64 { return s.corrupt.Load() }
+
+// reportCorrupt logs and counts a corrupt record version once.
+func (s *Store) reportCorrupt(key string, rev int64, err error) {
+	s.corruptMu.Lock()
+	if s.corruptSeen == nil || len(s.corruptSeen) >= maxCorruptRemembered {
+		s.corruptSeen = map[string]int64{}
+	}
+	seen := s.corruptSeen[key] == rev
+	s.corruptSeen[key] = rev
+	s.corruptMu.Unlock()
+	if seen {
+		return
+	}
+	s.corrupt.Add(1)
+	if s.Log != nil {
+		s.Log.Warn("skipping corrupt record in etcd", "key", key, "mod_revision", rev, "err", err)
+	}
+}
+
+// decodeAt decodes the record at key, reporting it when corrupt.
+func (s *Store) decodeAt(key string, rev int64, data []byte) (*coordv1.NodeFence, error) {
+	f, err := decode(data)
+	if err != nil {
+		s.reportCorrupt(key, rev, err)
+		return nil, fmt.Errorf("%s: %w (%v)", key, ErrCorrupt, err)
+	}
+	return f, nil
+}
 
 // Prefix is the store's key prefix.
 func (s *Store) Prefix() string { return s.prefix }
@@ -36,6 +96,7 @@ func (s *Store) Prefix() string { return s.prefix }
 func (s *Store) LeaderPrefix() string { return s.prefix + "/leader" }
 
 func (s *Store) fenceKey(id string) string    { return s.prefix + "/fences/" + id }
+func (s *Store) timePrefix() string           { return s.prefix + "/fences-by-time/" }
 func (s *Store) activeKey(node string) string { return s.prefix + "/active/" + node }
 func (s *Store) nodeKey(node string) string   { return s.prefix + "/nodes/" + node }
 
@@ -53,7 +114,7 @@ func (s *Store) CreateFence(ctx context.Context, t *leader.Term, rec *coordv1.No
 		return nil, 0, false, err
 	}
 	ak := s.activeKey(rec.Node)
-	ops := []clientv3.Op{clientv3.OpPut(s.fenceKey(rec.Id), string(data))}
+	ops := []clientv3.Op{clientv3.OpPut(s.fenceKey(rec.Id), string(data)), clientv3.OpPut(s.timeKey(rec), "")}
 	if !Finished(rec) {
 		ops = append(ops, clientv3.OpPut(ak, rec.Id))
 	}
@@ -112,11 +173,12 @@ func (s *Store) GetFence(ctx context.Context, id string) (Versioned, error) {
 	if len(resp.Kvs) == 0 {
 		return Versioned{}, fmt.Errorf("fence %q: %w", id, fault.ErrNotFound)
 	}
-	f, err := decode(resp.Kvs[0].Value)
+	kv := resp.Kvs[0]
+	f, err := s.decodeAt(string(kv.Key), kv.ModRevision, kv.Value)
 	if err != nil {
-		return Versioned{}, fmt.Errorf("fence %s: %w", id, err)
+		return Versioned{}, err
 	}
-	return Versioned{Fence: f, Revision: resp.Kvs[0].ModRevision}, nil
+	return Versioned{Fence: f, Revision: kv.ModRevision}, nil
 }
 
 // ActiveFence returns the node's active (not terminal) record, or nil.
@@ -135,29 +197,167 @@ func (s *Store) ActiveFence(ctx context.Context, node string) (*Versioned, error
 	return &v, err
 }
 
-// ListFences returns every record, newest first, optionally filtered.
-func (s *Store) ListFences(ctx context.Context, keep func(*coordv1.NodeFence) bool) ([]*coordv1.NodeFence, error) {
-	resp, err := s.cli.Get(ctx, s.prefix+"/fences/", clientv3.WithPrefix())
+// timeKey is the record's entry in the creation-time index.
+func (s *Store) timeKey(f *coordv1.NodeFence) string {
+	return fmt.Sprintf("%s%020d/%s", s.timePrefix(), f.GetCreatedAt().AsTime().UnixNano(), f.Id)
+}
+
+// ListOptions selects a page of records.
+type ListOptions struct {
+	// Node and Status, if set, keep only matching records.
+	Node   string
+	Status coordv1.FenceStatus
+	// Limit is the most records in the page (at least 1).
+	Limit int
+	// PageToken continues a listing where the previous page's NextPageToken left it.
+	PageToken string
+}
+
+// Page is one page of records, newest first.
+type Page struct {
+	Fences []*coordv1.NodeFence
+	// NextPageToken continues the listing; empty at the end.
+	NextPageToken string
+	// Corrupt names the records met on this page that could not be decoded.
+	Corrupt []string
+}
+
+// Bounds of one listing call: index entries read per batch (each batch is one Txn of gets, under
+// etcd's default limit of 128 operations per Txn) and in all. A filter that matches rarely returns
+// a short page with a NextPageToken rather than reading the whole history.
+const (
+	listBatch   = 100
+	maxListScan = 2000
+)
+
+// ListFences returns a page of records, newest first. It reads at most maxListScan index entries
+// and their records, never the whole history.
+func (s *Store) ListFences(ctx context.Context, o ListOptions) (Page, error) {
+	end := clientv3.GetPrefixRangeEnd(s.timePrefix())
+	if o.PageToken != "" {
+		if !validToken(o.PageToken) {
+			return Page{}, fault.Invalid{{Field: "page_token", Problem: "not a token from a previous page"}}
+		}
+		end = s.timePrefix() + o.PageToken
+	}
+	limit := max(o.Limit, 1)
+	var page Page
+	for scanned := 0; scanned < maxListScan; {
+		resp, err := s.cli.Get(ctx, s.timePrefix(), clientv3.WithRange(end), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(listBatch))
+		if err != nil {
+			return Page{}, fmt.Errorf("list fences: %w", err)
+		}
+		if len(resp.Kvs) == 0 {
+			return page, nil
+		}
+		ops := make([]clientv3.Op, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			ops[i] = clientv3.OpGet(s.fenceKey(idOfTimeKey(string(kv.Key))))
+		}
+		recs, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return Page{}, fmt.Errorf("list fences: %w", err)
+		}
+		for i, r := range recs.Responses {
+			scanned++
+			end = string(resp.Kvs[i].Key)
+			kvs := r.GetResponseRange().GetKvs()
+			if len(kvs) == 0 {
+				continue // pruned between the two reads
+			}
+			f, err := s.decodeAt(string(kvs[0].Key), kvs[0].ModRevision, kvs[0].Value)
+			if err != nil {
+				page.Corrupt = append(page.Corrupt, idOfTimeKey(end))
+				continue
+			}
+			if (o.Node != "" && f.Node != o.Node) || (o.Status != coordv1.FenceStatus_FENCE_STATUS_UNSPECIFIED && f.Status != o.Status) {
+				continue
+			}
+			page.Fences = append(page.Fences, f)
+			if len(page.Fences) == limit {
+				page.NextPageToken = strings.TrimPrefix(end, s.timePrefix())
+				return page, nil
+			}
+		}
+		if !resp.More {
+			return page, nil
+		}
+	}
+	page.NextPageToken = strings.TrimPrefix(end, s.timePrefix())
+	return page, nil
+}
+
+// idOfTimeKey is the record id of a creation-time index key.
+func idOfTimeKey(k string) string {
+	_, id, _ := strings.Cut(k[strings.LastIndex(k, "fences-by-time/")+len("fences-by-time/"):], "/")
+	return id
+}
+
+// validToken reports whether t has the shape of a time index entry: 20 digits, a slash, an id.
+func validToken(t string) bool {
+	ns, id, ok := strings.Cut(t, "/")
+	if !ok || len(ns) != 20 || id == "" || len(t) > 1024 || strings.Contains(id, "/") {
+		return false
+	}
+	_, err := strconv.ParseUint(ns, 10, 64)
+	return err == nil
+}
+
+// IndexHistory adds records written before the creation-time index existed to it, once: a marker
+// key records that the index is complete, so later terms skip this. It reads the records a batch
+// at a time.
+func (s *Store) IndexHistory(ctx context.Context, t *leader.Term) (indexed int, err error) {
+	marker := s.prefix + "/fences-by-time-complete"
+	resp, err := s.cli.Get(ctx, marker, clientv3.WithCountOnly())
+	if err != nil || resp.Count > 0 {
+		return 0, err
+	}
+	from, end := s.prefix+"/fences/", clientv3.GetPrefixRangeEnd(s.prefix+"/fences/")
+	for {
+		resp, err := s.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(listBatch))
+		if err != nil {
+			return indexed, fmt.Errorf("index fence history: %w", err)
+		}
+		var ops []clientv3.Op
+		for _, kv := range resp.Kvs {
+			if f, err := s.decodeAt(string(kv.Key), kv.ModRevision, kv.Value); err == nil {
+				ops = append(ops, clientv3.OpPut(s.timeKey(f), ""))
+			}
+		}
+		if len(ops) > 0 {
+			if _, err := t.Txn(ctx, nil, ops...); err != nil {
+				return indexed, fmt.Errorf("index fence history: %w", err)
+			}
+			indexed += len(ops)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	_, err = t.Txn(ctx, nil, clientv3.OpPut(marker, "1"))
+	return indexed, err
+}
+
+// ActiveFences returns every node's active (unfinished) record through the active index, so a
+// leader resumes its work without reading the history. Corrupt records are skipped and reported.
+func (s *Store) ActiveFences(ctx context.Context) ([]*coordv1.NodeFence, error) {
+	resp, err := s.cli.Get(ctx, s.prefix+"/active/", clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("list fences: %w", err)
+		return nil, fmt.Errorf("list active fences: %w", err)
 	}
 	var out []*coordv1.NodeFence
 	for _, kv := range resp.Kvs {
-		f, err := decode(kv.Value)
-		if err != nil {
-			return nil, fmt.Errorf("fence %s: %w", kv.Key, err)
+		v, err := s.GetFence(ctx, string(kv.Value))
+		switch {
+		case errors.Is(err, fault.ErrNotFound), errors.Is(err, ErrCorrupt):
+			continue
+		case err != nil:
+			return nil, err
 		}
-		if keep == nil || keep(f) {
-			out = append(out, f)
-		}
+		out = append(out, v.Fence)
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := out[i].GetCreatedAt().AsTime(), out[j].GetCreatedAt().AsTime()
-		if !a.Equal(b) {
-			return a.After(b)
-		}
-		return out[i].Id > out[j].Id
-	})
 	return out, nil
 }
 
@@ -193,10 +393,9 @@ func (s *Store) WatchFence(ctx context.Context, id string) (<-chan Versioned, <-
 				if ev.Type != clientv3.EventTypePut {
 					continue
 				}
-				f, err := decode(ev.Kv.Value)
+				f, err := s.decodeAt(string(ev.Kv.Key), ev.Kv.ModRevision, ev.Kv.Value)
 				if err != nil {
-					errc <- err
-					return
+					continue // reported; the next good version follows
 				}
 				select {
 				case out <- Versioned{Fence: f, Revision: ev.Kv.ModRevision}:

@@ -89,7 +89,8 @@ type Documented interface {
 
 // Options configures a Service. Zero fields take the defaults documented on each field.
 type Options struct {
-	// StateDir holds the persisted epochs. Required; created if missing.
+	// StateDir holds the persisted epochs and the answers of recent operations (de-duplication
+	// across restarts). Required; created if missing.
 	StateDir string
 	// DefaultTimeout bounds an operation whose request has no timeout. Default 20 s.
 	DefaultTimeout time.Duration
@@ -101,6 +102,8 @@ type Options struct {
 	ConfirmReads int
 	// Log receives the audit lines. Default slog.Default().
 	Log *slog.Logger
+	// Metrics receives per-device results and latencies; nil records none.
+	Metrics *Metrics
 }
 
 // SetDefaults fills the zero fields.

@@ -77,7 +77,11 @@ func NewService(d Driver, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{d: d, opts: opts, desc: desc, epochs: epochs, ops: newOpTable()}, nil
+	ops, err := loadOpTable(opts.StateDir, opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{d: d, opts: opts, desc: desc, epochs: epochs, ops: ops}, nil
 }
 
 // PowerOff turns the target off and returns once a status read-back saw it off.
@@ -174,6 +178,8 @@ func (s *Service) Status(ctx context.Context, req *driverv1.StatusRequest) (*dri
 	}, nil)
 	s.opts.Log.Info("fence status", "driver", s.d.Name(), "caller", identity.Name(ctx), "target", t.Name, "device", key,
 		"elapsed", time.Since(start), "code", fault.Code(err).String(), "err", err)
+	up := err == nil
+	s.opts.Metrics.observe(s.d.Name(), key, "status", fault.Code(err), time.Since(start), &up)
 	if err != nil {
 		return nil, err
 	}
@@ -232,6 +238,8 @@ func (s *Service) Monitor(ctx context.Context, req *driverv1.MonitorRequest) (*d
 	}
 	s.opts.Log.Info("fence monitor", "driver", s.d.Name(), "caller", identity.Name(ctx), "target", t.Name, "device", key,
 		"reachable", resp.Reachable, "credentials_ok", resp.CredentialsOk, "elapsed", time.Since(start), "err", err)
+	up := resp.Reachable && resp.CredentialsOk
+	s.opts.Metrics.observe(s.d.Name(), key, "monitor", fault.Code(err), time.Since(start), &up)
 	return resp, nil
 }
 
@@ -526,6 +534,7 @@ func (s *Service) audit(m mutation, t Target, key string, start time.Time, resul
 		"driver", s.d.Name(), "caller", m.caller, "action", m.action, "operation_id", m.opID, "epoch", m.epoch,
 		"target", t.Name, "device", key, "params", Masked(params, s.desc),
 		"result", result, "code", fault.Code(err).String(), "elapsed", time.Since(start), "err", err)
+	s.opts.Metrics.observe(s.d.Name(), key, m.action, fault.Code(err), time.Since(start), nil)
 }
 
 // softDeadline gives the driver a deadline a little before the hard one, so that it usually

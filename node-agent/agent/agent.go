@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -36,9 +37,18 @@ type Sampler interface {
 	Sample(ctx context.Context) (*agentv1.SignalSample, error)
 }
 
-// maxRedirects is how many leader redirects in a row are followed at once; beyond that (followers
-// pointing at each other during an election) the normal backoff applies.
+// maxRedirects is how many leader redirects one round of attempts follows (a round ends when every
+// configured address was tried); it bounds a loop of followers pointing at each other.
 const maxRedirects = 3
+
+// silenceTimeout is how long a coordinator that took the stream may stay silent while messages wait
+// for its acknowledgement (it acknowledges at least once a second) before the agent leaves it: a
+// stopped or cut-off coordinator never closes the stream itself.
+const silenceTimeout = 5 * time.Second
+
+// helloTimeout is how long a coordinator may take to answer the Hello before the agent gives up on
+// it and tries the next address: a stopped process still accepts TCP connections.
+const helloTimeout = 10 * time.Second
 
 // Agent keeps one stream to the coordinator leader. Create it with New, then call Run once.
 type Agent struct {
@@ -118,34 +128,39 @@ func (a *Agent) Unacked() int {
 }
 
 // Run keeps a stream to the coordinator leader until ctx is done, then returns nil. It reconnects
-// forever: to the leader a follower named (at once, up to a few redirects in a row), to the same
-// coordinator after a stream that worked, and otherwise to the next address in Coordinators, waiting
-// Backoff between attempts (the attempt count is reset by a stream that worked).
+// forever, without waiting while there is an address left to try: to the same coordinator after a
+// stream that worked, to the leader a follower named, and otherwise to the next address in
+// Coordinators. Only when a whole round of addresses failed does it wait: briefly (a few MinBackoff)
+// while some coordinator answered, as during an election, and with a growing Backoff while none
+// answered at all.
 func (a *Agent) Run(ctx context.Context) error {
-	idx, attempt, redirects := 0, 0, 0
-	addr := a.cfg.Coordinators[0]
+	addrs := a.cfg.Coordinators
+	idx, addr := 0, addrs[0]
+	var r round
 	for {
 		res := a.session(ctx, addr)
 		if ctx.Err() != nil {
 			return nil
 		}
 		log := a.log.With("coordinator", addr, "code", status.Code(res.err).String(), "error", res.err)
-		if res.worked {
-			attempt, redirects = 0, 0
-		}
-		if res.leader != "" && redirects < maxRedirects {
-			redirects++
+		next, wait := r.next(res, len(addrs), a.cfg.MinBackoff, a.cfg.MaxBackoff, rand.Float64())
+		switch {
+		case next == nextLeader:
 			log.Info("coordinator is not the leader; following the redirect", "leader", res.leader)
 			addr = res.leader
 			continue
+		case next == nextAddress:
+			idx = (idx + 1) % len(addrs)
+			addr = addrs[idx]
+			log.Info("coordinator unavailable; trying the next at once", "next", addr)
+			continue
+		case next == nextSame:
+			log.Warn("stream ended; reconnecting", "next", addr)
+			continue
 		}
-		if !res.worked {
-			idx = (idx + 1) % len(a.cfg.Coordinators)
-			addr = a.cfg.Coordinators[idx]
-		}
-		wait := Backoff(attempt, a.cfg.MinBackoff, a.cfg.MaxBackoff, rand.Float64())
-		attempt, redirects = attempt+1, 0
-		log.Warn("stream ended; reconnecting", "next", addr, "backoff", wait, "worked", res.worked)
+		idx = (idx + 1) % len(addrs)
+		addr = addrs[idx]
+		log.Warn("no coordinator took the stream; waiting", "next", addr, "backoff", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -156,11 +171,68 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// next is where the agent goes after a stream ended.
+type next int
+
+const (
+	nextWait    next = iota // the round is over: wait, then the next address
+	nextSame                // reconnect to the same address at once
+	nextLeader              // follow the redirect at once
+	nextAddress             // try the next configured address at once
+)
+
+// round is the pure bookkeeping of Run: which attempts belong to the current round of addresses, and
+// how many rounds in a row failed.
+type round struct {
+	tried, redirects int  // configured addresses tried and redirects followed in this round
+	atLeader         bool // the attempt being judged went to a leader a coordinator named
+	answered         bool // a coordinator answered in this round (it named no reachable leader)
+	failed           int  // rounds in a row in which no coordinator answered
+	waits            int  // rounds in a row that ended in a wait
+}
+
+// next decides after one attempt; u in [0, 1) jitters the wait.
+func (r *round) next(res result, addrs int, minD, maxD time.Duration, u float64) (next, time.Duration) {
+	if res.worked {
+		*r = round{}
+		if res.leader != "" { // the stream worked, then its coordinator stepped down naming another
+			r.redirects, r.atLeader = 1, true
+			return nextLeader, 0
+		}
+		return nextSame, 0
+	}
+	r.answered = r.answered || res.answered
+	if !r.atLeader {
+		r.tried++ // a configured address; a leader it named is part of its turn
+	}
+	r.atLeader = false
+	if res.leader != "" && r.redirects < maxRedirects {
+		r.redirects, r.atLeader = r.redirects+1, true
+		return nextLeader, 0
+	}
+	if r.tried < addrs {
+		return nextAddress, 0
+	}
+	var wait time.Duration
+	if r.answered {
+		// The coordinators are up and electing or verifying a leader: look again soon.
+		wait = Backoff(min(r.waits, 2), minD, maxD, u)
+		r.failed = 0
+	} else {
+		wait = Backoff(r.failed, minD, maxD, u)
+		r.failed++
+	}
+	r.waits++
+	r.tried, r.redirects, r.answered, r.atLeader = 0, 0, false, false
+	return nextWait, wait
+}
+
 // result is how one stream ended.
 type result struct {
-	worked bool   // the coordinator answered the Hello
-	leader string // the leader a follower named, if it did
-	err    error
+	worked   bool   // the coordinator answered the Hello
+	answered bool   // a coordinator answered at all (its connection was up)
+	leader   string // the leader a follower named, if it did
+	err      error
 }
 
 type recvEnd struct {
@@ -178,6 +250,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	defer conn.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer func() { res.answered = res.answered || conn.GetState() == connectivity.Ready }()
 	st, err := agentv1.NewAgentServiceClient(conn).Connect(sctx)
 	if err != nil {
 		return result{err: err}
@@ -195,6 +268,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	}
 
 	var worked atomic.Bool
+	var lastRecv atomic.Int64
 	ended := make(chan recvEnd, 1)
 	go func() {
 		for {
@@ -203,6 +277,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 				ended <- recvEnd{err: err, trailer: st.Trailer()}
 				return
 			}
+			lastRecv.Store(time.Now().UnixNano())
 			if !worked.Swap(true) {
 				a.connected.Store(true)
 				a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
@@ -210,6 +285,13 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 			a.receive(resp)
 		}
 	}()
+	// A coordinator that does not answer the Hello in time (a stopped process) is given up.
+	helloTimer := time.AfterFunc(helloTimeout, func() {
+		if !worked.Load() {
+			cancel()
+		}
+	})
+	defer helloTimer.Stop()
 	finish := func(e recvEnd) result {
 		r := result{worked: worked.Load(), err: e.err}
 		if status.Code(e.err) == codes.Unavailable {
@@ -253,6 +335,13 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 			return finish(e)
 		case <-a.notify:
 		case <-hb.C:
+			if silent := time.Since(time.Unix(0, lastRecv.Load())); worked.Load() && silent > max(silenceTimeout, 5*hbEvery) && a.Unacked() > 0 {
+				a.log.Warn("coordinator stopped answering; leaving it", "coordinator", addr, "silent_for", silent.Round(time.Millisecond))
+				cancel()
+				r := finish(<-ended)
+				r.worked = false // go on to the next address, not back to this one
+				return r
+			}
 			a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
 		case <-sm.C:
 			a.takeSample(sctx, sampleEvery)

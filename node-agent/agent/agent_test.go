@@ -331,9 +331,86 @@ func TestAgentRotatesCoordinators(t *testing.T) {
 	lis.Close()
 	live := (&coordinator{}).serve(t, "127.0.0.1:0")
 	cfg := testConfig(t, dead, live.addr)
+	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute // an address left to try must not wait
 	a := start(t, cfg)
 	eventually(ctx, t, "a hello at the second coordinator", func() bool { return len(live.all()) > 0 })
 	eventually(ctx, t, "Connected()", a.Connected)
+}
+
+// After a redirect to a dead leader, the agent tries the next address at once (no backoff), and a
+// follower's redirect after that is followed at once too.
+func TestAgentSkipsADeadLeaderWithoutWaiting(t *testing.T) {
+	ctx := testCtx(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	live := (&coordinator{}).serve(t, "127.0.0.1:0")
+	stale := (&coordinator{leader: dead}).serve(t, "127.0.0.1:0")
+	fresh := (&coordinator{leader: live.addr}).serve(t, "127.0.0.1:0")
+	cfg := testConfig(t, stale.addr, fresh.addr)
+	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute
+	a := start(t, cfg)
+	eventually(ctx, t, "Connected() to the live leader", a.Connected)
+	if len(live.all()) == 0 {
+		t.Fatal("no hello at the live leader")
+	}
+}
+
+func TestRoundNext(t *testing.T) {
+	const minD, maxD = 100 * time.Millisecond, 10 * time.Second
+	type step struct {
+		res  result
+		want next
+		wait time.Duration // with u = 0: half the backoff
+	}
+	refused := result{}
+	answered := result{answered: true}
+	redirect := result{answered: true, leader: "l:1"}
+	for _, tc := range []struct {
+		name  string
+		addrs int
+		steps []step
+	}{
+		{"every address refused: growing waits", 3, []step{
+			{refused, nextAddress, 0}, {refused, nextAddress, 0}, {refused, nextWait, 50 * time.Millisecond},
+			{refused, nextAddress, 0}, {refused, nextAddress, 0}, {refused, nextWait, 100 * time.Millisecond},
+			{refused, nextAddress, 0}, {refused, nextAddress, 0}, {refused, nextWait, 200 * time.Millisecond},
+		}},
+		{"followers answer during an election: short waits that stop growing", 2, []step{
+			{answered, nextAddress, 0}, {answered, nextWait, 50 * time.Millisecond},
+			{answered, nextAddress, 0}, {answered, nextWait, 100 * time.Millisecond},
+			{answered, nextAddress, 0}, {answered, nextWait, 200 * time.Millisecond},
+			{answered, nextAddress, 0}, {answered, nextWait, 200 * time.Millisecond},
+			{answered, nextAddress, 0}, {answered, nextWait, 200 * time.Millisecond},
+		}},
+		{"redirect to a dead leader, then the next address at once", 3, []step{
+			{redirect, nextLeader, 0}, {refused, nextAddress, 0}, {redirect, nextLeader, 0}, {refused, nextAddress, 0},
+			{redirect, nextLeader, 0}, {refused, nextWait, 50 * time.Millisecond},
+			{refused, nextAddress, 0}, {redirect, nextLeader, 0}, {answered, nextAddress, 0},
+			{redirect, nextLeader, 0}, {refused, nextWait, 100 * time.Millisecond},
+		}},
+		{"a stream that worked resets the round", 2, []step{
+			{refused, nextAddress, 0}, {refused, nextWait, 50 * time.Millisecond},
+			{refused, nextAddress, 0}, {refused, nextWait, 100 * time.Millisecond},
+			{result{worked: true}, nextSame, 0}, {refused, nextAddress, 0}, {refused, nextWait, 50 * time.Millisecond},
+		}},
+		{"a leader that stepped down naming another is followed", 2, []step{
+			{result{worked: true, answered: true, leader: "l:2"}, nextLeader, 0},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r round
+			for i, s := range tc.steps {
+				got, wait := r.next(s.res, tc.addrs, minD, maxD, 0)
+				if got != s.want || wait != s.wait {
+					t.Fatalf("step %d (%+v): next = %v, wait %s; want %v, %s", i, s.res, got, wait, s.want, s.wait)
+				}
+			}
+		})
+	}
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -376,7 +376,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 	cfgPath := writeConfig(t, driver, []node{n})
 	first := startCoordinator(t, app.Config{ID: "first", FenceConfig: cfgPath})
 	leaderReady(t, conn(t, first.app.Addr()))
-	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}})
+	second := startCoordinator(t, app.Config{ID: "second", FenceConfig: cfgPath, EtcdEndpoints: []string{first.app.EtcdEndpoint()}, EtcdAccess: first.app.EtcdAccess()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -722,8 +722,8 @@ func TestKdumpWithRealSender(t *testing.T) {
 		t.Fatalf("fence started %s after the dump began: the node should be down at once, not after the 30s grace", rec.CreatedAt.AsTime().Sub(sent))
 	}
 	op := rec.Operations[0]
-	if !rec.ConfirmedOffAt.AsTime().Before(op.StartedAt.AsTime()) {
-		t.Fatalf("confirmed off at %s, power-off started %s: a dumping node may be released before its power-off", rec.ConfirmedOffAt.AsTime(), op.StartedAt.AsTime())
+	if rec.ConfirmedOffAt.AsTime().Before(op.StartedAt.AsTime()) {
+		t.Fatalf("confirmed off at %s, before the power-off started at %s: fence_kdump is evidence, never proof", rec.ConfirmedOffAt.AsTime(), op.StartedAt.AsTime())
 	}
 	if op.StartedAt.AsTime().Before(lastMessage.Add(eng.KdumpIdle - 200*time.Millisecond)) {
 		t.Fatalf("power management started at %s, before the dump ended (last message %s + idle %s)", op.StartedAt.AsTime(), lastMessage, eng.KdumpIdle)
@@ -735,6 +735,70 @@ func TestKdumpWithRealSender(t *testing.T) {
 		r, _ := fc.ListFences(ctx, &coordv1.ListFencesRequest{Node: n.name})
 		if len(r.GetFences()) != 0 {
 			t.Fatalf("%s fenced", n.name)
+		}
+	}
+}
+
+// Spoofed fence_kdump: the real fence_kdump_send, from the address of a node whose agent is
+// streaming, changes nothing: the node stays Ready and is never fenced. The messages are counted
+// as dropped for the live witness.
+func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1"), addr: "127.0.0.1"}
+	driver := startDriver(t, t.TempDir())
+	eng := engine.DefaultConfig()
+	eng.NodeMonitorGracePeriod, eng.NodeStartupGracePeriod = 30*time.Second, 30*time.Second
+	eng.Fence.Timeout = 500 * time.Millisecond
+	eng.KdumpIdle, eng.KdumpTimeout = 2*time.Second, 20*time.Second
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, []node{n}), Engine: eng, KdumpListen: "127.0.0.1:0",
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b-1", Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(actx) }()
+	defer func() { acancel(); <-done }()
+	cl := coordv1.NewClusterServiceClient(cc)
+	ready := func() error {
+		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
+		if err != nil {
+			return err
+		}
+		if r.Node.Readiness != coordv1.Readiness_READINESS_READY || !r.Node.Connected {
+			return fmt.Errorf("%s: %s (connected %v)", r.Node.Readiness, r.Node.Reason, r.Node.Connected)
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, "node-1 ready with its agent connected", ready)
+
+	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
+	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "12", "-i", "1", "127.0.0.1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
+	}
+	time.Sleep(eng.Fence.Timeout + time.Second) // a fence would have started by now
+	if err := ready(); err != nil {
+		t.Fatalf("after spoofed kdump messages: %v", err)
+	}
+	r, err := coordv1.NewFenceServiceClient(cc).ListFences(ctx, &coordv1.ListFencesRequest{Node: n.name})
+	if err != nil || len(r.Fences) != 0 {
+		t.Fatalf("fence records after spoofed kdump messages: %v, %v", r, err)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, n.bmc.Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("ipmitool after spoofed kdump messages: %q %v", p, err)
+	}
+	au, err := cl.ListAudit(ctx, &coordv1.ListAuditRequest{Node: n.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range au.Entries {
+		if e.Kind == "kdump" {
+			t.Fatalf("spoofed kdump message reached the engine: %v", e)
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 // Start starts a member and a client; both are closed when the test ends.
 func Start(t testing.TB) (endpoint string, cli *clientv3.Client) {
 	t.Helper()
-	e, err := etcdembed.Start(etcdembed.Config{DataDir: t.TempDir(), UnsafeNoFsync: true})
+	e, err := etcdembed.Start(etcdembed.Config{DataDir: t.TempDir(), UnsafeNoFsync: true, Open: true})
 	if err != nil {
 		t.Fatalf("embedded etcd: %v", err)
 	}

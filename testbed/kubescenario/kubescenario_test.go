@@ -2,6 +2,7 @@ package kubescenario
 
 import (
 	"context"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"log/slog"
 	"strings"
 	"testing"
@@ -73,7 +74,8 @@ func TestKubernetesEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s: pod released %.2fs after its agent stopped (grace 1s + fence timeout 1s)", victim.Name, released.Sub(failed).Seconds())
-	recs, err := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == victim.Name })
+	page, err := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: victim.Name, Limit: 10})
+	recs := page.Fences
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("fence records of %s: %v %v", victim.Name, recs, err)
 	}
@@ -117,7 +119,8 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	env.Fail(stuck)
 	var srec *coordv1.NodeFence
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == stuck.Name })
+		page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: stuck.Name, Limit: 10})
+		recs := page.Fences
 		if len(recs) == 1 && recs[0].FinishedAt != nil {
 			srec = recs[0]
 			break
@@ -180,7 +183,8 @@ func TestKubernetesEndToEnd(t *testing.T) {
 		t.Fatalf("%s (shutting down): its pod was released: %v", leaving.Name, err)
 	}
 	for _, n := range append(env.Nodes[:4:4], leaving) {
-		if recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name }); len(recs) != 0 {
+		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
+			recs := page.Fences
 			t.Fatalf("%s fenced: %v", n.Name, recs)
 		}
 	}
@@ -218,7 +222,8 @@ func TestStormReleasesNothing(t *testing.T) {
 		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
 			t.Fatalf("%s: out-of-service taint during a storm", n.Name)
 		}
-		if recs, _ := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name }); len(recs) != 0 {
+		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
+			recs := page.Fences
 			t.Fatalf("%s fenced during a storm: %v", n.Name, recs)
 		}
 		node, err := env.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})

@@ -15,7 +15,8 @@ func TestDeployedArgsParse(t *testing.T) {
 	vars := map[string]string{"POD_NAME": "coordinator-0", "POD_IP": "127.0.0.1", "ETCD_ENDPOINTS": "http://127.0.0.1:2379"}
 	for _, args := range manifests.Args(t, "../../../deploy/coordinator.yaml", "coordinator") {
 		args = manifests.Localize(t, args, vars, []string{"/etc/nodefence/"},
-			"/etc/nodefence/tls/tls.crt", "/etc/nodefence/tls/tls.key", "/etc/nodefence/tls/ca.crt", "/etc/nodefence/kube/kubeconfig")
+			"/etc/nodefence/tls/tls.crt", "/etc/nodefence/tls/tls.key", "/etc/nodefence/tls/ca.crt", "/etc/nodefence/kube/kubeconfig",
+			"/etc/nodefence/etcd/ca.crt", "/etc/nodefence/etcd/tls.crt", "/etc/nodefence/etcd/tls.key", "/etc/nodefence/etcd-auth/password")
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		var cfg app.Config

@@ -21,6 +21,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -67,6 +68,7 @@ type ctl struct {
 	addrs   []string
 	tls     tlsfiles.Files
 	timeout time.Duration
+	perAddr time.Duration
 	json    bool
 	out     io.Writer
 	conn    *grpc.ClientConn
@@ -80,6 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &ctl{out: stdout}
 	addrs := fs.String("coordinator", "127.0.0.1:7001", "coordinator address(es), comma-separated; the leader is found by itself")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "overall deadline")
+	fs.DurationVar(&c.perAddr, "per-address-timeout", 10*time.Second, "deadline of each coordinator address (a call, or reaching it for a watch)")
 	fs.BoolVar(&c.json, "json", false, "print protobuf JSON instead of text")
 	c.tls.RegisterFlags(fs, "", "the coordinator connection")
 	if err := fs.Parse(args); err != nil {
@@ -93,6 +96,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var problems []string
 	if len(c.addrs) == 0 {
 		problems = append(problems, "--coordinator: at least one address is required")
+	}
+	if c.perAddr <= 0 {
+		problems = append(problems, "--per-address-timeout: must be positive")
 	}
 	for _, e := range c.tls.Validate("", false) {
 		problems = append(problems, e.Error())
@@ -151,7 +157,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 	force := sub.Bool("force", false, "ack: acknowledge although the node's agent or kubelet still reports (needs --reason)")
 	node := sub.String("node", "", "node filter (list, watch)")
 	statusF := sub.String("status", "", "status filter: new, running, done, error (list)")
-	limit := sub.Int("limit", 0, "most records (list)")
+	limit := sub.Int("limit", 0, "most records per page (list)")
+	pageToken := sub.String("page-token", "", "continue a listing where the previous page ended (list)")
 	// Accept flags before or after positional arguments.
 	var pos []string
 	for len(args) > 0 {
@@ -178,7 +185,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			return err
 		}
 		var rec *coordv1.NodeFence
-		err := c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		err := c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			if cmd == "fence" {
 				r, err := fc(conn).Fence(ctx, &coordv1.FenceRequest{Node: pos[0], Reason: *reason}, opts...)
 				rec = r.GetFence()
@@ -199,7 +206,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 		if err := need(1, "NODE"); err != nil {
 			return err
 		}
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := fc(conn).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: pos[0], Operator: *operator, Reason: *reason, Force: *force}, opts...)
 			if err != nil {
 				return err
@@ -210,7 +217,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 		if err := need(1, "ID"); err != nil {
 			return err
 		}
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := fc(conn).GetFence(ctx, &coordv1.GetFenceRequest{Id: pos[0]}, opts...)
 			if err != nil {
 				return err
@@ -229,8 +236,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			}
 			st = coordv1.FenceStatus(v)
 		}
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
-			r, err := fc(conn).ListFences(ctx, &coordv1.ListFencesRequest{Node: *node, Status: st, Limit: int32(*limit)}, opts...)
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+			r, err := fc(conn).ListFences(ctx, &coordv1.ListFencesRequest{Node: *node, Status: st, Limit: int32(*limit), PageToken: *pageToken}, opts...)
 			if err != nil {
 				return err
 			}
@@ -243,7 +250,16 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.Id, f.Node, short(f.Action.String()), short(f.Status.String()),
 					f.CreatedAt.AsTime().Local().Format(time.DateTime), f.Error)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, id := range r.CorruptIds {
+				fmt.Fprintf(c.out, "skipped corrupt record %s (see the coordinator log)\n", id)
+			}
+			if r.NextPageToken != "" {
+				fmt.Fprintf(c.out, "more: fencectl list --page-token %s\n", r.NextPageToken)
+			}
+			return nil
 		})
 	case "watch":
 		if len(pos) > 1 || (len(pos) == 0 && *node == "") {
@@ -255,7 +271,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 		}
 		return c.watch(ctx, req)
 	case "nodes":
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := cc(conn).ListNodes(ctx, &coordv1.ListNodesRequest{}, opts...)
 			if err != nil {
 				return err
@@ -279,7 +295,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			return tw.Flush()
 		})
 	case "zones":
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := cc(conn).ListZones(ctx, &coordv1.ListZonesRequest{}, opts...)
 			if err != nil {
 				return err
@@ -295,7 +311,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			return tw.Flush()
 		})
 	case "audit":
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := cc(conn).ListAudit(ctx, &coordv1.ListAuditRequest{Node: *node, Limit: int32(*limit)}, opts...)
 			if err != nil {
 				return err
@@ -309,7 +325,7 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 			return nil
 		})
 	case "leader":
-		return c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 			r, err := cc(conn).GetLeader(ctx, &coordv1.GetLeaderRequest{}, opts...)
 			if err != nil {
 				return err
@@ -325,7 +341,19 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 }
 
 // call runs fn against the coordinators in turn, following a follower's pointer to the leader.
-func (c *ctl) call(ctx context.Context, fn func(*grpc.ClientConn, ...grpc.CallOption) error) error {
+func (c *ctl) call(ctx context.Context, fn func(context.Context, *grpc.ClientConn, ...grpc.CallOption) error) error {
+	return c.try(ctx, true, fn)
+}
+
+// stream is call for a server stream: the per-address deadline bounds only reaching the coordinator.
+func (c *ctl) stream(ctx context.Context, fn func(context.Context, *grpc.ClientConn, ...grpc.CallOption) error) error {
+	return c.try(ctx, false, fn)
+}
+
+// try runs fn against the last coordinator that answered, then every address, following leader
+// redirects. Each address has its own deadline (--per-address-timeout), so a coordinator that is cut
+// off cannot use up the whole --timeout before a healthy one is asked.
+func (c *ctl) try(ctx context.Context, bounded bool, fn func(context.Context, *grpc.ClientConn, ...grpc.CallOption) error) error {
 	queue := append([]string(nil), c.addrs...)
 	if c.addr != "" {
 		queue = append([]string{c.addr}, queue...)
@@ -349,8 +377,21 @@ func (c *ctl) call(ctx context.Context, fn func(*grpc.ClientConn, ...grpc.CallOp
 			}
 			c.conn, c.addr = conn, addr
 		}
+		actx, cancel := context.WithTimeout(ctx, c.perAddr)
 		var trailer metadata.MD
-		err := fn(c.conn, grpc.Trailer(&trailer))
+		err := ready(actx, c.conn)
+		if err == nil {
+			fctx := ctx
+			if bounded {
+				fctx = actx
+			}
+			err = fn(fctx, c.conn, grpc.Trailer(&trailer))
+		}
+		timedOut := actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if timedOut && (status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded)) {
+			err = status.Errorf(codes.Unavailable, "%s did not answer within %s", addr, c.perAddr)
+		}
 		if status.Code(err) != codes.Unavailable {
 			return err
 		}
@@ -362,10 +403,27 @@ func (c *ctl) call(ctx context.Context, fn func(*grpc.ClientConn, ...grpc.CallOp
 	return last
 }
 
+// ready waits until conn is connected, or ctx ends.
+func ready(ctx context.Context, conn *grpc.ClientConn) error {
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		switch s {
+		case connectivity.Ready:
+			return nil
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return status.Error(codes.Unavailable, "cannot connect")
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return status.Errorf(codes.Unavailable, "cannot connect: %v", ctx.Err())
+		}
+	}
+}
+
 // watch follows a record and prints each change; the error reports an ERROR outcome.
 func (c *ctl) watch(ctx context.Context, req *coordv1.WatchFenceRequest) error {
 	var final *coordv1.NodeFence
-	err := c.call(ctx, func(conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+	err := c.stream(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 		stream, err := coordv1.NewFenceServiceClient(conn).WatchFence(ctx, req, opts...)
 		if err != nil {
 			return err

@@ -79,7 +79,7 @@ type config struct {
 
 func (c *config) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Driver, "driver", "", "fence driver to serve: "+strings.Join(driverNames(), "|"))
-	fs.StringVar(&c.StateDir, "state-dir", "", "directory for persisted epochs (required)")
+	fs.StringVar(&c.StateDir, "state-dir", "", "directory for persisted epochs and recent operation answers (required)")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", 20*time.Second, "operation timeout when a request has none")
 	fs.DurationVar(&c.PollInterval, "poll-interval", 100*time.Millisecond, "pause between status read-backs")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -158,16 +158,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})).With("driver", cfg.Driver)
 
-	svc, err := kit.NewService(drivers[cfg.Driver](&cfg, log), kit.Options{
-		StateDir: cfg.StateDir, DefaultTimeout: cfg.DefaultTimeout, PollInterval: cfg.PollInterval, Log: log,
-	})
-	if err != nil {
-		log.Error("cannot start the driver service", "err", err)
-		return 1
-	}
 	srv, err := server.New(cfg.Server, log)
 	if err != nil {
 		log.Error("cannot start the gRPC server", "err", err)
+		return 1
+	}
+	svc, err := kit.NewService(drivers[cfg.Driver](&cfg, log), kit.Options{
+		StateDir: cfg.StateDir, DefaultTimeout: cfg.DefaultTimeout, PollInterval: cfg.PollInterval, Log: log,
+		Metrics: kit.NewMetrics(srv.Registry),
+	})
+	if err != nil {
+		srv.Stop()
+		log.Error("cannot start the driver service", "err", err)
 		return 1
 	}
 	driverv1.RegisterFenceDriverServiceServer(srv.GRPC, svc)

@@ -15,10 +15,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kubescenario"
-
-	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
 type result struct {
@@ -75,7 +74,8 @@ func run(rounds int, grace, fenceTimeout time.Duration) (*result, error) {
 		if err != nil {
 			return nil, err
 		}
-		recs, err := env.Coord.Store().ListFences(ctx, func(f *coordv1.NodeFence) bool { return f.Node == n.Name })
+		page, err := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 1})
+		recs := page.Fences
 		if err != nil || len(recs) == 0 || recs[0].ConfirmedOffAt == nil || recs[0].ConfirmedOffAt.AsTime().After(released) {
 			return nil, fmt.Errorf("%s: pod released without a confirmed power-off before it (%v, %v)", n.Name, recs, err)
 		}

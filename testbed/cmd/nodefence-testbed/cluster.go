@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
-	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
@@ -145,7 +145,7 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"), append(coordArgs,
 		"--listen", c.coordAddr, "--config", cfgPath,
 		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
-		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2 * opts.grace).String(),
+		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2*opts.grace).String(),
 		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
 		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
 		"--kdump-listen", "127.0.0.1:0")...)

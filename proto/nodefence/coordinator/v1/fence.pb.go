@@ -1061,8 +1061,10 @@ type ListFencesRequest struct {
 	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// Status, if set, keeps only records with that status.
 	Status FenceStatus `protobuf:"varint,2,opt,name=status,proto3,enum=nodefence.coordinator.v1.FenceStatus" json:"status,omitempty"`
-	// Limit is the most records to return (0 = 100, at most 1000).
-	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Limit is the page size: the most records to return (0 = 100, at most 1000).
+	Limit int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// PageToken continues a listing: the next_page_token of the previous page (empty: newest first).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1118,11 +1120,25 @@ func (x *ListFencesRequest) GetLimit() int32 {
 	return 0
 }
 
-// ListFencesResponse returns records, newest first.
+func (x *ListFencesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListFencesResponse returns records, newest first, a page at a time. A page may hold fewer than
+// limit records (a rarely matching filter reads a bounded part of the history per call): continue
+// while next_page_token is set.
 type ListFencesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Fences are the matching records.
-	Fences        []*NodeFence `protobuf:"bytes,1,rep,name=fences,proto3" json:"fences,omitempty"`
+	Fences []*NodeFence `protobuf:"bytes,1,rep,name=fences,proto3" json:"fences,omitempty"`
+	// NextPageToken fetches the next page; empty when the listing is complete.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// CorruptIds names records met on this page whose stored value could not be decoded; they are
+	// skipped (and logged and counted by the coordinator), never fatal to the listing.
+	CorruptIds    []string `protobuf:"bytes,3,rep,name=corrupt_ids,json=corruptIds,proto3" json:"corrupt_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1160,6 +1176,20 @@ func (*ListFencesResponse) Descriptor() ([]byte, []int) {
 func (x *ListFencesResponse) GetFences() []*NodeFence {
 	if x != nil {
 		return x.Fences
+	}
+	return nil
+}
+
+func (x *ListFencesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListFencesResponse) GetCorruptIds() []string {
+	if x != nil {
+		return x.CorruptIds
 	}
 	return nil
 }
@@ -1336,13 +1366,18 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0fGetFenceRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"M\n" +
 	"\x10GetFenceResponse\x129\n" +
-	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"|\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"\x9b\x01\n" +
 	"\x11ListFencesRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12=\n" +
 	"\x06status\x18\x02 \x01(\x0e2%.nodefence.coordinator.v1.FenceStatusR\x06status\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"Q\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9a\x01\n" +
 	"\x12ListFencesResponse\x12;\n" +
-	"\x06fences\x18\x01 \x03(\v2#.nodefence.coordinator.v1.NodeFenceR\x06fences\"7\n" +
+	"\x06fences\x18\x01 \x03(\v2#.nodefence.coordinator.v1.NodeFenceR\x06fences\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1f\n" +
+	"\vcorrupt_ids\x18\x03 \x03(\tR\n" +
+	"corruptIds\"7\n" +
 	"\x11WatchFenceRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\"O\n" +

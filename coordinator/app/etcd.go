@@ -1,0 +1,141 @@
+package app
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/nodefence/nodefence/coordinator/etcdembed"
+)
+
+// EtcdAccess is what the coordinator presents to etcd: TLS files and an etcd user. For an
+// external etcd (--etcd-endpoints) it comes from flags; the embedded etcd generates its own.
+type EtcdAccess struct {
+	// CAFile verifies etcd's server certificate (default: the system roots, for https endpoints).
+	CAFile string
+	// CertFile and KeyFile are the client certificate etcd's --client-cert-auth asks for.
+	CertFile, KeyFile string
+	// Username is the etcd user; its role needs read and write on --etcd-prefix/ only.
+	Username string
+	// PasswordFile holds the user's password (one line); never a flag value, so it stays out of
+	// process listings.
+	PasswordFile string
+}
+
+// maxPasswordFile bounds the password file read at start.
+const maxPasswordFile = 4096
+
+// RegisterFlags binds the etcd access flags.
+func (e *EtcdAccess) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&e.CAFile, "etcd-tls-ca", e.CAFile, "PEM CA bundle that verifies the external etcd's certificate")
+	fs.StringVar(&e.CertFile, "etcd-tls-cert", e.CertFile, "PEM client certificate for the external etcd")
+	fs.StringVar(&e.KeyFile, "etcd-tls-key", e.KeyFile, "PEM private key of --etcd-tls-cert")
+	fs.StringVar(&e.Username, "etcd-username", e.Username, "etcd user (authentication on the external etcd)")
+	fs.StringVar(&e.PasswordFile, "etcd-password-file", e.PasswordFile, "file holding the password of --etcd-username")
+}
+
+func (e EtcdAccess) zero() bool { return e == EtcdAccess{} }
+
+// Validate returns every problem with the access flags; external says --etcd-endpoints is set.
+func (e EtcdAccess) Validate(external bool) []error {
+	if !external {
+		if !e.zero() {
+			return []error{errors.New("--etcd-tls-*, --etcd-username, --etcd-password-file: only with --etcd-endpoints (the embedded etcd makes its own)")}
+		}
+		return nil
+	}
+	var errs []error
+	if (e.CertFile == "") != (e.KeyFile == "") {
+		errs = append(errs, errors.New("--etcd-tls-key: --etcd-tls-cert and --etcd-tls-key go together"))
+	}
+	if (e.Username == "") != (e.PasswordFile == "") {
+		errs = append(errs, errors.New("--etcd-password-file: --etcd-username and --etcd-password-file go together"))
+	}
+	for _, f := range []struct{ flag, path string }{
+		{"etcd-tls-ca", e.CAFile}, {"etcd-tls-cert", e.CertFile}, {"etcd-tls-key", e.KeyFile}, {"etcd-password-file", e.PasswordFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", f.flag, err))
+		}
+	}
+	return errs
+}
+
+// clientConfig is the etcd client configuration for endpoints with this access. It warns when the
+// connection is plaintext or unauthenticated: any process that reaches such an etcd can forge
+// fence records.
+func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3.Config, error) {
+	cc := etcdClientConfig(endpoints)
+	secure := e.CAFile != "" || e.CertFile != ""
+	plain := false
+	for _, ep := range endpoints {
+		if strings.HasPrefix(ep, "https://") || strings.HasPrefix(ep, "unixs://") {
+			secure = true
+		} else {
+			plain = true
+		}
+	}
+	if secure {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if e.CAFile != "" {
+			pem, err := os.ReadFile(e.CAFile)
+			if err != nil {
+				return cc, fmt.Errorf("--etcd-tls-ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return cc, fmt.Errorf("--etcd-tls-ca %s: no PEM certificate", e.CAFile)
+			}
+		}
+		if e.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(e.CertFile, e.KeyFile)
+			if err != nil {
+				return cc, fmt.Errorf("--etcd-tls-cert: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		cc.TLS = tc
+	}
+	if e.Username != "" {
+		f, err := os.Open(e.PasswordFile)
+		if err != nil {
+			return cc, fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		buf, err := io.ReadAll(io.LimitReader(f, maxPasswordFile+1))
+		f.Close()
+		if err != nil {
+			return cc, fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		if len(buf) > maxPasswordFile {
+			return cc, fmt.Errorf("--etcd-password-file: longer than %d bytes", maxPasswordFile)
+		}
+		pw := strings.TrimRight(string(buf), "\r\n")
+		if pw == "" {
+			return cc, errors.New("--etcd-password-file: empty")
+		}
+		cc.Username, cc.Password = e.Username, pw
+	}
+	if plain || cc.TLS == nil {
+		log.Warn("etcd connection is plaintext: anyone on the path can read and forge fence records; use https endpoints with --etcd-tls-ca")
+	}
+	if cc.Username == "" {
+		log.Warn("etcd connection without authentication: any process that reaches etcd can forge fence records; set --etcd-username and --etcd-password-file")
+	}
+	return cc, nil
+}
+
+// embeddedAccess is the access the embedded etcd generated.
+func embeddedAccess(f etcdembed.Files) EtcdAccess {
+	return EtcdAccess{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, Username: f.Username, PasswordFile: f.PasswordFile}
+}

@@ -1,0 +1,435 @@
+package baremetal
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/etcdtest"
+	"github.com/nodefence/nodefence/testbed/procs"
+)
+
+const unitDir = "../../deploy/systemd"
+
+func TestCommandLineExpansion(t *testing.T) {
+	env := map[string]string{"A": "one", "B": "--x 1  --y 2", "E": ""}
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"bin --a ${A} $B end", []string{"bin", "--a", "one", "--x", "1", "--y", "2", "end"}},
+		{"bin $E --z", []string{"bin", "--z"}},
+		{"bin --e ${E}", []string{"bin", "--e", ""}},
+		{"bin --path=/p/${A}/q 'two words'", []string{"bin", "--path=/p/one/q", "two words"}},
+	} {
+		got, err := CommandLine(tc.in, env)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.in, err)
+		}
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("%q (-want +got):\n%s", tc.in, d)
+		}
+	}
+	for _, bad := range []string{"bin ${UNSET}", "bin $UNSET", "bin ${A", "bin 'open"} {
+		if _, err := CommandLine(bad, env); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// host is one simulated machine: its own /etc/nodefence and /var/lib/nodefence below root.
+type host struct {
+	name, root string
+}
+
+func (h host) path(p string) string { return filepath.Join(h.root, p) }
+
+// localize maps the unit's absolute paths into the host's root and /usr/local/bin to the binaries
+// just built: the only change made to the command line systemd would run.
+func (h host) localize(args []string, bin string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "/usr/local/bin/"):
+			a = filepath.Join(bin, strings.TrimPrefix(a, "/usr/local/bin/"))
+		case strings.HasPrefix(a, "/etc/nodefence/"), strings.HasPrefix(a, "/var/lib/nodefence/"):
+			a = h.path(a)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// start reads unit (with instance for a template unit) as systemd would on h, writes env as its
+// environment file, and starts the resulting command line.
+func (h host) start(t *testing.T, unit, instance string, env map[string]string, bin string) *procs.Proc {
+	t.Helper()
+	u, err := ReadUnit(filepath.Join(unitDir, unit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.EnvironmentFiles) != 1 {
+		t.Fatalf("%s: want one EnvironmentFile, got %q", unit, u.EnvironmentFiles)
+	}
+	envPath, err := Specifiers(u.EnvironmentFiles[0], instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for k, v := range env {
+		lines = append(lines, k+"="+v)
+	}
+	slices.Sort(lines)
+	writeFile(t, h.path(envPath), strings.Join(lines, "\n")+"\n")
+	readEnv, err := ReadEnvFile(h.path(envPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	execStart, err := Specifiers(u.ExecStart, instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args, err := CommandLine(execStart, readEnv)
+	if err != nil {
+		t.Fatalf("%s: %v", unit, err)
+	}
+	// What systemd's StateDirectory= would create.
+	for _, a := range args {
+		if strings.HasPrefix(a, "/var/lib/nodefence/") {
+			if err := os.MkdirAll(h.path(a), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	args = h.localize(args, bin)
+	name := h.name + "/" + strings.TrimSuffix(strings.ReplaceAll(unit, "@", "@"+instance), ".service")
+	t.Logf("%s: %s", name, strings.Join(args, " "))
+	p, err := procs.Start(name, filepath.Join(t.TempDir(), "log"), args[0], args[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop(5 * time.Second)
+		if t.Failed() {
+			if b, err := os.ReadFile(p.Log); err == nil {
+				t.Logf("%s log:\n%s", name, lastLines(string(b), 30))
+			}
+		}
+	})
+	return p
+}
+
+// TestUnitsStartHealthy runs what deploy/baremetal.md describes, scaled to one machine: three
+// coordinator hosts on one etcd (each with a coordinator, and h01 with two fence-driver kinds side
+// by side) and agents on two hosts, every process started from its unit's exact ExecStart= with
+// the host's environment file, over mutual TLS. It checks every process serves, the agents reach
+// the leader with the zone and region of their environment files, and the drivers answer.
+func TestUnitsStartHealthy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts three binaries")
+	}
+	bin := buildBinaries(t, "coordinator", "fence-driver", "node-agent")
+	etcdEndpoint, _ := etcdtest.Start(t)
+	base := t.TempDir()
+	hosts := map[string]host{}
+	for _, n := range []string{"h01", "h02", "h03", "h04"} {
+		hosts[n] = host{name: n, root: filepath.Join(base, n)}
+	}
+	ca := newCA(t)
+	for _, h := range hosts {
+		ca.issue(t, h.path("/etc/nodefence/tls/coordinator"), "coordinator/"+h.name, true)
+		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver/"+h.name, true)
+		ca.issue(t, h.path("/etc/nodefence/tls/agent"), "agent/"+h.name, false)
+		writeFile(t, h.path("/etc/nodefence/tls/ca.crt"), ca.pem)
+	}
+	operator := filepath.Join(base, "operator")
+	ca.issue(t, operator, "operator/admin", false)
+	writeFile(t, filepath.Join(base, "ca.crt"), ca.pem)
+	opTLS := tlsfiles.Files{CertFile: operator + ".crt", KeyFile: operator + ".key", CAFile: filepath.Join(base, "ca.crt")}
+
+	port := func() string {
+		p, err := procs.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(p)
+	}
+	ipmiAddr, pduAddr := "127.0.0.1:"+port(), "127.0.0.1:"+port()
+	driverMetrics := map[string]string{"ipmi": "127.0.0.1:" + port(), "pdu": "127.0.0.1:" + port()}
+
+	var coordAddrs, coordMetrics []string
+	for _, n := range []string{"h01", "h02", "h03"} {
+		h := hosts[n]
+		writeFile(t, h.path("/etc/nodefence/bmc-password"), "secret\n")
+		writeFile(t, h.path("/etc/nodefence/fence.yaml"), fmt.Sprintf(`drivers:
+  ipmi: {endpoint: "%s"}
+  pdu: {endpoint: "%s"}
+templates:
+  bmc:
+    driver: ipmi
+    parameters: {lanplus: "1", cipher: "3", username: admin, password_file: %s}
+nodes:
+  h01:
+    methods:
+      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: "9"}}
+    steps:
+      power_management: [bmc]
+  h04:
+    methods:
+      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: "10"}}
+    steps:
+      power_management: [bmc]
+`, ipmiAddr, pduAddr, h.path("/etc/nodefence/bmc-password")))
+		addr, metrics := "127.0.0.1:"+port(), "127.0.0.1:"+port()
+		coordAddrs, coordMetrics = append(coordAddrs, addr), append(coordMetrics, metrics)
+		h.start(t, "nodefence-coordinator.service", "", map[string]string{
+			"NODEFENCE_ID":             n,
+			"NODEFENCE_LISTEN":         addr,
+			"NODEFENCE_ADVERTISE":      addr,
+			"NODEFENCE_METRICS_LISTEN": metrics,
+			"NODEFENCE_KDUMP_LISTEN":   "127.0.0.1:" + port(),
+			"NODEFENCE_ETCD_ENDPOINTS": etcdEndpoint,
+			// The embedded test etcd speaks plain HTTP; a real one gets the etcd TLS flags here.
+			"NODEFENCE_ETCD_ARGS": "",
+			"NODEFENCE_ARGS":      "--election-ttl 2s",
+		}, bin)
+	}
+	// Two driver kinds on one host: each instance its own environment file and ports.
+	for kind, addr := range map[string]string{"ipmi": ipmiAddr, "pdu": pduAddr} {
+		hosts["h01"].start(t, "nodefence-fence-driver@.service", kind, map[string]string{
+			"NODEFENCE_DRIVER":         kind,
+			"NODEFENCE_LISTEN":         addr,
+			"NODEFENCE_METRICS_LISTEN": driverMetrics[kind],
+			"NODEFENCE_ARGS":           "",
+		}, bin)
+	}
+	agentZones := map[string][2]string{"h01": {"rack-1", "dc-1"}, "h04": {"rack-2", "dc-1"}}
+	for n, zr := range agentZones {
+		hosts[n].start(t, "nodefence-node-agent.service", "", map[string]string{
+			"NODEFENCE_COORDINATORS":   strings.Join(coordAddrs, ","),
+			"NODEFENCE_NODE_NAME":      n,
+			"NODEFENCE_ZONE":           zr[0],
+			"NODEFENCE_REGION":         zr[1],
+			"NODEFENCE_METRICS_LISTEN": "127.0.0.1:" + port(),
+			// This machine is no logind host: the agent's graceful-shutdown support stays off.
+			"NODEFENCE_ARGS": "--manage-inhibit-delay=false",
+		}, bin)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, addr := range append(slices.Clone(coordAddrs), ipmiAddr, pduAddr) {
+		waitServing(ctx, t, addr, opTLS)
+	}
+	for _, m := range append(slices.Clone(coordMetrics), driverMetrics["ipmi"], driverMetrics["pdu"]) {
+		waitHTTP(ctx, t, "http://"+m+"/metrics")
+	}
+	// The agents reach the leader, with the zone and region of their environment files.
+	var leader string
+	for _, addr := range coordAddrs {
+		conn, err := dial.New(addr, opTLS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		for ctx.Err() == nil {
+			r, err := coordv1.NewClusterServiceClient(conn).GetLeader(ctx, &coordv1.GetLeaderRequest{})
+			if err == nil && r.GetAddress() != "" {
+				leader = r.GetAddress()
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !slices.Contains(coordAddrs, leader) {
+		t.Fatalf("leader %q is none of the coordinators %q", leader, coordAddrs)
+	}
+	conn, err := dial.New(leader, opTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	want := map[string][2]string{}
+	for n, zr := range agentZones {
+		want[n] = zr
+	}
+	var got map[string][2]string
+	for ctx.Err() == nil {
+		r, err := coordv1.NewClusterServiceClient(conn).ListNodes(ctx, &coordv1.ListNodesRequest{})
+		got = map[string][2]string{}
+		if err == nil {
+			for _, n := range r.GetNodes() {
+				if n.GetConnected() {
+					got[n.GetName()] = [2]string{n.GetZone(), n.GetRegion()}
+				}
+			}
+		}
+		if cmp.Equal(want, got) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("connected agents at the leader %s (-want +got):\n%s", leader, d)
+	}
+}
+
+func waitServing(ctx context.Context, t *testing.T, addr string, files tlsfiles.Files) {
+	t.Helper()
+	conn, err := dial.New(addr, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var last error
+	for ctx.Err() == nil {
+		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s never served health: %v", addr, last)
+}
+
+func waitHTTP(ctx context.Context, t *testing.T, url string) {
+	t.Helper()
+	var last error
+	for ctx.Err() == nil {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: %v", url, last)
+}
+
+// buildBinaries builds the named binaries of this module into a temporary directory.
+func buildBinaries(t *testing.T, names ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	pkgs := map[string]string{
+		"coordinator":  "../../coordinator/cmd/coordinator",
+		"fencectl":     "../../coordinator/cmd/fencectl",
+		"fence-driver": "../../fence-drivers/cmd/fence-driver",
+		"node-agent":   "../../node-agent/cmd/node-agent",
+	}
+	for _, n := range names {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, n), pkgs[n]).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build %s: %v\n%s", n, err, out)
+		}
+	}
+	return dir
+}
+
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  string
+}
+
+func newCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nodefence test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+}
+
+var serial int64 = 1
+
+// issue writes prefix.crt and prefix.key: a certificate for role (as a SPIFFE URI SAN
+// spiffe://nodefence/<role>), for servers also valid for 127.0.0.1 and localhost.
+func (ca *testCA) issue(t *testing.T, prefix, role string, server bool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial++
+	uri, err := url.Parse("spiffe://nodefence/" + role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: role},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		URIs:        []*url.URL{uri},
+	}
+	if server {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+		tmpl.DNSNames = []string{"localhost"}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, prefix+".crt", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	writeFile(t, prefix+".key", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})))
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
