@@ -322,19 +322,34 @@ func (d *Deployment) startEtcd() error {
 	if err != nil {
 		return err
 	}
-	client, peer := "http://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
+	// The store is locked: clients need a certificate of the deployment's CA.
+	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
+	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
+	if err != nil {
+		return err
+	}
 	data := filepath.Join(d.Opts.Dir, "etcd")
 	_ = os.RemoveAll(data)
 	d.etcd, err = start("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
 		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
 		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
 	if err != nil {
 		return err
 	}
 	d.etcdURL = client
+	tlsConf, err := d.OperatorTLS.Client()
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
 	return waitFor(time.Now().Add(30*time.Second), d.etcd, func() bool {
-		resp, err := http.Get(client + "/health")
+		resp, err := hc.Get(client + "/health")
 		if err != nil {
 			return false
 		}
@@ -381,7 +396,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	if err != nil {
 		return nil, err
 	}
-	args := append(pki.Args("", tls), pki.Args("driver-", tls)...)
+	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
 	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
