@@ -67,21 +67,21 @@ func (c *Config) SetDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.Dir == "" || !strings.HasPrefix(c.Dir, "/") {
-		errs = append(errs, fmt.Errorf("Dir: must be an absolute path, got %q", c.Dir))
+		errs = append(errs, fmt.Errorf("cluster config: Dir: must be an absolute path, got %q", c.Dir))
 	}
 	if c.Nodes < 1 || c.Nodes > MaxNodes {
-		errs = append(errs, fmt.Errorf("Nodes: must be 1 to %d, got %d", MaxNodes, c.Nodes))
+		errs = append(errs, fmt.Errorf("cluster config: Nodes: must be 1 to %d, got %d", MaxNodes, c.Nodes))
 	}
 	if len(c.Prefix) < 1 || len(c.Prefix) > 4 || strings.Trim(c.Prefix, "abcdefghijklmnopqrstuvwxyz") != "" {
-		errs = append(errs, fmt.Errorf("Prefix: must be 1 to 4 lowercase letters, got %q", c.Prefix))
+		errs = append(errs, fmt.Errorf("cluster config: Prefix: must be 1 to 4 lowercase letters, got %q", c.Prefix))
 	}
 	for i, z := range c.Zones {
 		if z == "" {
-			errs = append(errs, fmt.Errorf("Zones[%d]: empty", i))
+			errs = append(errs, fmt.Errorf("cluster config: Zones[%d]: empty", i))
 		}
 	}
 	if c.NodeMonitorGracePeriod < 0 || c.NodeMonitorPeriod < 0 || c.StartTimeout < 0 {
-		errs = append(errs, errors.New("NodeMonitorGracePeriod, NodeMonitorPeriod, StartTimeout: must not be negative"))
+		errs = append(errs, errors.New("cluster config: NodeMonitorGracePeriod, NodeMonitorPeriod, StartTimeout: must not be negative"))
 	}
 	return errors.Join(errs...)
 }

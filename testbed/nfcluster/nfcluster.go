@@ -159,15 +159,15 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 	o.setDefaults()
 	var errs []error
 	if o.BinDir == "" || o.Dir == "" {
-		errs = append(errs, errors.New("Options: BinDir and Dir are required"))
+		errs = append(errs, errors.New("nfcluster options: BinDir and Dir are required"))
 	}
 	for _, b := range Binaries {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
-			errs = append(errs, fmt.Errorf("BinDir: %s missing (make build)", b))
+			errs = append(errs, fmt.Errorf("nfcluster options: BinDir: %s missing (make build)", b))
 		}
 	}
 	if o.Coordinators < 1 || o.Coordinators > 3 {
-		errs = append(errs, fmt.Errorf("Coordinators: 1 to 3, got %d", o.Coordinators))
+		errs = append(errs, fmt.Errorf("nfcluster options: Coordinators: 1 to 3, got %d", o.Coordinators))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
