@@ -3,9 +3,11 @@ package cluster
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -14,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"time"
 )
 
@@ -227,5 +231,22 @@ func TestBuildImages(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		_ = cmd.Process.Kill()
 		t.Fatal("pause ignored SIGTERM")
+	}
+}
+
+// TestUpMissingBinaries: without the Kubernetes binaries Up fails at once, naming every missing
+// binary and the command that builds them; it touches nothing on the machine.
+func TestUpMissingBinaries(t *testing.T) {
+	t.Setenv(kubetest.AssetsEnv, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := Up(ctx, Config{Dir: t.TempDir()}, nil)
+	if !errors.Is(err, kubetest.ErrNoBinaries) {
+		t.Fatalf("Up = %v, want ErrNoBinaries", err)
+	}
+	for _, want := range []string{kubeletBin, apiBin, kcmBin, schedulerBin, etcdBin, kubetest.BuildCommand} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
 	}
 }
