@@ -16,9 +16,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
-	"time"
 )
 
 func TestParseMountinfo(t *testing.T) {
