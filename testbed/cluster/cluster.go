@@ -228,6 +228,12 @@ func (c *Cluster) bin(name string) string { return filepath.Join(c.assets, name)
 // cgroup roots, and starts the BMCs.
 func (c *Cluster) prepare() error {
 	cfg := c.Config
+	// A cluster starts fresh: no objects, node state or logs of an earlier one in the same Dir.
+	for _, d := range []string{"etcd", "nodes", "apiserver-certs", "log", "shared"} {
+		if err := os.RemoveAll(filepath.Join(cfg.Dir, d)); err != nil {
+			return err
+		}
+	}
 	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "log"), c.SharedDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
