@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -156,6 +157,15 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	}
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
+	}
+	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+		var refused string
+		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
+			return nil, err
+		}
+		if refused != "" {
+			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
+		}
 	}
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
@@ -553,12 +563,28 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	cfg := &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Config{Config: &agentv1.AgentConfig{
 		HeartbeatInterval: durationpb.New(s.HeartbeatInterval), SampleInterval: durationpb.New(s.SampleInterval), Epoch: l.Term.Epoch,
 	}}}
-	if err := stream.Send(cfg); err != nil {
+	if err := in.send(cfg); err != nil {
 		return err
 	}
 	if err := in.ack(first.Seq); err != nil {
 		return err
 	}
+	// The engine's grants for this node leave on this stream, from a goroutine of their own; in
+	// serializes them with the acks.
+	grants, unsubscribe := l.Loop.Subscribe(name)
+	defer unsubscribe()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case g := <-grants:
+				if err := in.send(g); err != nil {
+					return
+				}
+			}
+		}
+	}()
 	lastAck := time.Now()
 	for {
 		m, reused, err := in.recv()
@@ -629,6 +655,7 @@ func onOwnStack(f func() error) error {
 // until the next recv.
 type agentStream struct {
 	agentv1.AgentService_ConnectServer
+	sendMu  sync.Mutex // acks and grants are sent from two goroutines
 	buf     wire.Encoded
 	dec     agentwire.Decoder
 	out     wire.Encoded
@@ -640,6 +667,13 @@ func newAgentStream(stream agentv1.AgentService_ConnectServer) *agentStream {
 	ack := &agentv1.Ack{}
 	return &agentStream{AgentService_ConnectServer: stream, ackMsg: ack,
 		ackResp: &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: ack}}}
+}
+
+// send sends one coordinator message, serialized with the acks.
+func (s *agentStream) send(m *agentv1.ConnectResponse) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.Send(m)
 }
 
 // maxKeptBuffer is the largest receive buffer a stream keeps between messages.
@@ -662,6 +696,8 @@ func (s *agentStream) recv() (m *agentv1.ConnectRequest, reused bool, err error)
 // ack acknowledges every message up to seq. It is sent once a second by each of thousands of
 // streams, so the response and its encoding are reused too.
 func (s *agentStream) ack(seq uint64) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	s.ackMsg.AckedSeq = seq
 	var err error
 	if s.out.B, err = (proto.MarshalOptions{}).MarshalAppend(s.out.B[:0], s.ackResp); err != nil {

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodefence/nodefence/coordinator/api"
@@ -33,6 +34,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/kdump"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/nodes"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/fault"
@@ -92,6 +94,16 @@ type Config struct {
 	DriverTLS tlsfiles.Files
 	// EtcdUnsafeNoFsync disables fsync in the embedded etcd (tests and demos only).
 	EtcdUnsafeNoFsync bool
+	// PodEvictionTimeout is accepted for old command lines and ignored, with a warning: Kubernetes
+	// removed --pod-eviction-timeout in 1.27 (taint-based eviction replaced it).
+	PodEvictionTimeout time.Duration
+	// ControlPlaneSelector selects the control-plane nodes (Kubernetes mode): never fenced
+	// automatically unless Engine.Fence.AllowControlPlane, and never the last ready one.
+	ControlPlaneSelector string
+	// ReleaseHealthyDelay is how long a fenced node must be back (Ready, agent reporting) before its
+	// out-of-service taint is removed (Kubernetes mode): one healthy moment of a flapping node is
+	// not enough.
+	ReleaseHealthyDelay time.Duration
 	// GCPercent is the garbage-collection target (Go's GOGC) the coordinator binary sets for its
 	// process; see cli.ApplyGC. The default, 200, keeps collections (each of which slows ingest for
 	// about 100 ms on two cores) three times rarer than Go's 100, for about 30% more memory: RSS
@@ -132,14 +144,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.DriverEndpoints[name] = addr
 		return nil
 	})
-	fs.DurationVar(&c.Engine.NodeMonitorGracePeriod, "node-monitor-grace-period", 40*time.Second, "silence after which a node that reported is Unknown")
-	fs.DurationVar(&c.Engine.NodeStartupGracePeriod, "node-startup-grace-period", 60*time.Second, "silence after which a node that never reported is Unknown")
-	fs.DurationVar(&c.Engine.PodEvictionTimeout, "pod-eviction-timeout", 5*time.Minute, "not-ready time after which a released node's pods are eligible for eviction")
+	fs.DurationVar(&c.Engine.NodeMonitorGracePeriod, "node-monitor-grace-period", engine.DefaultNodeMonitorGracePeriod, "silence after which a node that reported is Unknown")
+	fs.DurationVar(&c.Engine.NodeStartupGracePeriod, "node-startup-grace-period", engine.DefaultNodeStartupGracePeriod, "silence after which a node that never reported is Unknown")
+	fs.DurationVar(&c.PodEvictionTimeout, "pod-eviction-timeout", 0, "DEPRECATED, no effect: removed from Kubernetes in 1.27; taint-based eviction (tolerationSeconds) decides when pods leave a not-ready node")
 	fs.Float64Var(&c.Engine.NodeEvictionRate, "node-eviction-rate", 0.1, "nodes per second released from a Normal or FullDisruption zone")
 	fs.Float64Var(&c.Engine.SecondaryNodeEvictionRate, "secondary-node-eviction-rate", 0.01, "nodes per second released from a large PartialDisruption zone")
 	fs.IntVar(&c.Engine.LargeClusterSizeThreshold, "large-cluster-size-threshold", 50, "zone size above which a PartialDisruption zone keeps the secondary rate")
 	fs.Float64Var(&c.Engine.UnhealthyZoneThreshold, "unhealthy-zone-threshold", 0.55, "not-ready fraction that makes a zone PartialDisruption")
 	defEng := engine.DefaultConfig()
+	fs.Float64Var(&c.Engine.PodEviction.Rate, "pod-eviction-rate", engine.DefaultPodEvictionRate, "soft-threshold pod evictions granted per second per zone (token bucket; 0: none, agents fall back to local evictions)")
+	fs.IntVar(&c.Engine.PodEviction.Burst, "pod-eviction-burst", engine.DefaultPodEvictionBurst, "pod-eviction grants a zone may give at once")
+	fs.IntVar(&c.Engine.PodEviction.MaxInFlight, "pod-eviction-max-in-flight", engine.DefaultPodEvictionMaxInFlight, "granted pod evictions per zone whose outcome the agent has not reported yet")
+	fs.DurationVar(&c.Engine.PodEviction.GrantTTL, "pod-eviction-grant-ttl", engine.DefaultPodEvictionGrantTTL, "how long a grant without the agent's report counts as in flight")
 	fs.StringVar(&c.KdumpListen, "kdump-listen", "", "IP:PORT (an explicit address, never all interfaces) for fence_kdump_send messages; default off")
 	fs.DurationVar(&c.Engine.KdumpIdle, "kdump-idle", 30*time.Second, "a node is dumping while its fence_kdump messages are at most this far apart")
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", 10*time.Minute, "longest wait of power management for a kernel dump")
@@ -148,6 +164,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Engine.Fence.MaxUnresponsivePercent, "max-unresponsive-percent", defEng.Fence.MaxUnresponsivePercent, "no automatic fencing while more than this % of the cluster or zone is not ready (0: no limit)")
 	fs.IntVar(&c.Engine.Fence.Budget, "fence-budget", defEng.Fence.Budget, "automatic fences per zone per --fence-budget-window (0: no budget)")
 	fs.DurationVar(&c.Engine.Fence.BudgetWindow, "fence-budget-window", defEng.Fence.BudgetWindow, "window of --fence-budget")
+	fs.DurationVar(&c.Engine.Fence.Settle, "fence-guard-settle", defEng.Fence.Settle, "how long the storm guard must let a released node's fence pass, without a break, before it is requested")
+	fs.BoolVar(&c.Engine.Fence.AllowControlPlane, "fence-control-plane", false, "fence nodes matching --control-plane-selector automatically (never the last ready one)")
+	fs.StringVar(&c.ControlPlaneSelector, "control-plane-selector", DefaultControlPlaneSelector, "label selector of control-plane nodes (Kubernetes mode)")
+	fs.Func("kubelet-down-policy", `what a silent kubelet means while the node's agent reports (Kubernetes mode): "wait" (never fence; default) or "fence"`, func(v string) error {
+		p, err := nodes.ParseKubeletDownPolicy(v)
+		c.Engine.KubeletDownPolicy = p
+		return err
+	})
+	fs.DurationVar(&c.ReleaseHealthyDelay, "release-healthy-delay", DefaultReleaseHealthyDelay, "how long a fenced node must be back and Ready before its out-of-service taint is removed (Kubernetes mode)")
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", 5*time.Second, "leader lease TTL (whole seconds)")
 	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", 30*time.Second, "deadline of one driver call including read-back")
 	def := fencing.DefaultPolicy()
@@ -163,8 +188,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.GCPercent, "gc-percent", DefaultGCPercent, "garbage-collection target (GOGC; the GOGC variable wins), 50..1000; the soft memory limit is 90% of the container's")
 }
 
-// DefaultGCPercent is GCPercent's default.
-const DefaultGCPercent = 200
+// Defaults of Config fields.
+const (
+	DefaultGCPercent = 200
+	// DefaultControlPlaneSelector selects the nodes kubeadm and most installers label control plane.
+	DefaultControlPlaneSelector = "node-role.kubernetes.io/control-plane"
+	// DefaultReleaseHealthyDelay is ReleaseHealthyDelay's default (medik8s NHC's healthyDelay is
+	// of the same order).
+	DefaultReleaseHealthyDelay = time.Minute
+)
 
 // SetDefaults fills zero fields.
 func (c *Config) SetDefaults() {
@@ -201,6 +233,13 @@ func (c *Config) SetDefaults() {
 	if c.GCPercent == 0 {
 		c.GCPercent = DefaultGCPercent
 	}
+	if c.ControlPlaneSelector == "" {
+		c.ControlPlaneSelector = DefaultControlPlaneSelector
+	}
+	if c.ReleaseHealthyDelay == 0 {
+		c.ReleaseHealthyDelay = DefaultReleaseHealthyDelay
+	}
+	c.Engine.KubeletWitness = c.kubeMode()
 	if c.AgentSampleInterval == 0 {
 		c.AgentSampleInterval = time.Second
 	}
@@ -236,14 +275,25 @@ func (c *Config) Validate() []error {
 	}{
 		{"node-monitor-grace-period", c.Engine.NodeMonitorGracePeriod},
 		{"node-startup-grace-period", c.Engine.NodeStartupGracePeriod},
-		{"pod-eviction-timeout", c.Engine.PodEvictionTimeout},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("--%s: must be positive", d.flag))
 		}
 	}
+	if _, err := labels.Parse(c.ControlPlaneSelector); err != nil {
+		errs = append(errs, fmt.Errorf("--control-plane-selector: %w", err))
+	}
+	if c.ReleaseHealthyDelay < 0 {
+		errs = append(errs, errors.New("--release-healthy-delay: must not be negative"))
+	}
+	if c.Engine.Fence.Settle < 0 {
+		errs = append(errs, errors.New("--fence-guard-settle: must not be negative"))
+	}
 	if c.Engine.UnhealthyZoneThreshold <= 0 || c.Engine.UnhealthyZoneThreshold > 1 {
 		errs = append(errs, fmt.Errorf("--unhealthy-zone-threshold: %v is not in (0, 1]", c.Engine.UnhealthyZoneThreshold))
+	}
+	if c.Engine.PodEviction.Rate < 0 || c.Engine.PodEviction.Burst < 1 || c.Engine.PodEviction.MaxInFlight < 1 || c.Engine.PodEviction.GrantTTL <= 0 {
+		errs = append(errs, errors.New("--pod-eviction-rate: must not be negative; --pod-eviction-burst, --pod-eviction-max-in-flight, --pod-eviction-grant-ttl: must be positive"))
 	}
 	if c.Engine.NodeEvictionRate < 0 || c.Engine.SecondaryNodeEvictionRate < 0 {
 		errs = append(errs, errors.New("--node-eviction-rate, --secondary-node-eviction-rate: must not be negative"))
@@ -335,6 +385,9 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	if cfg.PodEvictionTimeout != 0 {
+		log.Warn("--pod-eviction-timeout is deprecated and has no effect: Kubernetes removed it in 1.27; taint-based eviction (tolerationSeconds) decides when pods leave a not-ready node")
 	}
 	a := &App{cfg: cfg, log: log, drivers: fencing.NewDrivers(cfg.DriverTLS)}
 	a.fenceCf.Store(fences)
@@ -643,15 +696,6 @@ func (a *App) lead(term *leader.Term) {
 		nc := a.fences().Nodes[n]
 		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
 	}
-	if a.kube != nil {
-		ctx, cancel := context.WithTimeout(term.Context(), 30*time.Second)
-		nodes, err := a.kube.nodeInputs(ctx, a.fences())
-		cancel()
-		if err != nil {
-			a.log.Error("cannot list Nodes; zones come from agents until the next term", "err", err)
-		}
-		initial = append(initial, nodes...)
-	}
 	var runner *fencing.Runner
 	lp := loop.New(loop.Config{
 		Engine: a.cfg.Engine, Term: term, Etcd: a.cli, Prefix: a.cfg.EtcdPrefix,
@@ -664,7 +708,7 @@ func (a *App) lead(term *leader.Term) {
 				go a.autoFence(term, runner, f)
 			}
 			if a.kube != nil {
-				a.kube.onReady(term, rd)
+				a.kube.onReady(rd)
 			}
 		},
 	})
@@ -700,6 +744,9 @@ func (a *App) lead(term *leader.Term) {
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
+	if a.kube != nil {
+		a.kube.startTerm(term, lp)
+	}
 	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
@@ -732,7 +779,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	a.metrics.ObserveFence(f)
 	a.fenceMx.observe(f)
 	if a.kube != nil {
-		a.kube.onFence(term, f)
+		a.kube.onFence(f)
 	}
 }
 

@@ -2,47 +2,48 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/cli"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
-// kubeMode is the coordinator's Kubernetes side: it reads fence ConfigMaps and Nodes, and applies
-// the engine's and the fence flow's decisions through the kube writer — on its own goroutine, so a
-// slow apiserver never stalls the engine.
+// kubeMode is the coordinator's Kubernetes side. It reads the fence ConfigMaps, and through the
+// kube.Witness the Nodes and the kubelets' Leases (the second witness); it acts on the apiserver
+// only through the per-term kube.Reconciler (release, recovery, nodefence's own Node condition,
+// the NodeFence mirror) and the Events recorder. It never writes what kubelet or
+// kube-controller-manager owns: Ready, the pressure conditions, the not-ready/unreachable taints.
 type kubeMode struct {
-	a       *App
-	core    kubernetes.Interface
-	writer  *kube.Writer
-	policy  kube.Policy
-	actions chan func(context.Context)
-
-	mu       sync.Mutex
-	released map[string]bool // fence ids whose node was released
+	a        *App
+	core     kubernetes.Interface
+	writer   *kube.Writer
+	policy   kube.Policy
+	witness  *kube.Witness
+	recorder record.EventRecorder
+	rec      atomic.Pointer[kube.Reconciler] // the current term's, nil when not leading
 }
-
-// Zone labels, current and legacy, as kube-controller-manager reads them.
-var (
-	zoneLabels   = []string{corev1.LabelTopologyZone, corev1.LabelFailureDomainBetaZone}
-	regionLabels = []string{corev1.LabelTopologyRegion, corev1.LabelFailureDomainBetaRegion}
-)
 
 func kubeRESTConfig(cfg Config) (*rest.Config, error) {
 	if cfg.KubeREST != nil {
@@ -55,6 +56,10 @@ func kubeRESTConfig(cfg Config) (*rest.Config, error) {
 }
 
 func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
+	rc = rest.CopyConfig(rc)
+	if rc.UserAgent == "" {
+		rc.UserAgent = kube.FieldManager
+	}
 	core, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -67,7 +72,17 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--fence-policy: %w", err)
 	}
-	return &kubeMode{a: a, core: core, writer: w, policy: p, actions: make(chan func(context.Context), 4096), released: map[string]bool{}}, nil
+	sel, err := labels.Parse(a.cfg.ControlPlaneSelector)
+	if err != nil {
+		return nil, fmt.Errorf("--control-plane-selector: %w", err)
+	}
+	k := &kubeMode{a: a, core: core, writer: w, policy: p}
+	k.witness = kube.NewWitness(core, kube.WitnessOptions{ControlPlane: sel, Log: a.log,
+		Fenceable: func(node string) bool { return a.fences() != nil && a.fences().HasNode(node) }})
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: core.CoreV1().Events("")})
+	k.recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodefence-coordinator"})
+	return k, nil
 }
 
 // loadConfig reads the seed's fence ConfigMaps from the namespace.
@@ -92,46 +107,32 @@ func (k *kubeMode) loadConfig(ctx context.Context) (*config.Config, error) {
 	return c, c.Validate()
 }
 
-// nodeInputs lists the cluster's Nodes as engine inputs with their zones.
-func (k *kubeMode) nodeInputs(ctx context.Context, fences *config.Config) ([]engine.Input, error) {
-	list, err := k.core.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
-	}
-	now := time.Now()
-	var out []engine.Input
-	for _, n := range list.Items {
-		out = append(out, engine.Configured{Node: n.Name, Region: label(n.Labels, regionLabels), Zone: label(n.Labels, zoneLabels),
-			Fenceable: fences.HasNode(n.Name), At: now})
-	}
-	return out, nil
-}
-
-func label(l map[string]string, keys []string) string {
-	for _, k := range keys {
-		if v := l[k]; v != "" {
-			return v
+// run starts the witness's informers, and reloads the fence ConfigMaps when they change (every
+// 30 s as a backstop) until ctx ends.
+func (k *kubeMode) run(ctx context.Context) {
+	_, _ = k.witness.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { k.enqueue(o) },
+		UpdateFunc: func(_, o any) { k.enqueue(o) },
+	})
+	go k.witness.Run(ctx)
+	changed := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
 		}
 	}
-	return ""
-}
-
-// run applies queued actions until ctx ends, and reloads the ConfigMaps every 30 s.
-func (k *kubeMode) run(ctx context.Context) {
-	// Informers on Nodes and on the fence namespace's ConfigMaps wake a reload as soon as something
-	// changes; the ticker is the backstop.
-	changed := make(chan struct{}, 1)
-	k.watch(ctx, changed)
+	cms := informers.NewSharedInformerFactoryWithOptions(k.core, 0, informers.WithNamespace(k.a.cfg.FenceNamespace))
+	_, _ = cms.Core().V1().ConfigMaps().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() },
+	})
+	cms.Start(ctx.Done())
 	reload := time.NewTicker(30 * time.Second)
 	defer reload.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case f := <-k.actions:
-			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			f(actx)
-			cancel()
 		case <-changed:
 			k.reload(ctx)
 		case <-reload.C:
@@ -140,34 +141,16 @@ func (k *kubeMode) run(ctx context.Context) {
 	}
 }
 
-// watch starts informers whose events signal changed (coalesced: one pending signal at most).
-func (k *kubeMode) watch(ctx context.Context, changed chan<- struct{}) {
-	poke := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
+func (k *kubeMode) enqueue(o any) {
+	if n, ok := o.(*corev1.Node); ok {
+		if r := k.rec.Load(); r != nil {
+			r.Enqueue(n.Name)
 		}
 	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { poke() },
-		UpdateFunc: func(old, cur any) { poke() },
-		DeleteFunc: func(any) { poke() },
-	}
-	nodes := informers.NewSharedInformerFactory(k.core, 0)
-	if _, err := nodes.Core().V1().Nodes().Informer().AddEventHandler(handler); err != nil {
-		k.a.log.Error("node informer", "err", err)
-	}
-	cms := informers.NewSharedInformerFactoryWithOptions(k.core, 0, informers.WithNamespace(k.a.cfg.FenceNamespace))
-	if _, err := cms.Core().V1().ConfigMaps().Informer().AddEventHandler(handler); err != nil {
-		k.a.log.Error("configmap informer", "err", err)
-	}
-	nodes.Start(ctx.Done())
-	cms.Start(ctx.Done())
 }
 
-// reload re-reads the fence ConfigMaps and the Nodes and hands both to the running engine: new
-// Nodes, new zones and nodes that gained or lost a fence configuration reach the engine now, not at
-// the next leader change. An invalid configuration is logged and the previous one kept.
+// reload re-reads the fence ConfigMaps and tells the engine which Nodes are fenceable now. An
+// invalid configuration is logged and the previous one kept.
 func (k *kubeMode) reload(ctx context.Context) {
 	c, err := k.loadConfig(ctx)
 	if err != nil {
@@ -175,108 +158,151 @@ func (k *kubeMode) reload(ctx context.Context) {
 		return
 	}
 	k.a.fenceCf.Store(c)
-	l, err := k.a.Leading(ctx)
-	if err != nil {
-		return
-	}
-	inputs, err := k.nodeInputs(ctx, c)
-	if err != nil {
-		k.a.log.Error("cannot list Nodes", "err", err)
-		return
-	}
-	for _, in := range inputs {
-		if err := l.Loop.Step(ctx, in); err != nil {
-			return
-		}
-	}
+	k.witness.Refresh()
 }
 
-func (k *kubeMode) do(f func(context.Context)) {
-	select {
-	case k.actions <- f:
-	default:
-		k.a.log.Error("kubernetes action queue full; dropping an action (the next decision repeats it)")
-	}
-}
-
-// onReady mirrors the engine's decisions: taints, and the Ready condition of nodes whose readiness
-// changed.
-func (k *kubeMode) onReady(term *leader.Term, rd engine.Ready) {
-	for _, t := range rd.Taints {
-		t := t
-		k.do(func(ctx context.Context) {
-			if err := k.writer.ApplyTaint(ctx, t.Node, t.From, t.To); err != nil {
-				k.a.log.Error("taint not applied", "node", t.Node, "to", t.To, "err", err)
+// startTerm connects a new term to the cluster: the witness feeds its engine, and a release
+// reconciler runs for the term's lifetime. Every Node and every node with a confirmed power-off in
+// its history is looked at once, so whatever a previous leader left undone is finished.
+func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
+	ctx := term.Context()
+	sink := k.witness.SetSink(func(in engine.Input) {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = lp.Step(sctx, in)
+	})
+	r := kube.NewReconciler(k.writer, k.witness.Nodes, releaseFacts{a: k.a, lp: lp}, kube.ReconcilerOptions{
+		HealthyDelay: k.a.cfg.ReleaseHealthyDelay, Recorder: k.recorder, Log: k.a.log,
+		OnRelease: func(node string, f *coordv1.NodeFence, rel kube.Released) {
+			if f.GetConfirmedOffAt() != nil {
+				k.a.metrics.ObserveStage("release", time.Since(f.ConfirmedOffAt.AsTime()))
 			}
-		})
-	}
-	for _, c := range rd.Conditions {
-		c := c
-		k.do(func(ctx context.Context) {
-			cond := corev1.NodeCondition{Type: corev1.NodeConditionType(c.Type), Status: corev1.ConditionStatus(c.Status), Reason: c.Reason, Message: c.Message}
-			if err := k.writer.SetConditions(ctx, c.Node, cond); err != nil {
-				k.a.log.Error("pressure condition not written", "node", c.Node, "type", c.Type, "err", err)
+			k.a.audit(term, node, "release", fmt.Sprintf("fence %s confirmed off: out-of-service taint; deleted pods %v; deleted volumeattachments %v; kept %v",
+				f.GetId(), rel.DeletedPods, rel.DeletedVolumeAttachments, rel.KeptPods))
+		},
+		OnRecover: func(node, why string) {
+			k.a.audit(term, node, "release", why+": out-of-service taint removed")
+		},
+	})
+	k.rec.Store(r)
+	go func() {
+		<-ctx.Done()
+		k.rec.CompareAndSwap(r, nil)
+		k.witness.ClearSink(sink)
+	}()
+	go r.Run(ctx, 5*time.Minute)
+	go func() {
+		cache.WaitForCacheSync(ctx.Done(), k.witness.Informer().HasSynced)
+		r.EnqueueAll()
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		// Page through the retained history (bounded by retention) for nodes with a confirmed
+		// power-off whose release may be unfinished; Nodes that still exist were enqueued above.
+		var token string
+		for {
+			page, err := k.a.store.ListFences(lctx, store.ListOptions{Limit: 500, PageToken: token})
+			if err != nil {
+				k.a.log.Error("cannot list confirmed fences; the periodic pass will look at their nodes", "err", err)
+				break
 			}
-		})
-	}
-	for _, w := range rd.Writes {
-		if w.Node == nil {
-			continue
-		}
-		r := *w.Node
-		k.do(func(ctx context.Context) {
-			var err error
-			switch r.Readiness {
-			case coordv1.Readiness_READINESS_UNKNOWN:
-				err = k.writer.MarkNotReady(ctx, r.Name, "NodeStatusUnknown", "nodefence: "+r.Reason, corev1.ConditionUnknown)
-			case coordv1.Readiness_READINESS_NOT_READY:
-				err = k.writer.MarkNotReady(ctx, r.Name, "KubeletNotReady", r.Reason, corev1.ConditionFalse)
-			case coordv1.Readiness_READINESS_READY:
-				// Back: lift the out-of-service taint unless a fence of the node is still running.
-				if active, aerr := k.a.store.ActiveFence(ctx, r.Name); aerr == nil && active == nil {
-					if removed, uerr := k.writer.Unrelease(ctx, r.Name); uerr != nil {
-						err = uerr
-					} else if removed {
-						k.a.audit(term, r.Name, "release", "node back and recovered: out-of-service taint removed")
-					}
+			for _, f := range page.Fences {
+				if f.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && f.GetConfirmedOffAt() != nil {
+					r.Enqueue(f.GetNode())
 				}
 			}
-			if err != nil && !errors.Is(err, context.Canceled) {
-				k.a.log.Error("node condition not written", "node", r.Name, "err", err)
+			if token = page.NextPageToken; token == "" {
+				break
 			}
-		})
+		}
+	}()
+}
+
+// releaseFacts reads what the reconciler needs: records from etcd, judgements from the engine.
+type releaseFacts struct {
+	a  *App
+	lp *loop.Loop
+}
+
+func (f releaseFacts) Fence(ctx context.Context, node string) (*coordv1.NodeFence, bool, error) {
+	active, err := f.a.store.ActiveFence(ctx, node)
+	if err != nil {
+		return nil, false, err
+	}
+	latest, err := f.a.store.LatestFence(ctx, node)
+	if err != nil {
+		return nil, false, err
+	}
+	if active != nil && (latest == nil || latest.GetId() < active.Fence.GetId()) {
+		latest = active.Fence
+	}
+	return latest, active != nil && !store.Finished(active.Fence), nil
+}
+
+func (f releaseFacts) Node(ctx context.Context, node string) (*coordv1.Node, error) {
+	var v *coordv1.Node
+	err := f.lp.Query(ctx, func(e *engine.Engine) { v = e.Node(node) })
+	return v, err
+}
+
+// eventReasons maps the engine's event kinds about one node to Kubernetes Event reasons and types.
+var eventReasons = map[string]struct{ reason, kind string }{
+	"readiness":       {"NodefenceReadiness", corev1.EventTypeNormal},
+	"agent-down":      {"AgentDown", corev1.EventTypeWarning},
+	"kubelet-down":    {"KubeletDown", corev1.EventTypeWarning},
+	"eviction":        {"ReleasedByPacing", corev1.EventTypeNormal},
+	"fence-requested": {"FenceRequested", corev1.EventTypeWarning},
+	"fence-held-back": {"FenceHeldBack", corev1.EventTypeWarning},
+	"shutdown":        {"ShutdownAnnounced", corev1.EventTypeNormal},
+	"kdump":           {"KernelDump", corev1.EventTypeWarning},
+}
+
+// onReady turns the engine's decisions about nodes into Events on their Nodes and a reconciler
+// pass over each node concerned. Nothing else is written: the taints the engine grants are its
+// pacing tokens, kube-controller-manager taints the Nodes itself.
+func (k *kubeMode) onReady(rd engine.Ready) {
+	r := k.rec.Load()
+	for _, ev := range rd.Events {
+		if ev.Node == "" {
+			continue
+		}
+		if m, ok := eventReasons[ev.Kind]; ok {
+			reason, kind := m.reason, m.kind
+			if (ev.Kind == "agent-down" || ev.Kind == "kubelet-down") && strings.Contains(ev.Text, "no longer down") {
+				reason, kind = strings.TrimSuffix(reason, "Down")+"Back", corev1.EventTypeNormal
+			}
+			k.recorder.Event(kube.NodeRef(ev.Node), kind, reason, ev.Text)
+		}
+		if r != nil {
+			r.Enqueue(ev.Node)
+		}
 	}
 }
 
-// onFence mirrors a fence record to its NodeFence object and, once the node is confirmed off,
-// releases its stateful pods (out-of-service taint, force deletion, VolumeAttachments) — never
-// before.
-func (k *kubeMode) onFence(term *leader.Term, f *coordv1.NodeFence) {
-	k.do(func(ctx context.Context) {
-		if err := k.writer.MirrorFence(ctx, f); err != nil {
-			k.a.log.Error("NodeFence object not written", "fence", f.Id, "err", err)
-		}
-		if f.Action != coordv1.FenceAction_FENCE_ACTION_OFF || f.ConfirmedOffAt == nil {
-			return
-		}
-		k.mu.Lock()
-		done := k.released[f.Id]
-		k.mu.Unlock()
-		if done {
-			return
-		}
-		rel, err := k.writer.ReleaseNode(ctx, f.Node)
-		if err != nil {
-			k.a.log.Error("node not released; retrying with the next record change", "node", f.Node, "fence", f.Id, "err", err)
-			return
-		}
-		k.mu.Lock()
-		k.released[f.Id] = true
-		k.mu.Unlock()
-		k.a.metrics.ObserveStage("release", time.Since(f.ConfirmedOffAt.AsTime()))
-		k.a.audit(term, f.Node, "release", fmt.Sprintf("fence %s confirmed off: out-of-service taint; deleted pods %v; deleted volumeattachments %v; kept %v",
-			f.Id, rel.DeletedPods, rel.DeletedVolumeAttachments, rel.KeptPods))
-	})
+// onFence records an Event for a fence record's new version on its Node and NodeFence, and asks
+// for a reconciler pass over the node (mirror, release).
+func (k *kubeMode) onFence(f *coordv1.NodeFence) {
+	reason, kind := "FenceProgress", corev1.EventTypeNormal
+	switch {
+	case f.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_ERROR:
+		reason, kind = "FenceFailed", corev1.EventTypeWarning
+	case f.GetFinishedAt() != nil:
+		reason = "FenceFinished"
+	case f.GetConfirmedOffAt() != nil:
+		reason = "FenceConfirmed"
+	case f.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_NEW && len(f.GetOperations()) == 0:
+		reason = "FenceStarted"
+	}
+	msg := fmt.Sprintf("fence %s (%s): %s %s", f.GetId(), cli.EnumWord(f.GetAction().String()), cli.EnumWord(f.GetStep().String()), cli.EnumWord(f.GetStatus().String()))
+	if f.GetError() != "" {
+		msg += ": " + f.GetError()
+	}
+	k.recorder.Event(kube.NodeRef(f.GetNode()), kind, reason, msg)
+	if ref := kube.FenceRef(f.GetId()); ref != nil {
+		k.recorder.Event(ref, kind, reason, msg)
+	}
+	if r := k.rec.Load(); r != nil {
+		r.Enqueue(f.GetNode())
+	}
 }
 
 // secret reads one key of a Secret, in the fence namespace when namespace is empty.

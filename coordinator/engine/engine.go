@@ -27,12 +27,11 @@ import (
 
 // Config holds the controller's parameters, with kube-controller-manager's flag names and defaults.
 type Config struct {
-	// NodeMonitorGracePeriod: silence after which a node that has reported is Unknown (40s).
+	// NodeMonitorGracePeriod: silence after which a node that has reported is Unknown (50s, the
+	// default of kube-controller-manager since Kubernetes 1.32).
 	NodeMonitorGracePeriod time.Duration
 	// NodeStartupGracePeriod: silence after which a node that never reported is Unknown (60s).
 	NodeStartupGracePeriod time.Duration
-	// PodEvictionTimeout: how long a node is not ready before its pods are eligible for eviction (5m).
-	PodEvictionTimeout time.Duration
 	// NodeEvictionRate: nodes per second released from a Normal or FullDisruption zone's queue (0.1).
 	NodeEvictionRate float64
 	// SecondaryNodeEvictionRate: the rate for a PartialDisruption zone larger than
@@ -49,12 +48,21 @@ type Config struct {
 	KdumpIdle time.Duration
 	// KdumpTimeout bounds how long power management waits for a dump.
 	KdumpTimeout time.Duration
+	// KubeletWitness is Kubernetes mode: the kubelet (its Lease, read from the apiserver) is a
+	// second witness, and a node is not ready only when both its agent and its kubelet are silent.
+	// The engine then starts blind (nothing judged) until an APIServer input says it can see.
+	KubeletWitness bool
+	// KubeletDownPolicy is what a silent kubelet means while the agent reports (KubeletWitness).
+	KubeletDownPolicy nodes.KubeletDownPolicy
+	// PodEviction is the per-zone budget of soft-threshold pod evictions (see pods.go).
+	PodEviction PodEvictionConfig
 }
 
 // DefaultConfig is kube-controller-manager's defaults.
 func DefaultConfig() Config {
 	c := Config{NodeEvictionRate: 0.1, SecondaryNodeEvictionRate: 0.01,
-		Fence: FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute}}
+		Fence:       FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute, Settle: DefaultFenceSettle},
+		PodEviction: PodEvictionConfig{Rate: DefaultPodEvictionRate}}
 	c.SetDefaults()
 	return c
 }
@@ -63,13 +71,10 @@ func DefaultConfig() Config {
 // a rate of 0 means no node is ever released (use DefaultConfig for the default rates).
 func (c *Config) SetDefaults() {
 	if c.NodeMonitorGracePeriod == 0 {
-		c.NodeMonitorGracePeriod = 40 * time.Second
+		c.NodeMonitorGracePeriod = DefaultNodeMonitorGracePeriod
 	}
 	if c.NodeStartupGracePeriod == 0 {
-		c.NodeStartupGracePeriod = 60 * time.Second
-	}
-	if c.PodEvictionTimeout == 0 {
-		c.PodEvictionTimeout = 5 * time.Minute
+		c.NodeStartupGracePeriod = DefaultNodeStartupGracePeriod
 	}
 	if c.LargeClusterSizeThreshold == 0 {
 		c.LargeClusterSizeThreshold = 50
@@ -86,7 +91,17 @@ func (c *Config) SetDefaults() {
 	if c.Fence.BudgetWindow == 0 {
 		c.Fence.BudgetWindow = 10 * time.Minute
 	}
+	if c.Fence.Settle == 0 {
+		c.Fence.Settle = DefaultFenceSettle
+	}
+	c.PodEviction.SetDefaults()
 }
+
+// kube-controller-manager's defaults (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
+const (
+	DefaultNodeMonitorGracePeriod = 50 * time.Second
+	DefaultNodeStartupGracePeriod = 60 * time.Second
+)
 
 // Taint is the NoExecute taint the engine wants on a node.
 type Taint int
@@ -118,7 +133,12 @@ type Engine struct {
 	zones  map[string]*zone
 	paused bool
 	halted bool
-	ready  Ready
+	// blind is set in Kubernetes mode while the apiserver cannot be read: nothing is re-judged.
+	blind bool
+	ready Ready
+
+	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
+	pending  []*node             // nodes with a candidate waiting for a grant
 }
 
 type node struct {
@@ -134,17 +154,26 @@ type node struct {
 	taint              Taint     // applied (granted) taint
 	queued             bool
 	queuedAt           time.Time
-	eligibleSent       bool
 	signals            signalValues
 	conditions         map[string]*coordv1.NodeCondition
 	bootID             string
 	streams            int
 	fenceable          bool
-	known              bool      // restored from the store: reported in an earlier term
-	kdumpFirst         time.Time // first fence_kdump message of the current dump
-	kdumpLast          time.Time // latest fence_kdump message
-	fenceRequested     bool      // automatic fencing requested in this not-ready episode
-	fenceBlocked       string    // why the storm guard holds fencing back
+	known              bool       // restored from the store: reported in an earlier term
+	kdumpFirst         time.Time  // first fence_kdump message of the current dump
+	kdumpLast          time.Time  // latest fence_kdump message
+	fenceRequested     bool       // automatic fencing requested in this not-ready episode
+	fenceBlocked       string     // why the storm guard holds fencing back
+	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
+	guardClearSince    time.Time  // since when the storm guard has let the released node's fence pass
+	excluded           bool       // node.kubernetes.io/exclude-disruption: not counted in its zone's state
+	controlPlane       bool       // matches the control-plane selector
+	kubeletSeen        bool       // the kubelet witness was observed (Kubernetes mode)
+	kubeletBeat        time.Time  // latest kubelet heartbeat (Lease renewTime), on the node's clock
+	kubeletProbe       time.Time  // when the coordinator saw kubeletBeat advance, on its own clock
+	agentDown          bool       // agent silent while the kubelet reports
+	kubeletDown        bool       // kubelet silent while the agent reports
+	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
 }
 
 type zone struct {
@@ -153,7 +182,8 @@ type zone struct {
 	rate    float64
 	limiter *rate.Limiter
 	queue   []string
-	size    int
+	members int // nodes in the zone, excluded ones too
+	size    int // nodes counted in the zone's state (not excluded), as of the last Tick
 	ready   int
 	fences  []time.Time // automatic fences within the budget window
 }
@@ -161,7 +191,7 @@ type zone struct {
 // New returns an engine with cfg (defaults filled).
 func New(cfg Config) *Engine {
 	cfg.SetDefaults()
-	return &Engine{cfg: cfg, nodes: map[string]*node{}, zones: map[string]*zone{}}
+	return &Engine{cfg: cfg, nodes: map[string]*node{}, zones: map[string]*zone{}, blind: cfg.KubeletWitness}
 }
 
 // Config returns the engine's configuration.
@@ -191,16 +221,16 @@ func (e *Engine) enterZone(n *node) {
 		z = &zone{key: k, state: coordv1.ZoneState_ZONE_STATE_INITIAL}
 		e.zones[k] = z
 	}
-	z.size++
+	z.members++
 }
 
 func (e *Engine) leaveZone(n *node) {
 	k := n.zoneKey
 	z := e.zones[k]
-	z.size--
+	z.members--
 	z.queue = remove(z.queue, n.name)
 	n.queued = false
-	if z.size == 0 {
+	if z.members == 0 {
 		delete(e.zones, k)
 		if z.state != coordv1.ZoneState_ZONE_STATE_INITIAL {
 			e.event(e.now, "zone", "", "zone %s: removed (no nodes left)", k)
@@ -238,7 +268,7 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	e.updateZones(now)
 	e.release(now)
-	e.markEligible(now)
+	e.grantPods(now)
 	e.fence(now)
 }
 
@@ -283,8 +313,13 @@ func (e *Engine) sortedZones() []string {
 	return keys
 }
 
-// judge recomputes one node's readiness and reacts to a change.
+// judge recomputes one node's readiness and reacts to a change. Like kube-controller-manager's
+// monitorNodeHealth it is level-triggered: a not-ready node without a granted taint is (re)queued on
+// every pass, so the queues refill after the all-zones halt emptied them.
 func (e *Engine) judge(n *node, now time.Time) {
+	if e.cfg.KubeletWitness && e.blind {
+		return // the kubelet witness cannot be read: keep every judgement as it is
+	}
 	grace := e.cfg.NodeMonitorGracePeriod
 	obs := nodes.Observation{LastContact: n.lastContact, GraceFloor: e.floor, ShuttingDown: n.shuttingDown, Known: n.known}
 	if n.lastContact.IsZero() && !n.known {
@@ -294,25 +329,73 @@ func (e *Engine) judge(n *node, now time.Time) {
 		}
 	}
 	rd, reason := nodes.Judge(obs, now, grace)
+	if e.cfg.KubeletWitness {
+		silent, why := nodes.KubeletSilent(nodes.KubeletObservation{Probe: n.kubeletProbe, Registered: n.firstSeen, GraceFloor: e.floor},
+			now, e.cfg.NodeMonitorGracePeriod, e.cfg.NodeStartupGracePeriod)
+		w := nodes.Combine(rd, reason, silent, why, e.cfg.KubeletDownPolicy)
+		rd, reason = w.Readiness, w.Reason
+		e.setWitnesses(n, w, now)
+	}
 	if e.dumping(n, now) && !n.shuttingDown {
 		// A crashed node that is dumping is down now, whatever its last contact says.
 		rd, reason = coordv1.Readiness_READINESS_NOT_READY, "kernel dump in progress (fence_kdump)"
 	}
-	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && n.lastContact.Before(e.floor) {
-		// The fresh grace period after a leader change only delays new judgements; it never
-		// declares a node that was already not ready healthy again. Only contact does.
+	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && e.contact(n).Before(e.floor) {
+		// A fresh grace period (a leader change, the end of the all-zones halt, the apiserver seen
+		// again) only delays new judgements; it never declares a node that was already not ready
+		// healthy again. Only contact does.
+		e.requeue(n, now)
 		return
 	}
 	n.reason = reason
-	if rd == n.readiness {
-		return
+	if rd != n.readiness {
+		e.transition(n, rd, reason, now)
 	}
+	e.requeue(n, now)
+}
+
+// contact is the latest sign of life of the witnesses that count: the agent's in standalone mode;
+// in Kubernetes mode the later of the agent's and the kubelet's, or the kubelet's alone under
+// KubeletDownFence.
+func (e *Engine) contact(n *node) time.Time {
+	if !e.cfg.KubeletWitness {
+		return n.lastContact
+	}
+	if e.cfg.KubeletDownPolicy == nodes.KubeletDownFence || n.kubeletProbe.After(n.lastContact) {
+		return n.kubeletProbe
+	}
+	return n.lastContact
+}
+
+// setWitnesses records which single witness is down and says so when that changes.
+func (e *Engine) setWitnesses(n *node, w nodes.Witnesses, now time.Time) {
+	if w.AgentDown != n.agentDown {
+		n.agentDown = w.AgentDown
+		if w.AgentDown {
+			e.event(now, "agent-down", n.name, "node %s: %s: never tainted or fenced for it", n.name, w.Reason)
+		} else {
+			e.event(now, "agent-down", n.name, "node %s: agent no longer down alone", n.name)
+		}
+	}
+	if w.KubeletDown != n.kubeletDown {
+		n.kubeletDown = w.KubeletDown
+		if w.KubeletDown {
+			e.event(now, "kubelet-down", n.name, "node %s: %s", n.name, w.Reason)
+		} else {
+			e.event(now, "kubelet-down", n.name, "node %s: kubelet no longer down alone", n.name)
+		}
+	}
+}
+
+// transition moves a node to readiness rd.
+func (e *Engine) transition(n *node, rd coordv1.Readiness, reason string, now time.Time) {
 	from := n.readiness
 	n.readiness, n.transition = rd, now
 	change := fmt.Sprintf("node %s: %s -> %s (%s)", n.name, word(from), word(rd), reason)
 	defer func() { e.event(now, "readiness", n.name, "%s", change) }()
 	if rd == coordv1.Readiness_READINESS_READY {
-		n.notReadySince, n.eligibleSent, n.fenceRequested, n.fenceBlocked = time.Time{}, false, false, ""
+		n.notReadySince, n.fenceRequested, n.fenceBlocked = time.Time{}, false, ""
+		n.releasedAt, n.guardClearSince = time.Time{}, time.Time{}
 		if n.queued {
 			z := e.zones[n.zoneKey]
 			z.queue = remove(z.queue, n.name)
@@ -351,6 +434,17 @@ func (e *Engine) judge(n *node, now time.Time) {
 	e.persistNode(n)
 }
 
+// requeue puts a not-ready node without a granted taint back in its zone's queue: the queues are
+// emptied on entering the all-zones halt and refill on the next pass, as kube-controller-manager's
+// markNodeForTainting does on every monitor pass.
+func (e *Engine) requeue(n *node, now time.Time) {
+	if n.readiness == coordv1.Readiness_READINESS_READY || n.shuttingDown || n.taint != TaintNone || n.queued {
+		return
+	}
+	e.event(now, "eviction", n.name, "node %s: %s", n.name, e.enqueue(n, now))
+	e.persistNode(n)
+}
+
 // dumping reports whether the node sent a fence_kdump message within the idle time.
 func (e *Engine) dumping(n *node, now time.Time) bool {
 	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
@@ -371,19 +465,32 @@ func taintFor(r coordv1.Readiness) Taint {
 	return TaintNotReady
 }
 
-// updateZones recomputes every zone's state and rate, and the all-zones halt.
+// updateZones recomputes every zone's state and rate, and the all-zones halt, as
+// kube-controller-manager's handleDisruption: nodes labelled node.kubernetes.io/exclude-disruption
+// are not counted, a node that never reported counts as not ready, entering the halt removes every
+// granted taint and empties the queues, and leaving it gives every node a fresh grace period and
+// every zone an empty bucket.
 func (e *Engine) updateZones(now time.Time) {
 	for _, z := range e.zones {
-		z.ready = 0
+		z.size, z.ready = 0, 0
 	}
 	for _, n := range e.order {
-		if n.readiness == coordv1.Readiness_READINESS_READY {
-			e.zones[n.zoneKey].ready++
+		if n.excluded {
+			continue
+		}
+		z := e.zones[n.zoneKey]
+		z.size++
+		if n.readiness == coordv1.Readiness_READINESS_READY && e.reported(n) {
+			z.ready++
 		}
 	}
-	allFull := len(e.zones) > 0
+	allFull, counted := true, 0
 	for _, k := range e.sortedZones() {
 		z := e.zones[k]
+		if z.size == 0 {
+			continue // only excluded nodes: the controller does not see the zone
+		}
+		counted++
 		st := nodes.ZoneStateOf(z.ready, z.size-z.ready, e.cfg.UnhealthyZoneThreshold)
 		if st != coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION {
 			allFull = false
@@ -393,23 +500,55 @@ func (e *Engine) updateZones(now time.Time) {
 			z.state = st
 			e.ready.Writes = append(e.ready.Writes, Write{Zone: &ZoneRecord{Key: k, State: st, At: now}})
 		}
-		e.setRate(z, e.rateFor(z), now)
 	}
+	allFull = allFull && counted > 0
 	if allFull != e.halted {
 		e.halted = allFull
 		if allFull {
-			e.event(now, "halt", "", "all zones FullDisruption: assuming this coordinator is cut off; evictions and fencing halted")
+			e.event(now, "halt", "", "all zones FullDisruption: assuming this coordinator is cut off; evictions and fencing halted, granted taints removed, queues emptied")
+			e.enterHalt(now)
 		} else {
-			e.event(now, "halt", "", "a zone recovered: evictions and fencing resume")
+			e.floor = now
+			e.event(now, "halt", "", "a zone recovered: evictions and fencing resume; every node gets a fresh grace period and every zone an empty bucket")
 		}
 		e.ready.Writes = append(e.ready.Writes, Write{Halted: &allFull})
 	}
+	for _, k := range e.sortedZones() {
+		z := e.zones[k]
+		e.setRate(z, e.rateFor(z), now)
+	}
 }
 
-// rateFor is kube-controller-manager's setLimiterInZone.
+// reported tells whether a witness of the node has ever reported (in this term or an earlier one):
+// kube-controller-manager counts a Node without a Ready condition as not ready in its zone.
+func (e *Engine) reported(n *node) bool {
+	return n.known || !n.lastContact.IsZero() || n.kubeletSeen
+}
+
+// enterHalt is markNodeAsReachable for every node: granted taints removed, queues emptied.
+func (e *Engine) enterHalt(now time.Time) {
+	for _, n := range e.order {
+		if n.taint == TaintNone && !n.queued {
+			continue
+		}
+		if n.taint != TaintNone {
+			e.ready.Taints = append(e.ready.Taints, TaintChange{Node: n.name, From: n.taint, To: TaintNone})
+			e.event(now, "eviction", n.name, "node %s: halt: remove taint %s", n.name, n.taint)
+		}
+		n.taint, n.queued, n.releasedAt, n.guardClearSince = TaintNone, false, time.Time{}, time.Time{}
+		e.persistNode(n)
+	}
+	for _, z := range e.zones {
+		z.queue = nil
+	}
+}
+
+// rateFor is kube-controller-manager's setLimiterInZone; every zone's rate is 0 during the halt.
 func (e *Engine) rateFor(z *zone) float64 {
-	switch z.state {
-	case coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION:
+	switch {
+	case e.halted:
+		return 0
+	case z.state == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION:
 		if z.size > e.cfg.LargeClusterSizeThreshold {
 			return e.cfg.SecondaryNodeEvictionRate
 		}
@@ -419,17 +558,24 @@ func (e *Engine) rateFor(z *zone) float64 {
 	}
 }
 
-// setRate swaps a zone's limiter when its rate changes; a new limiter starts with one token, as
-// the controller's SwapLimiter does.
+// setRate swaps a zone's limiter when its rate changes, as RateLimitedTimedQueue.SwapLimiter does:
+// the new bucket (burst 1) starts full, unless the old one had no token left (or a rate of 0), in
+// which case the new one starts empty — a zone leaving PartialDisruption or the halt releases its
+// next node one period later, not at once.
 func (e *Engine) setRate(z *zone, r float64, now time.Time) {
 	if z.limiter != nil && z.rate == r {
 		return
 	}
+	drain := false
 	if z.limiter != nil {
 		e.event(now, "zone", "", "zone %s: eviction rate %g -> %g nodes/s", z.key, z.rate, r)
+		drain = z.rate <= 0 || !z.limiter.AllowN(now, 1)
 	}
 	z.rate = r
 	z.limiter = rate.NewLimiter(rate.Limit(r), 1)
+	if drain && r > 0 {
+		z.limiter.AllowN(now, 1)
+	}
 }
 
 // release takes nodes off the zone queues, FIFO, one limiter token each.
@@ -444,6 +590,7 @@ func (e *Engine) release(now time.Time) {
 			z.queue = z.queue[1:]
 			n.queued = false
 			n.taint = taintFor(n.readiness)
+			n.releasedAt, n.guardClearSince = now, time.Time{}
 			e.ready.Taints = append(e.ready.Taints, TaintChange{Node: n.name, From: TaintNone, To: n.taint})
 			e.ready.Evictions = append(e.ready.Evictions, Eviction{Node: n.name, Zone: k, At: now, NotReadySince: n.notReadySince})
 			e.event(now, "eviction", n.name, "node %s: eviction granted in zone %s (taint %s)", n.name, k, n.taint)
@@ -452,27 +599,11 @@ func (e *Engine) release(now time.Time) {
 	}
 }
 
-// markEligible reports tainted nodes whose pods may be evicted: not ready for PodEvictionTimeout.
-func (e *Engine) markEligible(now time.Time) {
-	if e.halted || e.paused {
-		return
-	}
-	for _, n := range e.order {
-		name := n.name
-		if n.taint == TaintNone || n.eligibleSent || n.notReadySince.IsZero() || now.Sub(n.notReadySince) < e.cfg.PodEvictionTimeout {
-			continue
-		}
-		n.eligibleSent = true
-		e.ready.PodsEligible = append(e.ready.PodsEligible, name)
-		e.event(now, "eviction", name, "node %s: pods eligible for eviction (not ready for %s)", name, now.Sub(n.notReadySince).Round(time.Second))
-	}
-}
-
 func (e *Engine) persistNode(n *node) {
 	e.ready.Writes = append(e.ready.Writes, Write{Node: &NodeRecord{
 		Name: n.name, Region: n.region, Zone: n.zone, Readiness: n.readiness, Reason: n.reason,
 		TransitionAt: n.transition, NotReadySince: n.notReadySince, Taint: n.taint, Queued: n.queued, QueuedAt: n.queuedAt,
-		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested,
+		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt,
 	}})
 }
 

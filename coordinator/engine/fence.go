@@ -11,9 +11,17 @@ import (
 type FenceConfig struct {
 	// Enabled turns automatic fencing on. Manual fencing through the API is always available.
 	Enabled bool
-	// Timeout is how long a node must be not ready (Unknown or NotReady, not shutting down) before
-	// it is fenced.
+	// Timeout is how long a node must stay not ready (Unknown or NotReady, not shutting down) after
+	// its zone's pacing released it before it is fenced.
 	Timeout time.Duration
+	// Settle is how long the storm guard must have let a released node's fence pass, without a
+	// break, before it is requested — even with a Timeout of 0, so that nodes cut off together,
+	// whose grace periods end a heartbeat apart, are all judged (halt, zone state) before the first
+	// of them can be fenced.
+	Settle time.Duration
+	// AllowControlPlane lets nodes that match the control-plane selector be fenced automatically
+	// (never the last ready one).
+	AllowControlPlane bool
 	// MaxUnresponsivePercent: no automatic fencing while more than this share of the cluster's nodes,
 	// or of the node's zone, is not ready (a management-network failure looks like that).
 	MaxUnresponsivePercent float64
@@ -21,6 +29,10 @@ type FenceConfig struct {
 	Budget       int
 	BudgetWindow time.Duration
 }
+
+// DefaultFenceSettle is FenceConfig.Settle's default: five heartbeats of the agent's default
+// interval, well above the spread of grace-period ends of nodes cut off at once.
+const DefaultFenceSettle = 5 * time.Second
 
 // FenceRequest asks the caller to fence a node automatically; the engine has checked the trigger and
 // the storm guard.
@@ -37,7 +49,8 @@ type FenceRequest struct {
 }
 
 // Skip records that automatic fencing of a node was held back, and why. Kind is one of halted,
-// paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget.
+// paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget, control-plane,
+// last-control-plane.
 type Skip struct {
 	Node, Kind, Reason string
 }
@@ -58,22 +71,37 @@ func (e *Engine) fence(now time.Time) {
 	}
 	for _, n := range e.order {
 		name := n.name
-		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown ||
-			n.notReadySince.IsZero() || now.Sub(n.notReadySince) < fc.Timeout {
+		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown || n.releasedAt.IsZero() {
 			if n.taint == TaintNone || n.shuttingDown {
 				n.fenceBlocked = ""
 			}
+			n.guardClearSince = time.Time{}
 			continue
 		}
 		k := n.zoneKey
 		z := e.zones[k]
+		// The guard judges on every pass from the release on, so the settle window sees any break.
 		kind, reason := e.guard(z, total, unready, now)
+		if reason == "" {
+			kind, reason = e.controlPlaneGuard(n)
+		}
+		if reason != "" {
+			n.guardClearSince = time.Time{}
+		} else if n.guardClearSince.IsZero() {
+			n.guardClearSince = now
+		}
+		if now.Sub(n.releasedAt) < fc.Timeout || (!e.dumping(n, now) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
+			continue // not due yet (the fence timeout counts from the release; the grace from its last restart)
+		}
 		if reason != "" {
 			if reason != n.fenceBlocked {
 				n.fenceBlocked = reason
 				e.ready.Skips = append(e.ready.Skips, Skip{Node: name, Kind: kind, Reason: reason})
 				e.event(now, "fence-held-back", name, "node %s: automatic fencing held back: %s", name, reason)
 			}
+			continue
+		}
+		if now.Sub(n.guardClearSince) < fc.Settle {
 			continue
 		}
 		n.fenceBlocked, n.fenceRequested = "", true
@@ -96,7 +124,8 @@ func (e *Engine) fence(now time.Time) {
 			req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
 		}
 		e.ready.Fences = append(e.ready.Fences, req)
-		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, fence timeout %s)", name, now.Sub(n.notReadySince).Round(time.Second), fc.Timeout)
+		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
+			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
 		e.persistNode(n)
 	}
 }
@@ -129,4 +158,53 @@ func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, stri
 		}
 	}
 	return "", ""
+}
+
+// silence is how long the node has been silent (both witnesses in Kubernetes mode) since its last
+// contact or the last grace restart, whichever is later.
+func (e *Engine) silence(n *node, now time.Time) time.Duration {
+	since := e.contact(n)
+	if since.Before(e.floor) {
+		since = e.floor
+	}
+	return now.Sub(since)
+}
+
+// controlPlaneGuard holds back the automatic fence of a control-plane node: always unless allowed,
+// and always when no other control-plane node is ready (fencing it would take the last member).
+func (e *Engine) controlPlaneGuard(n *node) (string, string) {
+	if !n.controlPlane {
+		return "", ""
+	}
+	if !e.cfg.Fence.AllowControlPlane {
+		return "control-plane", "control-plane node: never fenced automatically unless allowed (--fence-control-plane)"
+	}
+	if why := e.lastControlPlane(n); why != "" {
+		return "last-control-plane", why
+	}
+	return "", ""
+}
+
+// lastControlPlane says why fencing n would take the last control-plane member, or "".
+func (e *Engine) lastControlPlane(n *node) string {
+	others := 0
+	for _, o := range e.order {
+		if o != n && o.controlPlane && o.readiness == coordv1.Readiness_READINESS_READY && !o.fenceRequested {
+			others++
+		}
+	}
+	if others > 0 {
+		return ""
+	}
+	return fmt.Sprintf("fencing %s would take the last control-plane member: no other control-plane node is ready", n.name)
+}
+
+// FenceRefusal says why a fence of the node must be refused whoever asks (an operator too): it
+// would take the last ready control-plane member. "" when nothing refuses it.
+func (e *Engine) FenceRefusal(node string) string {
+	n, ok := e.nodes[node]
+	if !ok || !n.controlPlane {
+		return ""
+	}
+	return e.lastControlPlane(n)
 }

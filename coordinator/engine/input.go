@@ -19,7 +19,38 @@ type Input interface{ isInput() }
 type Configured struct {
 	Node, Region, Zone string
 	Fenceable          bool
-	At                 time.Time
+	// ExcludeDisruption: the Node carries node.kubernetes.io/exclude-disruption; it is judged and
+	// fenced like any node but not counted in its zone's state.
+	ExcludeDisruption bool
+	// ControlPlane: the Node matches the control-plane selector; it is never fenced automatically
+	// unless FenceConfig.AllowControlPlane, and never when it is the last ready member.
+	ControlPlane bool
+	At           time.Time
+}
+
+// Kubelet is one observation of a node's kubelet through the apiserver (Kubernetes mode):
+// Heartbeat is the later of its Lease's renewTime and its Ready condition's lastHeartbeatTime,
+// observed at At. The engine, like kube-controller-manager, counts silence from when it saw the
+// heartbeat advance, never from the node's clock.
+type Kubelet struct {
+	Node      string
+	Heartbeat time.Time
+	At        time.Time
+}
+
+// Removed forgets a node: its Node object was deleted. A node deleted while silent no longer holds
+// its zone in a disruption state.
+type Removed struct {
+	Node string
+	At   time.Time
+}
+
+// APIServer says whether the apiserver (and so the kubelet witness) can be read (Kubernetes mode).
+// While it cannot, nothing is re-judged and no node is a fence candidate; when it can again, every
+// node gets a fresh grace period.
+type APIServer struct {
+	Reachable bool
+	At        time.Time
 }
 
 // Hello is an agent stream's hello: the node is connected and reports its location.
@@ -70,6 +101,9 @@ func (LeaderElected) isInput() {}
 func (Paused) isInput()        {}
 func (Kdump) isInput()         {}
 func (Restored) isInput()      {}
+func (Kubelet) isInput()       {}
+func (Removed) isInput()       {}
+func (APIServer) isInput()     {}
 
 // Step applies one input. It decides nothing time-based: that happens in Tick.
 func (e *Engine) Step(in Input) {
@@ -100,9 +134,32 @@ func (e *Engine) Step(in Input) {
 		}
 	case Configured:
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
-		n.fenceable = in.Fenceable
+		n.fenceable, n.excluded, n.controlPlane = in.Fenceable, in.ExcludeDisruption, in.ControlPlane
 		if in.Region != "" || in.Zone != "" {
 			e.setLocation(n, in.Region, in.Zone)
+		}
+	case Kubelet:
+		n := e.node(in.Node, "", "", in.At)
+		if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
+			n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
+		}
+	case Removed:
+		e.forget(in.Node)
+	case APIServer:
+		if in.Reachable != e.blind {
+			return
+		}
+		e.blind = !in.Reachable
+		if in.At.After(e.now) {
+			e.now = in.At
+		}
+		if in.Reachable {
+			if in.At.After(e.floor) {
+				e.floor = in.At
+			}
+			e.event(in.At, "apiserver", "", "apiserver readable: kubelets judged again; every node gets a fresh grace period")
+		} else {
+			e.event(in.At, "apiserver", "", "apiserver unreadable: judgements frozen; no node becomes a fence candidate")
 		}
 	case LeaderElected:
 		e.floor = in.At
@@ -131,6 +188,24 @@ func (e *Engine) Step(in Input) {
 		}
 		n.kdumpLast = in.At
 	}
+}
+
+// forget removes a node that was deleted from the cluster.
+func (e *Engine) forget(name string) {
+	n, ok := e.nodes[name]
+	if !ok {
+		return
+	}
+	e.leaveZone(n)
+	delete(e.nodes, name)
+	for i, o := range e.order {
+		if o == n {
+			e.order = append(e.order[:i:i], e.order[i+1:]...)
+			break
+		}
+	}
+	e.event(e.now, "node", name, "node %s: deleted; forgotten", name)
+	e.ready.Writes = append(e.ready.Writes, Write{Forget: name})
 }
 
 // Observe is the hot path for heartbeats and signal samples (sample may be nil) of a node the
@@ -211,6 +286,10 @@ func (e *Engine) apply(n *node, in Message) {
 			e.ready.Conditions = append(e.ready.Conditions, ConditionChange{Node: n.name, Type: name, Status: status, Reason: c.Reason, Message: c.Message})
 		}
 		n.conditions[name] = &coordv1.NodeCondition{Type: name, Status: status, Reason: c.Reason, TransitionTime: c.TransitionTime}
+	case *agentv1.ConnectRequest_Candidates:
+		e.onCandidates(n, m.Candidates, in.At)
+	case *agentv1.ConnectRequest_Eviction:
+		e.onEvictionReport(n, m.Eviction, in.At)
 	case *agentv1.ConnectRequest_Shutdown:
 		switch m.Shutdown.Phase {
 		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, agentv1.ShutdownPhase_SHUTDOWN_PHASE_PODS_TERMINATED:
@@ -251,7 +330,7 @@ func (e *Engine) restore(recs []NodeRecord) {
 			e.setLocation(n, r.Region, r.Zone)
 		}
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
-		n.taint, n.known, n.shuttingDown, n.fenceRequested = r.Taint, true, r.ShuttingDown, r.FenceRequested
+		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
 		if r.Queued && n.taint == TaintNone && !n.queued {
 			e.event(e.now, "eviction", n.name, "node %s: restored to the eviction queue; %s", n.name, e.enqueue(n, r.QueuedAt))
 		}
@@ -268,8 +347,6 @@ type Ready struct {
 	// Evictions are nodes released from their zone's queue: the pacing token for evicting (and,
 	// when configured, fencing) that node.
 	Evictions []Eviction
-	// PodsEligible are nodes whose pods may now be evicted (not ready for the pod eviction timeout).
-	PodsEligible []string
 	// Fences are nodes to fence automatically (persisted first: a request is made once per episode).
 	Fences []FenceRequest
 	// Skips are nodes whose automatic fencing the storm guard holds back, with the reason.
@@ -277,14 +354,17 @@ type Ready struct {
 	// Conditions are the agents' pressure condition changes (MemoryPressure, DiskPressure,
 	// PIDPressure), to mirror on the Kubernetes Node.
 	Conditions []ConditionChange
+	// Grants are soft-threshold pod evictions allowed by their zone's budget, to send on the
+	// nodes' agent streams.
+	Grants []Grant
 	// Events describe every decision in words, in order.
 	Events []Event
 }
 
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
-	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 && len(r.PodsEligible) == 0 &&
-		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0
+	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 &&
+		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0
 }
 
 // Write is one record to persist; exactly one field is set.
@@ -292,6 +372,8 @@ type Write struct {
 	Node   *NodeRecord
 	Zone   *ZoneRecord
 	Halted *bool
+	// Forget names a node whose record is deleted.
+	Forget string
 }
 
 // NodeRecord is a node's persisted state.
@@ -306,6 +388,8 @@ type NodeRecord struct {
 	QueuedAt           time.Time
 	ShuttingDown       bool
 	FenceRequested     bool
+	// ReleasedAt is when pacing released the node: the fence timeout counts from it.
+	ReleasedAt time.Time `json:",omitzero"`
 }
 
 // ZoneRecord is a zone's persisted state.
@@ -337,7 +421,7 @@ type ConditionChange struct {
 type Event struct {
 	At time.Time
 	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, fence-held-back, pause,
-	// kdump, condition, shutdown.
+	// kdump, condition, shutdown, agent-down, kubelet-down, node, apiserver.
 	Kind string
 	// Node is the node concerned, or "".
 	Node string
@@ -379,10 +463,14 @@ func (e *Engine) view(n *node) *coordv1.Node {
 		Name: n.name, Readiness: n.readiness, Reason: n.reason, BootId: n.bootID, Zone: n.zone, Region: n.region,
 		Connected: n.streams > 0, ShuttingDown: n.shuttingDown, Fenceable: n.fenceable,
 		FenceBlocked: n.fenceBlocked, FenceRequested: n.fenceRequested,
+		AgentDown: n.agentDown, KubeletDown: n.kubeletDown, ControlPlane: n.controlPlane,
 		Signals: make(map[string]int64, len(n.signals)), ReadinessChangedAt: timestamppb.New(n.transition),
 	}
 	if !n.lastContact.IsZero() {
 		v.LastSeen = timestamppb.New(n.lastContact)
+	}
+	if !n.kubeletProbe.IsZero() {
+		v.KubeletLastSeen = timestamppb.New(n.kubeletProbe)
 	}
 	for _, s := range n.signals {
 		v.Signals[s.name] = s.value
@@ -403,10 +491,26 @@ func (e *Engine) Zones() []*coordv1.Zone {
 		if e.halted || e.paused {
 			r = 0
 		}
+		podRate, inFlight, held, granted, local := e.podZoneView(k)
 		out = append(out, &coordv1.Zone{Key: k, State: z.state, Size: int32(z.size), Ready: int32(z.ready),
-			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences))})
+			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences)),
+			PodEvictionRate: podRate, PodEvictionsInFlight: inFlight, PodEvictionsMaxInFlight: int32(e.cfg.PodEviction.MaxInFlight),
+			PodCandidatesHeld: held, PodEvictionsGranted: granted, PodEvictionsLocal: local})
 	}
 	return out
+}
+
+// Witnesses counts the nodes whose agent alone, or kubelet alone, is down (Kubernetes mode).
+func (e *Engine) Witnesses() (agentDown, kubeletDown int) {
+	for _, n := range e.order {
+		if n.agentDown {
+			agentDown++
+		}
+		if n.kubeletDown {
+			kubeletDown++
+		}
+	}
+	return agentDown, kubeletDown
 }
 
 // KdumpUntil is how long power management of the node should wait for its kernel dump: until the

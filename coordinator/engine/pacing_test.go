@@ -27,7 +27,7 @@ func TestPacingMatchesReference(t *testing.T) {
 		k := 1 + int(kSeed)%50          // 1..50 silent of 100: Normal
 		period := 1 << (int(pSeed) % 5) // 1, 2, 4, 8 or 16 s: exact in binary
 		start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-		e := New(Config{NodeEvictionRate: 1 / float64(period), LargeClusterSizeThreshold: 50})
+		e := New(Config{NodeMonitorGracePeriod: 40 * time.Second, NodeEvictionRate: 1 / float64(period), LargeClusterSizeThreshold: 50})
 		e.Step(LeaderElected{At: start})
 		for i := 0; i < 100; i++ {
 			e.Step(Hello{Node: fmt.Sprintf("n%d", i), Zone: "z", At: start})
@@ -58,7 +58,7 @@ func TestPacingMatchesReference(t *testing.T) {
 // unready, with a recovered node skipped.
 func TestQueueIsFIFOAndRecoveredNodesLeave(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	e := New(Config{NodeEvictionRate: 0.5})
+	e := New(Config{NodeMonitorGracePeriod: 40 * time.Second, NodeEvictionRate: 0.5})
 	e.Step(LeaderElected{At: start})
 	names := []string{"x", "c", "a", "b", "d", "e", "f", "g", "h", "i"}
 	for _, n := range names {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodefence/nodefence/coordinator/nodes"
+
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 )
 
@@ -23,18 +26,27 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 // TestScenarios runs the scripts in testdata/*.txt. Each block is one command, a line "----", and
 // the expected output up to a blank line. Commands:
 //
-//	config grace=40s startup=60s timeout=5m rate=0.1 secondary=0.01 large=50 threshold=0.55
-//	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m
-//	add-nodes zone=a [region=r] n=10      nodes a1..a10 say hello now
-//	configure a1..a3                       those nodes have a fence configuration (fenceable)
+//	config grace=40s startup=60s rate=0.1 secondary=0.01 large=50 threshold=0.55
+//	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m settle=5s
+//	       kube=true kubelet-policy=wait|fence allow-control-plane=true
+//	add-nodes zone=a [region=r] n=10 [hello=false]  nodes a1..a10 say hello now (or never report)
+//	configure a1..a3 [exclude=true] [control-plane=true]  those nodes have a fence configuration
+//	                                       (fenceable), the exclude-disruption label, the control-plane role
 //	silence a1..a6 | a1,a3                 those agents stop sending
 //	resume a1..a6                          they send again
+//	kubelet-silence a1 | kubelet-resume a1 kube=true: those kubelets stop (or resume) renewing their Lease
+//	delete a3                              a3's Node is deleted
+//	apiserver down | apiserver up          kube=true: the apiserver cannot (can again) be read
 //	shutdown a3                            a3 announces a graceful shutdown
 //	kdump-start a1 | kdump-stop a1         a1 sends fence_kdump messages every step (or stops)
 //	tick 41s [step=1s]                     time passes; every non-silent agent sends a heartbeat each step
 //	leader-change                          a new leader: a fresh engine restored from the persisted writes
 //	pause | unpause                        an operator pauses or resumes evictions
 //	zones | nodes                          print the current view
+//	config pod-rate=0.1 pod-burst=1 pod-max-in-flight=2 pod-grant-ttl=2m   the pod-eviction budget
+//	candidate a1 pod=ns/p [signal=memory.available]   a1 proposes evicting ns/p (uid ns/p)
+//	report a1 pod=ns/p kind=granted|failed|declined|hard|fallback   a1 reports an eviction
+//	pod-zones                              print each zone's pod-eviction budget
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")
 	if len(files) == 0 {
@@ -53,6 +65,9 @@ type harness struct {
 	now     time.Time
 	silent  map[string]bool
 	dumping map[string]bool
+	kubelet map[string]time.Time  // kube=true: each node's latest Lease renewTime
+	kdead   map[string]bool       // kube=true: kubelets that stopped renewing
+	configs map[string]Configured // what configure declared, declared again to a new leader
 	names   []string
 	zoneOf  map[string][2]string  // node -> region, zone
 	persist map[string]NodeRecord // what the loop would have written to etcd
@@ -65,7 +80,11 @@ func runScript(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	h := &harness{t: t, cfg: DefaultConfig(), start: start, now: start, silent: map[string]bool{}, dumping: map[string]bool{}, persist: map[string]NodeRecord{}, zoneOf: map[string][2]string{}}
+	// The scripts count in a 40 s grace period (kube-controller-manager's default before 1.32);
+	// DefaultConfig's 50 s is checked by TestDefaults.
+	cfg := DefaultConfig()
+	cfg.NodeMonitorGracePeriod = 40 * time.Second
+	h := &harness{t: t, cfg: cfg, start: start, now: start, silent: map[string]bool{}, dumping: map[string]bool{}, kubelet: map[string]time.Time{}, kdead: map[string]bool{}, configs: map[string]Configured{}, persist: map[string]NodeRecord{}, zoneOf: map[string][2]string{}}
 	h.e = New(h.cfg)
 	h.e.Step(LeaderElected{At: start})
 	var out strings.Builder
@@ -123,8 +142,18 @@ func (h *harness) run(cmd string) []string {
 				h.cfg.NodeMonitorGracePeriod = h.dur(v)
 			case "startup":
 				h.cfg.NodeStartupGracePeriod = h.dur(v)
-			case "timeout":
-				h.cfg.PodEvictionTimeout = h.dur(v)
+			case "settle":
+				h.cfg.Fence.Settle = h.dur(v)
+			case "kube":
+				h.cfg.KubeletWitness = v == "true"
+			case "kubelet-policy":
+				p, err := nodes.ParseKubeletDownPolicy(v)
+				if err != nil {
+					h.t.Fatal(err)
+				}
+				h.cfg.KubeletDownPolicy = p
+			case "allow-control-plane":
+				h.cfg.Fence.AllowControlPlane = v == "true"
 			case "rate":
 				h.cfg.NodeEvictionRate = h.float(v)
 			case "secondary":
@@ -141,12 +170,24 @@ func (h *harness) run(cmd string) []string {
 				h.cfg.Fence.Budget = int(h.float(v))
 			case "budget-window":
 				h.cfg.Fence.BudgetWindow = h.dur(v)
+			case "pod-rate":
+				h.cfg.PodEviction.Rate = h.float(v)
+			case "pod-burst":
+				h.cfg.PodEviction.Burst = int(h.float(v))
+			case "pod-max-in-flight":
+				h.cfg.PodEviction.MaxInFlight = int(h.float(v))
+			case "pod-grant-ttl":
+				h.cfg.PodEviction.GrantTTL = h.dur(v)
 			default:
 				h.t.Fatalf("config: unknown key %s", k)
 			}
 		}
 		h.e = New(h.cfg)
 		h.e.Step(LeaderElected{At: h.now})
+		if h.cfg.KubeletWitness {
+			h.e.Step(APIServer{Reachable: true, At: h.now})
+		}
+		h.drain()
 		return nil
 	case "add-nodes":
 		n := int(h.float(args["n"]))
@@ -154,12 +195,44 @@ func (h *harness) run(cmd string) []string {
 			name := args["zone"] + strconv.Itoa(i)
 			h.names = append(h.names, name)
 			h.zoneOf[name] = [2]string{args["region"], args["zone"]}
+			if args["hello"] == "false" {
+				h.silent[name], h.kdead[name] = true, true
+				h.e.Step(Configured{Node: name, Region: args["region"], Zone: args["zone"], At: h.now})
+				continue
+			}
 			h.e.Step(Hello{Node: name, Region: args["region"], Zone: args["zone"], BootID: "b-" + name, At: h.now})
+			if h.cfg.KubeletWitness {
+				h.kubelet[name] = h.now
+				h.e.Step(Kubelet{Node: name, Heartbeat: h.now, At: h.now})
+			}
 		}
 		return h.drain()
 	case "configure":
 		for _, n := range h.expand(pos) {
-			h.e.Step(Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true, At: h.now})
+			c := Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true,
+				ExcludeDisruption: args["exclude"] == "true", ControlPlane: args["control-plane"] == "true", At: h.now}
+			h.configs[n] = c
+			h.e.Step(c)
+		}
+		return h.drain()
+	case "kubelet-silence", "kubelet-resume":
+		for _, n := range h.expand(pos) {
+			h.kdead[n] = fields[0] == "kubelet-silence"
+		}
+		return nil
+	case "delete":
+		for _, n := range h.expand(pos) {
+			h.e.Step(Removed{Node: n, At: h.now})
+			h.silent[n], h.kdead[n] = true, true
+			delete(h.zoneOf, n)
+			delete(h.configs, n)
+			h.names = slices.DeleteFunc(h.names, func(s string) bool { return s == n })
+		}
+		return h.drain()
+	case "apiserver":
+		h.e.Step(APIServer{Reachable: pos[0] == "up", At: h.now})
+		if pos[0] == "up" {
+			h.relist()
 		}
 		return h.drain()
 	case "kdump-start", "kdump-stop":
@@ -194,6 +267,10 @@ func (h *harness) run(cmd string) []string {
 				if !h.silent[n] {
 					h.send(n, &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}})
 				}
+				if h.cfg.KubeletWitness && !h.kdead[n] {
+					h.kubelet[n] = h.now
+					h.e.Step(Kubelet{Node: n, Heartbeat: h.now, At: h.now})
+				}
 				if h.dumping[n] {
 					h.e.Step(Kdump{Node: n, At: h.now})
 				}
@@ -212,6 +289,16 @@ func (h *harness) run(cmd string) []string {
 		h.e.Step(LeaderElected{At: h.now})
 		h.e.Step(Restored{Nodes: recs})
 		for _, n := range h.names {
+			if c, ok := h.configs[n]; ok {
+				c.At = h.now
+				h.e.Step(c)
+			}
+		}
+		if h.cfg.KubeletWitness {
+			h.e.Step(APIServer{Reachable: true, At: h.now})
+			h.relist()
+		}
+		for _, n := range h.names {
 			if !h.silent[n] {
 				h.e.Step(Hello{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], BootID: "b-" + n, At: h.now})
 			}
@@ -220,6 +307,12 @@ func (h *harness) run(cmd string) []string {
 	case "pause", "unpause":
 		h.e.Step(Paused{Paused: fields[0] == "pause"})
 		return h.drain()
+	case "candidate":
+		return h.handleCandidate(pos, args)
+	case "report":
+		return h.handleReport(pos, args)
+	case "pod-zones":
+		return h.handlePodZones()
 	case "zones":
 		var out []string
 		for _, z := range h.e.Zones() {
@@ -233,12 +326,28 @@ func (h *harness) run(cmd string) []string {
 	case "nodes":
 		var out []string
 		for _, n := range h.e.Nodes() {
-			out = append(out, fmt.Sprintf("%s: %s", n.Name, word(n.Readiness)))
+			line := fmt.Sprintf("%s: %s", n.Name, word(n.Readiness))
+			if n.AgentDown {
+				line += " (agent down)"
+			}
+			if n.KubeletDown {
+				line += " (kubelet down)"
+			}
+			out = append(out, line)
 		}
 		return out
 	}
 	h.t.Fatalf("unknown command %q", cmd)
 	return nil
+}
+
+// relist is what the informers deliver after a (re)start: every Node's Lease as it is now.
+func (h *harness) relist() {
+	for _, n := range h.names {
+		if beat, ok := h.kubelet[n]; ok {
+			h.e.Step(Kubelet{Node: n, Heartbeat: beat, At: h.now})
+		}
+	}
 }
 
 func (h *harness) send(node string, m *agentv1.ConnectRequest) {
@@ -254,10 +363,18 @@ func (h *harness) drain() []string {
 		if w.Node != nil {
 			h.persist[w.Node.Name] = *w.Node
 		}
+		if w.Forget != "" {
+			delete(h.persist, w.Forget)
+		}
 	}
 	var out []string
 	for _, ev := range rd.Events {
 		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), ev.Text))
+	}
+	for _, g := range rd.Grants {
+		for _, p := range g.Grant.Pods {
+			out = append(out, fmt.Sprintf("grant -> %s: %s/%s (%s)", g.Node, p.Namespace, p.Name, g.Grant.Signal))
+		}
 	}
 	h.e.Advance()
 	return out

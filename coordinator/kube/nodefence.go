@@ -57,6 +57,63 @@ type FenceStatus struct {
 	ConfirmedOffAt *metav1.Time     `json:"confirmedOffAt,omitempty"`
 	NextAttemptAt  *metav1.Time     `json:"nextAttemptAt,omitempty"`
 	Operations     []FenceOperation `json:"operations,omitempty"`
+	// Conditions are Kubernetes-style: Fenced, Finished, Failed.
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeFence condition types.
+const (
+	// FenceConditionFenced is True once the node's power-off or isolation is confirmed (a driver's
+	// read-back, an operator's acknowledgement, or fence_kdump): only then are pods released.
+	FenceConditionFenced = "Fenced"
+	// FenceConditionFinished is True once the record has finished, done or in error.
+	FenceConditionFinished = "Finished"
+	// FenceConditionFailed is True while the record is in error.
+	FenceConditionFailed = "Failed"
+)
+
+// FenceConditions derives a record's conditions; each transition time is the record's own time of
+// the change (confirmation, finish, last update), so mirroring a record twice writes the same.
+func FenceConditions(rec *coordv1.NodeFence) []metav1.Condition {
+	at := func(t *timestamppb.Timestamp) metav1.Time {
+		if t == nil {
+			t = rec.GetUpdatedAt()
+		}
+		if t == nil {
+			t = rec.GetCreatedAt()
+		}
+		if t == nil {
+			return metav1.Time{}
+		}
+		return metav1.NewTime(t.AsTime().Truncate(time.Second))
+	}
+	cond := func(typ string, ok bool, t *timestamppb.Timestamp, yes, no, msgYes, msgNo string) metav1.Condition {
+		c := metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: no, Message: msgNo, LastTransitionTime: at(rec.GetCreatedAt())}
+		if ok {
+			c.Status, c.Reason, c.Message, c.LastTransitionTime = metav1.ConditionTrue, yes, msgYes, at(t)
+		}
+		return c
+	}
+	confirmed := rec.GetConfirmedOffAt() != nil
+	fencedYes := "ReadBack"
+	switch {
+	case rec.GetAcknowledgedBy() != "":
+		fencedYes = "Acknowledged"
+	case rec.GetAction() == coordv1.FenceAction_FENCE_ACTION_ON:
+		fencedYes = "NotApplicable"
+	}
+	failed := rec.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_ERROR
+	errMsg := rec.GetError()
+	if errMsg == "" {
+		errMsg = "the step failed"
+	}
+	return []metav1.Condition{
+		cond(FenceConditionFenced, confirmed, rec.GetConfirmedOffAt(), fencedYes, "NotConfirmed",
+			"power-off or isolation confirmed; pods may be released", "power-off or isolation not confirmed yet"),
+		cond(FenceConditionFinished, rec.GetFinishedAt() != nil, rec.GetFinishedAt(), "Finished", "InProgress",
+			"the record finished", "the record is in progress"),
+		cond(FenceConditionFailed, failed, rec.GetUpdatedAt(), "StepFailed", "NoError", errMsg, "no error"),
+	}
 }
 
 // FenceOperation is one fence-driver call of a NodeFence.
@@ -102,6 +159,7 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 		AcknowledgedBy: rec.GetAcknowledgedBy(), Evidence: rec.GetEvidence(),
 		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
 		ConfirmedOffAt: ts(rec.GetConfirmedOffAt()), NextAttemptAt: ts(rec.GetNextAttemptAt()),
+		Conditions: FenceConditions(rec),
 	}
 	for _, op := range rec.GetOperations() {
 		st.Operations = append(st.Operations, FenceOperation{

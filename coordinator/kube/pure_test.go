@@ -43,29 +43,6 @@ func TestEditTaints(t *testing.T) {
 	}
 }
 
-func TestMergeConditions(t *testing.T) {
-	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	beat := metav1.NewTime(now.Add(-time.Minute))
-	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: beat, LastTransitionTime: beat}
-	got, changed := MergeConditions([]corev1.NodeCondition{ready}, []corev1.NodeCondition{
-		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: ReasonNodeStatusUnknown},
-		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID"},
-	}, now)
-	want := []corev1.NodeCondition{
-		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: ReasonNodeStatusUnknown, LastHeartbeatTime: beat, LastTransitionTime: now},
-		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID", LastHeartbeatTime: now, LastTransitionTime: now},
-	}
-	if !changed {
-		t.Error("changed = false")
-	}
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("conditions (-want +got):\n%s", d)
-	}
-	if _, changed := MergeConditions(got, []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: ReasonNodeStatusUnknown}}, now); changed {
-		t.Error("same condition: changed = true")
-	}
-}
-
 func TestReleasableAndStatefulPods(t *testing.T) {
 	taint := OutOfServiceTaint()
 	pod := func(mutate ...func(*corev1.Pod)) *corev1.Pod {

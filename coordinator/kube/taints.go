@@ -10,11 +10,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
-
-	"github.com/nodefence/nodefence/coordinator/engine"
 )
 
-// Taint keys and values nodefence manages, as kube-controller-manager spells them.
+// Taint keys. nodefence writes only the out-of-service taint; the not-ready and unreachable taints
+// are kube-controller-manager's, named here to check that nodefence never touches them.
 const (
 	TaintKeyNotReady     = "node.kubernetes.io/not-ready"
 	TaintKeyUnreachable  = "node.kubernetes.io/unreachable"
@@ -26,45 +25,6 @@ const (
 // OutOfServiceTaint is the taint ReleaseNode puts on a node proven off.
 func OutOfServiceTaint() corev1.Taint {
 	return corev1.Taint{Key: TaintKeyOutOfService, Value: OutOfServiceValue, Effect: corev1.TaintEffectNoExecute}
-}
-
-// engineTaint is the NoExecute taint of an engine taint; ok is false for engine.TaintNone.
-func engineTaint(t engine.Taint) (corev1.Taint, bool, error) {
-	switch t {
-	case engine.TaintNone:
-		return corev1.Taint{}, false, nil
-	case engine.TaintNotReady:
-		return corev1.Taint{Key: TaintKeyNotReady, Effect: corev1.TaintEffectNoExecute}, true, nil
-	case engine.TaintUnreachable:
-		return corev1.Taint{Key: TaintKeyUnreachable, Effect: corev1.TaintEffectNoExecute}, true, nil
-	}
-	return corev1.Taint{}, false, fmt.Errorf("unknown engine taint %d", int(t))
-}
-
-// ApplyTaint moves node from the engine taint from to the engine taint to: it removes from's
-// NoExecute taint (unless it is to's), adds to's if missing, and keeps every other taint (the
-// NoSchedule variants, out-of-service, the operator's). It writes nothing when the node already
-// has the wanted taints, so repeating it is harmless. A taint present but not named by from is
-// left alone: the engine only removes what it applied.
-func (w *Writer) ApplyTaint(ctx context.Context, node string, from, to engine.Taint) error {
-	var add, remove []corev1.Taint
-	if t, ok, err := engineTaint(to); err != nil {
-		return err
-	} else if ok {
-		add = append(add, t)
-	}
-	if from != to {
-		if t, ok, err := engineTaint(from); err != nil {
-			return err
-		} else if ok {
-			remove = append(remove, t)
-		}
-	}
-	changed, err := w.updateTaints(ctx, node, add, remove)
-	if err == nil && changed {
-		w.log.Info("node taint", "node", node, "from", from.String(), "to", to.String())
-	}
-	return err
 }
 
 // updateTaints adds and removes taints (matched by key and effect) on node with a merge patch

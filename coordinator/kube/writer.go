@@ -1,6 +1,12 @@
-// Package kube is the coordinator's Kubernetes writer: it turns the decisions of the lifecycle
-// engine and of the fence flow into API calls on Nodes, Pods, VolumeAttachments and NodeFence
-// objects, with client-go against a rest.Config.
+// Package kube is the coordinator's Kubernetes side: the Witness reads Nodes and the kubelets'
+// Leases (the second witness of a node's death) for the engine; the Reconciler, a level-triggered
+// controller on a client-go work queue, releases the workloads of nodes proven off and restores
+// nodes that came back; the Writer makes the API calls.
+//
+// One owner per field: nodefence writes only the out-of-service taint, its own Node condition
+// nodefence.io/AgentReady, NodeFence objects and Events, all as field manager FieldManager. The Ready
+// condition, the pressure conditions and the not-ready/unreachable taints belong to kubelet and
+// kube-controller-manager, and nothing here writes them.
 //
 // Every method is one idempotent step the coordinator's loop can retry: it reads the current
 // object, computes the change with a pure function, and writes only when something changes, with

@@ -11,11 +11,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodefence/nodefence/coordinator/engine"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
@@ -55,45 +53,6 @@ func taintSet(n *corev1.Node) []string {
 	return out
 }
 
-func TestApplyTaint(t *testing.T) {
-	ctx := testContext(t)
-	w := newWriter(t)
-	keep := corev1.Taint{Key: "example.com/keep", Value: "yes", Effect: corev1.TaintEffectNoSchedule}
-	createNode(t, ctx, "taint-1", keep)
-	// Admission adds not-ready:NoSchedule to new Nodes; it must survive every step.
-	steps := []struct {
-		from, to engine.Taint
-		want     []string
-	}{
-		{engine.TaintNone, engine.TaintNotReady, []string{"example.com/keep=yes:NoSchedule", "node.kubernetes.io/not-ready:NoSchedule", "node.kubernetes.io/not-ready:NoExecute"}},
-		{engine.TaintNotReady, engine.TaintNotReady, []string{"example.com/keep=yes:NoSchedule", "node.kubernetes.io/not-ready:NoSchedule", "node.kubernetes.io/not-ready:NoExecute"}},
-		{engine.TaintNotReady, engine.TaintUnreachable, []string{"example.com/keep=yes:NoSchedule", "node.kubernetes.io/not-ready:NoSchedule", "node.kubernetes.io/unreachable:NoExecute"}},
-		{engine.TaintUnreachable, engine.TaintNone, []string{"example.com/keep=yes:NoSchedule", "node.kubernetes.io/not-ready:NoSchedule"}},
-		{engine.TaintUnreachable, engine.TaintNone, []string{"example.com/keep=yes:NoSchedule", "node.kubernetes.io/not-ready:NoSchedule"}},
-	}
-	for i, s := range steps {
-		before := getNode(t, ctx, "taint-1")
-		if err := w.ApplyTaint(ctx, "taint-1", s.from, s.to); err != nil {
-			t.Fatalf("step %d %v -> %v: %v", i, s.from, s.to, err)
-		}
-		after := getNode(t, ctx, "taint-1")
-		if d := cmp.Diff(s.want, taintSet(after)); d != "" {
-			t.Errorf("step %d %v -> %v taints (-want +got):\n%s", i, s.from, s.to, d)
-		}
-		if cmp.Equal(taintSet(before), s.want) && before.ResourceVersion != after.ResourceVersion {
-			t.Errorf("step %d: nothing to change, but the node was written", i)
-		}
-		for _, tt := range after.Spec.Taints {
-			if tt.Effect == corev1.TaintEffectNoExecute && tt.TimeAdded == nil {
-				t.Errorf("step %d: %s has no timeAdded", i, tt.Key)
-			}
-		}
-	}
-	if err := w.ApplyTaint(ctx, "no-such-node", engine.TaintNone, engine.TaintNotReady); !apierrors.IsNotFound(err) {
-		t.Errorf("ApplyTaint on a missing node: %v, want NotFound", err)
-	}
-}
-
 // TestTaintConflicts writes taints concurrently to one node: every write must survive the
 // apiserver's 409 Conflicts.
 func TestTaintConflicts(t *testing.T) {
@@ -119,71 +78,6 @@ func TestTaintConflicts(t *testing.T) {
 	}
 	if got := len(getNode(t, ctx, "taint-conflict").Spec.Taints); got != 9 {
 		t.Errorf("%d taints, want 8 + admission's not-ready:NoSchedule", got)
-	}
-}
-
-func TestMarkNotReady(t *testing.T) {
-	ctx := testContext(t)
-	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	w, err := New(coordCfg, Options{Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := createNode(t, ctx, "cond-1")
-	beat := metav1.NewTime(now.Add(-time.Minute))
-	n.Status.Conditions = []corev1.NodeCondition{
-		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: beat, LastTransitionTime: beat},
-		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory", LastHeartbeatTime: beat, LastTransitionTime: beat},
-	}
-	if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cond := func(typ corev1.NodeConditionType) corev1.NodeCondition {
-		for _, c := range getNode(t, ctx, "cond-1").Status.Conditions {
-			if c.Type == typ {
-				return c
-			}
-		}
-		t.Fatalf("no %s condition", typ)
-		return corev1.NodeCondition{}
-	}
-
-	if err := w.MarkNotReady(ctx, "cond-1", ReasonNodeStatusUnknown, MessageNodeStatusUnknown, corev1.ConditionUnknown); err != nil {
-		t.Fatal(err)
-	}
-	c := cond(corev1.NodeReady)
-	if c.Status != corev1.ConditionUnknown || c.Reason != ReasonNodeStatusUnknown || c.Message != MessageNodeStatusUnknown {
-		t.Errorf("Ready = %s %s %q", c.Status, c.Reason, c.Message)
-	}
-	if !c.LastHeartbeatTime.Equal(&beat) || !c.LastTransitionTime.Time.Equal(now) {
-		t.Errorf("Ready heartbeat %v (want kept %v), transition %v (want %v)", c.LastHeartbeatTime, beat, c.LastTransitionTime, now)
-	}
-
-	now = now.Add(time.Minute)
-	if err := w.MarkNotReady(ctx, "cond-1", ReasonShuttingDown, MessageShuttingDown, corev1.ConditionFalse); err != nil {
-		t.Fatal(err)
-	}
-	if c := cond(corev1.NodeReady); c.Status != corev1.ConditionFalse || c.Message != "node is shutting down" || !c.LastTransitionTime.Time.Equal(now) {
-		t.Errorf("Ready = %s %q at %v", c.Status, c.Message, c.LastTransitionTime)
-	}
-	if err := w.MarkNotReady(ctx, "cond-1", "x", "y", corev1.ConditionTrue); err == nil {
-		t.Error("MarkNotReady with True: no error")
-	}
-
-	if err := w.SetConditions(ctx, "cond-1", corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionTrue,
-		Reason: "KubeletHasInsufficientMemory", Message: "memory.available<100Mi"}); err != nil {
-		t.Fatal(err)
-	}
-	if c := cond(corev1.NodeMemoryPressure); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(now) {
-		t.Errorf("MemoryPressure = %s at %v", c.Status, c.LastTransitionTime)
-	}
-	rv := getNode(t, ctx, "cond-1").ResourceVersion
-	if err := w.SetConditions(ctx, "cond-1", corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionTrue,
-		Reason: "KubeletHasInsufficientMemory", Message: "memory.available<100Mi"}); err != nil {
-		t.Fatal(err)
-	}
-	if getNode(t, ctx, "cond-1").ResourceVersion != rv {
-		t.Error("the same condition again wrote the node")
 	}
 }
 
@@ -419,6 +313,11 @@ func TestMirrorFence(t *testing.T) {
 				Result: "confirmed", State: "off", StartedAt: mt(time.Second), FinishedAt: mt(2 * time.Second)},
 			{OperationID: rec.Id + "/eaton-off/off", Method: "eaton-off", Driver: "pdu", Action: "off", Step: "power_management", Epoch: 7,
 				Result: "confirmed", State: "off", StartedAt: mt(3 * time.Second), FinishedAt: mt(4 * time.Second)},
+		},
+		Conditions: []metav1.Condition{
+			{Type: "Fenced", Status: "True", LastTransitionTime: *mt(4 * time.Second), Reason: "ReadBack", Message: "power-off or isolation confirmed; pods may be released"},
+			{Type: "Finished", Status: "True", LastTransitionTime: *mt(5 * time.Second), Reason: "Finished", Message: "the record finished"},
+			{Type: "Failed", Status: "False", LastTransitionTime: *mt(0), Reason: "NoError", Message: "no error"},
 		},
 	}
 	if d := cmp.Diff(wantSt, st, cmp.Comparer(func(a, b metav1.Time) bool { return a.Equal(&b) })); d != "" {

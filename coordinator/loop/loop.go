@@ -62,6 +62,9 @@ type Loop struct {
 	mu      sync.Mutex
 	eng     *engine.Engine
 	stopped bool
+
+	outMu sync.Mutex
+	out   map[string]chan *agentv1.ConnectResponse // node -> its latest agent stream's outbound queue
 }
 
 // New returns a loop; Run starts it.
@@ -306,10 +309,59 @@ func (l *Loop) handOver(ctx context.Context, rd engine.Ready) error {
 			l.cfg.Metrics.FenceRequests.Inc()
 		}
 	}
+	for _, g := range rd.Grants {
+		l.deliver(g)
+	}
 	if l.cfg.OnReady != nil {
 		l.cfg.OnReady(rd)
 	}
 	return nil
+}
+
+// outboundQueue is how many coordinator -> agent messages wait for one stream.
+const outboundQueue = 16
+
+// Subscribe opens the outbound queue of node's agent stream: the engine's grants for the node
+// arrive on it. A newer stream of the node replaces an older one. Call cancel when the stream ends.
+func (l *Loop) Subscribe(node string) (<-chan *agentv1.ConnectResponse, func()) {
+	ch := make(chan *agentv1.ConnectResponse, outboundQueue)
+	l.outMu.Lock()
+	if l.out == nil {
+		l.out = map[string]chan *agentv1.ConnectResponse{}
+	}
+	l.out[node] = ch
+	l.outMu.Unlock()
+	return ch, func() {
+		l.outMu.Lock()
+		if l.out[node] == ch {
+			delete(l.out, node)
+		}
+		l.outMu.Unlock()
+	}
+}
+
+// deliver queues a grant on its node's stream. With no stream, or a full queue, the grant is lost:
+// the engine counts it in flight until its TTL, and the agent, with no grant, falls back to a
+// local eviction after its own timeout.
+func (l *Loop) deliver(g engine.Grant) {
+	msg := &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Grant{Grant: g.Grant}}
+	l.outMu.Lock()
+	ch, ok := l.out[g.Node]
+	sent := false
+	if ok {
+		select {
+		case ch <- msg:
+			sent = true
+		default:
+		}
+	}
+	l.outMu.Unlock()
+	if l.cfg.Metrics != nil {
+		l.cfg.Metrics.PodGrants.WithLabelValues(g.Zone).Inc()
+	}
+	if !sent {
+		l.cfg.Log.Warn("eviction grant not delivered: no agent stream or its queue is full", "node", g.Node, "zone", g.Zone)
+	}
 }
 
 // maxOps stays under etcd's default --max-txn-ops (128) with room for the guard.
@@ -338,6 +390,15 @@ func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engi
 			put(l.cfg.Prefix+"/state/zones/"+w.Zone.Key, w.Zone)
 		case w.Halted != nil:
 			put(l.cfg.Prefix+"/state/halted", *w.Halted)
+		case w.Forget != "":
+			key := l.cfg.Prefix + "/state/nodes/" + w.Forget
+			op := clientv3.OpDelete(key)
+			if i, ok := index[key]; ok {
+				ops[i] = op
+			} else {
+				index[key] = len(ops)
+				ops = append(ops, op)
+			}
 		}
 	}
 	if l.cfg.Audit != nil {
@@ -394,9 +455,19 @@ type Metrics struct {
 	QueueLatency  prometheus.Histogram
 	FenceSkips    *prometheus.CounterVec
 	FenceRequests prometheus.Counter
+	// WitnessDown counts the nodes one of whose two witnesses (Kubernetes mode) is down while the
+	// other reports, by witness: agent or kubelet.
+	WitnessDown *prometheus.GaugeVec
 	// FenceStages observes, per stage, how long a fence took: confirm (record created -> power-off
 	// or isolation confirmed), finish (created -> finished).
 	FenceStages *prometheus.HistogramVec
+	// PodGrants counts soft-threshold pod evictions granted, by zone.
+	PodGrants *prometheus.CounterVec
+	// PodCandidatesHeld is how many nodes' eviction candidates wait for their zone's budget.
+	PodCandidatesHeld *prometheus.GaugeVec
+	// PodEvictionsLocal counts pod evictions agents carried out on their own (hard thresholds and
+	// fallbacks when no grant came), by zone.
+	PodEvictionsLocal *prometheus.GaugeVec
 	// seen remembers which records' stages were observed (bounded: cleared when large).
 	seen map[string]bool
 	mu   sync.Mutex
@@ -464,8 +535,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {
 		m.FenceStages.WithLabelValues(stage)
 	}
+	m.WitnessDown = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_witness_down_nodes",
+		Help: "Nodes whose agent (witness=agent) or kubelet (witness=kubelet) alone is down while the other reports (Kubernetes mode)."}, []string{"witness"})
+	m.PodGrants = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_pod_eviction_grants_total",
+		Help: "Soft-threshold pod evictions granted under the zone's budget."}, []string{"zone"})
+	m.PodCandidatesHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_eviction_candidates_held",
+		Help: "Nodes whose pod-eviction candidate is held back by the zone's budget."}, []string{"zone"})
+	m.PodEvictionsLocal = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_evictions_local",
+		Help: "Pod evictions agents carried out on their own in this leader's term: hard thresholds and fallbacks when no grant came."}, []string{"zone"})
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages)
+	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
+		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m
 }
 
@@ -478,7 +558,12 @@ func (m *Metrics) observeZones(e *engine.Engine) {
 			health = 100 * float64(z.Ready) / float64(z.Size)
 		}
 		m.ZoneHealth.WithLabelValues(z.Key).Set(health)
+		m.PodCandidatesHeld.WithLabelValues(z.Key).Set(float64(z.PodCandidatesHeld))
+		m.PodEvictionsLocal.WithLabelValues(z.Key).Set(float64(z.PodEvictionsLocal))
 	}
+	agent, kubelet := e.Witnesses()
+	m.WitnessDown.WithLabelValues("agent").Set(float64(agent))
+	m.WitnessDown.WithLabelValues("kubelet").Set(float64(kubelet))
 }
 
 // IsEvent reports whether an agent message must be acknowledged at once (everything but

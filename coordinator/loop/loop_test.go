@@ -110,8 +110,8 @@ func TestStateSurvivesLeaderChange(t *testing.T) {
 	if got["a"].GetReadiness() != coordv1.Readiness_READINESS_UNKNOWN {
 		t.Errorf("a after failover: %v", got["a"])
 	}
-	if !got["b"].GetShuttingDown() || got["b"].GetReadiness() != coordv1.Readiness_READINESS_NOT_READY {
-		t.Errorf("b after failover: %v, want shutting down and NotReady", got["b"])
+	if !got["b"].GetShuttingDown() || got["b"].GetReadiness() == coordv1.Readiness_READINESS_READY {
+		t.Errorf("b after failover: %v, want shutting down and not ready", got["b"])
 	}
 	if got["c"].GetReadiness() != coordv1.Readiness_READINESS_READY {
 		t.Errorf("c after failover: %v", got["c"])
@@ -180,5 +180,37 @@ func TestObserve(t *testing.T) {
 	<-l.Done()
 	if _, err := l.Observe("a", time.Now(), nil); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Observe on a stopped loop: %v; want ErrStopped", err)
+	}
+}
+
+// A node whose Node object was deleted is forgotten by the engine and its persisted record is
+// deleted, so the next leader does not restore it into its old zone.
+func TestRemovedNodeRecordIsDeleted(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, "/r/leader", leader.Info{ID: "one"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/r", TickInterval: 20 * time.Millisecond, Log: log})
+	go l.Run(ctx)
+	shutdown := &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED}}}
+	if err := l.StepSync(ctx, engine.Hello{Node: "gone", Zone: "z", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StepSync(ctx, engine.Message{Node: "gone", At: time.Now(), Msg: shutdown}); err != nil {
+		t.Fatal(err)
+	}
+	key := "/r/state/nodes/gone"
+	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("record of gone before removal: %v, %v", resp, err)
+	}
+	if err := l.StepSync(ctx, engine.Removed{Node: "gone", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("record of gone after removal: %v, %v", resp.Kvs, err)
 	}
 }

@@ -24,7 +24,8 @@ func TestJudge(t *testing.T) {
 		{"never seen, after grace", Observation{GraceFloor: start}, start.Add(41 * time.Second), coordv1.Readiness_READINESS_UNKNOWN},
 		{"silent before failover gets fresh grace", Observation{LastContact: start.Add(-time.Hour), GraceFloor: start}, start.Add(30 * time.Second), coordv1.Readiness_READINESS_READY},
 		{"shutting down", Observation{LastContact: start, GraceFloor: start, ShuttingDown: true}, start, coordv1.Readiness_READINESS_NOT_READY},
-		{"shutting down and silent is never unknown", Observation{LastContact: start, GraceFloor: start, ShuttingDown: true}, start.Add(time.Hour), coordv1.Readiness_READINESS_NOT_READY},
+		{"shutting down within grace", Observation{LastContact: start, GraceFloor: start, ShuttingDown: true}, start.Add(40 * time.Second), coordv1.Readiness_READINESS_NOT_READY},
+		{"shutting down then silent becomes unknown", Observation{LastContact: start, GraceFloor: start, ShuttingDown: true}, start.Add(41 * time.Second), coordv1.Readiness_READINESS_UNKNOWN},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, reason := Judge(tc.obs, tc.now, grace)

@@ -13,6 +13,8 @@ package eviction
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,7 +63,8 @@ type Threshold struct {
 	MinReclaim Value
 }
 
-// Flags are the raw flag values, as typed.
+// Flags are the raw flag values, as typed. Like kubelet's map flags, a flag given several times
+// accumulates (join the values with ","): a signal given again takes its later value.
 type Flags struct {
 	Hard, Soft, SoftGracePeriod, MinimumReclaim string
 	// HardSet says whether --eviction-hard was given; when not, DefaultHard applies.
@@ -72,6 +75,10 @@ type Flags struct {
 	// smaller of it and the pod's own grace period, so 0 (the default) kills at once, as the seed
 	// says: "if you do not specify an upper bound, the kubelet kills evicted pods immediately".
 	MaxPodGracePeriod int
+	// AllocatableMemory says --enforce-node-allocatable holds "pods" (kubelet's default): every
+	// hard memory.available threshold is then copied to allocatableMemory.available, as kubelet's
+	// ParseThresholdConfig does.
+	AllocatableMemory bool
 }
 
 // Config is the parsed eviction configuration.
@@ -136,8 +143,30 @@ func Parse(f Flags) (Config, []error) {
 			}
 		}
 	}
+	if f.AllocatableMemory {
+		hard = addAllocatableThresholds(hard)
+	}
 	cfg.Hard, cfg.Soft = hard, soft
 	return cfg, errs
+}
+
+// addAllocatableThresholds copies every hard memory.available threshold, with its minimum
+// reclaim, to allocatableMemory.available (kubelet's addAllocatableThresholds); a copy equal to a
+// configured threshold is not added twice.
+func addAllocatableThresholds(hard []Threshold) []Threshold {
+	out := slices.Clone(hard)
+	for _, t := range hard {
+		if t.Signal != SignalMemoryAvailable || !t.IsHard() {
+			continue
+		}
+		c := t
+		c.Signal = SignalAllocatableMemoryAvailable
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Threshold) int { return strings.Compare(a.Signal, b.Signal) })
+	return out
 }
 
 func find(ts []Threshold, signal string) int {
@@ -172,22 +201,25 @@ func parsePairs(flag, text string) (map[string]string, []error) {
 	return split(flag, text, '=')
 }
 
+// split parses kubelet's map flag syntax: comma-separated "signal<op>value" statements; empty
+// statements (a trailing comma) are skipped and spaces around the signal and the value are trimmed,
+// as kubelet's flag types do; a signal given again takes its later value, as in kubelet's map.
 func split(flag, text string, op byte) (map[string]string, []error) {
 	out := map[string]string{}
 	var errs []error
-	if strings.TrimSpace(text) == "" {
-		return out, nil
-	}
 	for _, stmt := range strings.Split(text, ",") {
-		stmt = strings.TrimSpace(stmt)
+		if len(stmt) == 0 {
+			continue
+		}
 		signal, value, ok := strings.Cut(stmt, string(op))
+		signal, value = strings.TrimSpace(signal), strings.TrimSpace(value)
 		switch {
-		case !ok || signal == "" || value == "":
+		case !ok:
 			errs = append(errs, fmt.Errorf("%s: %q: want signal%cvalue", flag, stmt, op))
 		case !validSignals[signal]:
 			errs = append(errs, fmt.Errorf("%s: %q: unknown signal %q", flag, stmt, signal))
-		case out[signal] != "":
-			errs = append(errs, fmt.Errorf("%s: %q: signal %s given twice", flag, stmt, signal))
+		case value == "":
+			errs = append(errs, fmt.Errorf("%s: %q: want signal%cvalue", flag, stmt, op))
 		default:
 			out[signal] = value
 		}
@@ -195,19 +227,25 @@ func split(flag, text string, op byte) (map[string]string, []error) {
 	return out, errs
 }
 
-// parseValue parses a quantity or a percentage. A threshold of 0% or 100% is kubelet's way of
-// disabling it and yields the zero Value; a zero or negative threshold quantity is an error; a
-// reclaim may be zero.
+// parseValue parses a quantity or a percentage with kubelet's rules. A threshold of exactly "0%"
+// or "100%" disables it and yields the zero Value; a threshold must be positive; a minimum reclaim
+// percentage must be positive (kubelet refuses "0%") while a minimum reclaim quantity may be 0.
+// As kubelet's parsePercentage, every trailing "%" is removed and the number is read with 32-bit
+// precision; unlike kubelet, NaN and infinities are refused rather than accepted as thresholds that
+// never or always hold.
 func parseValue(s string, reclaim bool) (Value, error) {
-	if p, ok := strings.CutSuffix(s, "%"); ok {
+	if strings.HasSuffix(s, "%") {
 		if !reclaim && (s == "0%" || s == "100%") {
 			return Value{}, nil
 		}
-		f, err := strconv.ParseFloat(p, 64)
-		if err != nil || f != f {
+		f, err := strconv.ParseFloat(strings.TrimRight(s, "%"), 32)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 			return Value{}, fmt.Errorf("%q: bad percentage", s)
 		}
-		if f < 0 || f > 100 {
+		switch {
+		case reclaim && f <= 0:
+			return Value{}, fmt.Errorf("%q: a minimum reclaim percentage must be positive", s)
+		case f < 0 || f > 100:
 			return Value{}, fmt.Errorf("%q: percentage must be within [0%%, 100%%]", s)
 		}
 		return Value{Percent: f, IsPercent: true}, nil

@@ -97,7 +97,14 @@ func TestParseErrors(t *testing.T) {
 		{name: "negative quantity", f: Flags{Hard: "memory.available<-1Mi", HardSet: true}, want: []string{"must be positive"}},
 		{name: "percent over 100", f: Flags{Hard: "nodefs.available<101%", HardSet: true}, want: []string{"within"}},
 		{name: "bad percent", f: Flags{Hard: "nodefs.available<x%", HardSet: true}, want: []string{"bad percentage"}},
-		{name: "duplicate", f: Flags{Hard: "memory.available<1Mi,memory.available<2Mi", HardSet: true}, want: []string{"given twice"}},
+		{name: "0% minimum reclaim", f: Flags{MinimumReclaim: "memory.available=0%"}, want: []string{"must be positive"}},
+		{name: "negative percentage", f: Flags{Hard: "memory.available<-15%", HardSet: true}, want: []string{"within"}},
+		{name: "empty value", f: Flags{Hard: "memory.available<", HardSet: true}, want: []string{"want signal<value"}},
+		{name: "blank statement", f: Flags{Hard: "memory.available<1Mi, ", HardSet: true}, want: []string{"want signal<value"}},
+		{name: "bad float percentage", f: Flags{Hard: "memory.available<10..5%", HardSet: true}, want: []string{"bad percentage"}},
+		{name: "grace of an unknown signal", f: Flags{Soft: "memory.available<1Gi", SoftGracePeriod: "memory.available=30s,mem.available=30s"}, want: []string{"unknown signal"}},
+		{name: "reclaim of an unknown signal", f: Flags{MinimumReclaim: "mem.available=1Mi"}, want: []string{"unknown signal"}},
+		{name: "reclaim empty value", f: Flags{MinimumReclaim: "memory.available="}, want: []string{"want signal=value"}},
 		{name: "soft without grace", f: Flags{Soft: "memory.available<1Gi"}, want: []string{"grace period must be set"}},
 		{name: "bad grace", f: Flags{Soft: "memory.available<1Gi", SoftGracePeriod: "memory.available=soon"}, want: []string{"invalid duration"}},
 		{name: "negative grace", f: Flags{Soft: "memory.available<1Gi", SoftGracePeriod: "memory.available=-1s"}, want: []string{"must be positive"}},
@@ -143,4 +150,47 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseKubeletSyntax is kubelet's flag syntax (component-base's map flags and
+// ParseThresholdConfig): empty statements skipped, spaces trimmed, a repeated signal takes its
+// later value (repeated flags are joined with ","), 0% and 100% disable a threshold, percentages
+// read with 32-bit precision, a hard memory.available copied to allocatableMemory.available.
+func TestParseKubeletSyntax(t *testing.T) {
+	q := func(s string, v int64) Threshold { return Threshold{Signal: s, Value: Value{Quantity: v}} }
+	tests := []struct {
+		name string
+		f    Flags
+		hard []Threshold
+		soft []Threshold
+	}{
+		{"trailing comma", Flags{HardSet: true, Hard: "memory.available<100Mi,"}, []Threshold{q(SignalMemoryAvailable, 100<<20)}, nil},
+		{"spaces around <", Flags{HardSet: true, Hard: " memory.available < 100Mi , nodefs.available<10%"},
+			[]Threshold{q(SignalMemoryAvailable, 100<<20), {Signal: SignalNodeFSAvailable, Value: Value{Percent: 10, IsPercent: true}}}, nil},
+		{"repeated flag accumulates, later wins", Flags{HardSet: true, Hard: "memory.available<100Mi,pid.available<100" + "," + "memory.available<200Mi"},
+			[]Threshold{q(SignalMemoryAvailable, 200<<20), q(SignalPIDAvailable, 100)}, nil},
+		{"disable via 0% and 100%", Flags{HardSet: true, Hard: "memory.available<0%", Soft: "memory.available<100%", SoftGracePeriod: "memory.available=30s"}, nil, nil},
+		{"allocatable copy of hard memory", Flags{HardSet: true, Hard: "memory.available<150Mi", MinimumReclaim: "memory.available=0", AllocatableMemory: true,
+			Soft: "memory.available<300Mi", SoftGracePeriod: "memory.available=30s"},
+			[]Threshold{q(SignalAllocatableMemoryAvailable, 150<<20), q(SignalMemoryAvailable, 150<<20)},
+			[]Threshold{{Signal: SignalMemoryAvailable, Value: Value{Quantity: 300 << 20}, GracePeriod: 30 * time.Second}}},
+		{"all disk values in percentages", Flags{HardSet: true, Hard: "imagefs.available<15%,nodefs.available<10.5%"},
+			[]Threshold{{Signal: SignalImageFSAvailable, Value: Value{Percent: 15, IsPercent: true}},
+				{Signal: SignalNodeFSAvailable, Value: Value{Percent: float64(float32(10.5)), IsPercent: true}}}, nil},
+		{"0 quantity reclaim accepted", Flags{HardSet: true, Hard: "memory.available<1Gi", MinimumReclaim: "memory.available=0Mi"}, []Threshold{q(SignalMemoryAvailable, 1<<30)}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, errs := Parse(tt.f)
+			if len(errs) > 0 {
+				t.Fatalf("errors: %v", errs)
+			}
+			if diff := cmp.Diff(tt.hard, got.Hard); diff != "" {
+				t.Errorf("hard (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.soft, got.Soft); diff != "" {
+				t.Errorf("soft (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

@@ -39,8 +39,6 @@ type DiskUsage struct {
 	Logs int64
 	// Writable are the containers' writable layers.
 	Writable int64
-	// Images is the image storage the pod's containers use (read-only layers).
-	Images int64
 }
 
 // Pod is what ranking needs to know about a pod: identity, priority, QoS class, requests and usage.
@@ -61,24 +59,27 @@ type Pod struct {
 	Disk, DiskInodes DiskUsage
 	// Processes is the number of processes (pids) the pod runs.
 	Processes int64
-	// MemoryUsageUnknown says the pod's memory usage could not be measured (no cgroup found):
-	// MemoryUsage is then meaningless. Like kubelet with a pod it has no stats for, memory ranking
-	// puts such pods first.
+	// MemoryUsageUnknown says the pod's usage could not be measured (no cgroup found): MemoryUsage
+	// and Processes are then meaningless. Like kubelet with a pod it has no stats for, memory and
+	// pid ranking put such pods first.
 	MemoryUsageUnknown bool
-	// DaemonSet says a DaemonSet owns the pod: evicting or deleting it through the API only makes
-	// the DaemonSet controller put it back on the same node, so it is never a candidate.
+	// DaemonSet says a DaemonSet owns the pod. Like kubelet, node-pressure eviction still takes
+	// it (only critical pods are refused); the graceful shutdown's Terminator skips it.
 	DaemonSet bool
 	// Static says the pod is a static pod (seen through its mirror pod): the kubelet runs it from a
-	// file and the API cannot remove it.
+	// file and the API cannot remove it. kubelet counts it critical.
 	Static bool
-	// Critical is kubelet's critical pod: static, or of priority >= system-cluster-critical's. The
-	// kubelet never evicts those for node pressure, and neither does the agent.
+	// Critical is kubelet's IsCriticalPod: static or mirror, or of priority >=
+	// system-cluster-critical's. The kubelet never evicts those for node pressure, nor does the agent.
 	Critical bool
+	// Terminating says the pod is being deleted already (deletionTimestamp set): evicting it again
+	// reclaims nothing more, so it is never chosen.
+	Terminating bool
 }
 
-// Evictable reports whether the pod may be proposed for a node-pressure eviction: not critical and
-// not owned by a DaemonSet.
-func (p *Pod) Evictable() bool { return !p.Critical && !p.Static && !p.DaemonSet }
+// Evictable reports whether the pod may be evicted for node pressure: not critical (kubelet's
+// evictPod refuses only those) and not terminating already.
+func (p *Pod) Evictable() bool { return !p.Critical && !p.Static && !p.Terminating }
 
 func (p *Pod) key() string { return p.Namespace + "/" + p.Name }
 
@@ -104,55 +105,66 @@ func (s Sorter) Sort(pods []Pod) {
 	})
 }
 
-// ByPriority evicts lower priorities first.
+// cmpBool is kubelet's cmpBool: a pod for which the condition holds comes first.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+// ByPriority evicts lower priorities first (kubelet's priority).
 func ByPriority(a, b *Pod) int { return cmp.Compare(a.Priority, b.Priority) }
 
-// ExceedsRequests evicts pods whose usage exceeds their request before pods within it.
-func ExceedsRequests(usage, request func(*Pod) int64) Cmp {
+// ExceedsRequests evicts pods whose usage exceeds their request before pods within it (kubelet's
+// exceedMemoryRequests and exceedDiskRequests). Like kubelet, when either pod has no stats the
+// one without comes first and usage is not looked at.
+func ExceedsRequests(known func(*Pod) bool, usage, request func(*Pod) int64) Cmp {
 	return func(a, b *Pod) int {
-		ea, eb := usage(a) > request(a), usage(b) > request(b)
-		switch {
-		case ea == eb:
-			return 0
-		case ea:
-			return -1
+		if ka, kb := known(a), known(b); !ka || !kb {
+			return cmpBool(!ka, !kb)
 		}
-		return 1
+		return cmpBool(usage(a) > request(a), usage(b) > request(b))
 	}
 }
 
-// UnknownUsageFirst evicts pods whose usage could not be measured first, as kubelet does with
-// pods it has no stats for.
-func UnknownUsageFirst(unknown func(*Pod) bool) Cmp {
+// UsageRelativeToRequest evicts the pod whose usage is further above its request first (kubelet's
+// memory and disk comparators), pods without stats first.
+func UsageRelativeToRequest(known func(*Pod) bool, usage, request func(*Pod) int64) Cmp {
 	return func(a, b *Pod) int {
-		ua, ub := unknown(a), unknown(b)
-		switch {
-		case ua == ub:
-			return 0
-		case ua:
-			return -1
+		if ka, kb := known(a), known(b); !ka || !kb {
+			return cmpBool(!ka, !kb)
 		}
-		return 1
-	}
-}
-
-// UsageRelativeToRequest evicts the pod whose usage is further above its request first.
-func UsageRelativeToRequest(usage, request func(*Pod) int64) Cmp {
-	return func(a, b *Pod) int {
 		return cmp.Compare(usage(b)-request(b), usage(a)-request(a))
 	}
 }
 
+// ByProcesses evicts the pod running more processes first (kubelet's process), pods without stats
+// first.
+func ByProcesses(a, b *Pod) int {
+	if ka, kb := !a.MemoryUsageUnknown, !b.MemoryUsageUnknown; !ka || !kb {
+		return cmpBool(!ka, !kb)
+	}
+	return cmp.Compare(b.Processes, a.Processes)
+}
+
 func memoryUsage(p *Pod) int64   { return p.MemoryUsage }
-func memoryUnknown(p *Pod) bool  { return p.MemoryUsageUnknown }
+func memoryKnown(p *Pod) bool    { return !p.MemoryUsageUnknown }
 func memoryRequest(p *Pod) int64 { return p.MemoryRequest }
 func storageRequest(p *Pod) int64 {
 	return p.StorageRequest
 }
+func noRequest(*Pod) int64 { return 0 }
+func diskKnown(*Pod) bool  { return true }
 
 // diskParts says which parts of a pod's DiskUsage are on the filesystem behind a signal, per layout
-// (seed 002, "pod selection for kubelet eviction").
-type diskParts struct{ volumes, logs, writable, images bool }
+// (seed 002, "pod selection for kubelet eviction"; kubelet's buildSignalToRankFunc). Image layers
+// never count: kubelet lists fsStatsImages for some signals, but its podDiskUsage only adds the
+// writable layers (root), logs and local volumes, so an imagefs-only signal ranks every pod at 0.
+type diskParts struct{ volumes, logs, writable bool }
 
 func partsFor(signal string, layout Layout) diskParts {
 	fs, _, _ := strings.Cut(signal, ".")
@@ -165,7 +177,7 @@ func partsFor(signal string, layout Layout) diskParts {
 		return diskParts{writable: true} // imagefs, and containerfs which follows it
 	case LayoutSplitImage:
 		if fs == "imagefs" {
-			return diskParts{images: true}
+			return diskParts{}
 		}
 		return all // containerfs, and nodefs which is the same filesystem
 	}
@@ -183,22 +195,24 @@ func (d diskParts) sum(u DiskUsage) int64 {
 	if d.writable {
 		n += u.Writable
 	}
-	if d.images {
-		n += u.Images
-	}
 	return n
 }
 
 // IsDiskSignal reports whether ranking for signal uses pods' disk use: the filesystem signals
 // (nodefs, imagefs, containerfs; bytes and inodes), not memory or pids.
 func IsDiskSignal(signal string) bool {
-	return signal != SignalMemoryAvailable && signal != SignalAllocatableMemoryAvailable && signal != SignalPIDAvailable
+	return !IsMemorySignal(signal) && signal != SignalPIDAvailable
+}
+
+// IsMemorySignal reports whether signal is memory.available or allocatableMemory.available.
+func IsMemorySignal(signal string) bool {
+	return signal == SignalMemoryAvailable || signal == SignalAllocatableMemoryAvailable
 }
 
 // usageFor returns how much of the signal's resource a pod uses: what evicting it reclaims.
 func usageFor(signal string, layout Layout) func(*Pod) int64 {
 	switch {
-	case signal == SignalMemoryAvailable || signal == SignalAllocatableMemoryAvailable:
+	case IsMemorySignal(signal):
 		return memoryUsage
 	case signal == SignalPIDAvailable:
 		return func(p *Pod) int64 { return p.Processes }
@@ -211,19 +225,24 @@ func usageFor(signal string, layout Layout) func(*Pod) int64 {
 }
 
 // SorterFor returns kubelet's ranking for a signal:
-//   - memory: UnknownUsageFirst, ExceedsRequests, ByPriority, UsageRelativeToRequest on memory;
-//   - inodes and pids: ByPriority only (they have no requests);
-//   - disk bytes: the same three on ephemeral-storage, counting the parts of the pod's disk usage
-//     that live on the signal's filesystem in the layout.
+//   - memory (rankMemoryPressure): ExceedsRequests, ByPriority, UsageRelativeToRequest on memory;
+//   - pids (rankPIDPressure): ByPriority, then ByProcesses;
+//   - disk bytes (rankDiskPressureFunc): the same three as memory on ephemeral storage, counting
+//     the parts of the pod's disk use on the signal's filesystem in the layout;
+//   - inodes (rankDiskPressureFunc on inodes): "uses any" (inodes have no request, so any use
+//     exceeds it), ByPriority, then inodes used minus the ephemeral-storage request — kubelet
+//     subtracts the storage request (bytes) from the inode count, and so does this.
 func SorterFor(signal string, layout Layout) Sorter {
-	switch {
-	case signal == SignalMemoryAvailable || signal == SignalAllocatableMemoryAvailable:
-		return OrderedBy(UnknownUsageFirst(memoryUnknown), ExceedsRequests(memoryUsage, memoryRequest), ByPriority, UsageRelativeToRequest(memoryUsage, memoryRequest))
-	case signal == SignalPIDAvailable || strings.HasSuffix(signal, ".inodesFree"):
-		return OrderedBy(ByPriority)
-	}
 	usage := usageFor(signal, layout)
-	return OrderedBy(ExceedsRequests(usage, storageRequest), ByPriority, UsageRelativeToRequest(usage, storageRequest))
+	switch {
+	case IsMemorySignal(signal):
+		return OrderedBy(ExceedsRequests(memoryKnown, memoryUsage, memoryRequest), ByPriority, UsageRelativeToRequest(memoryKnown, memoryUsage, memoryRequest))
+	case signal == SignalPIDAvailable:
+		return OrderedBy(ByPriority, ByProcesses)
+	case strings.HasSuffix(signal, ".inodesFree"):
+		return OrderedBy(ExceedsRequests(diskKnown, usage, noRequest), ByPriority, UsageRelativeToRequest(diskKnown, usage, storageRequest))
+	}
+	return OrderedBy(ExceedsRequests(diskKnown, usage, storageRequest), ByPriority, UsageRelativeToRequest(diskKnown, usage, storageRequest))
 }
 
 // Rank returns a copy of pods in the order they are to be evicted for signal.
@@ -249,37 +268,19 @@ func EvictionGracePeriod(hard bool, podGrace, maxPodGrace time.Duration) time.Du
 	return max(min(podGrace, maxPodGrace), 0)
 }
 
-// Candidates ranks the evictable pods (see Pod.Evictable) for r's signal and returns the first
-// ones whose combined usage of the signal's resource covers r.Need (the threshold plus its minimum
-// reclaim, minus what is available), and always at least one while r.Need > 0, each with its
-// eviction grace period. A pod whose memory usage is unknown ends the list for a memory signal: how
-// much it frees cannot be told, so the next evaluation decides whether more is needed. Nothing is
-// returned once the signal is back at its target.
-func Candidates(r Reclaim, layout Layout, pods []Pod, maxPodGrace time.Duration) []Candidate {
+// Next is kubelet's synchronize choice: the first pod, in the ranking for r's signal, that may be
+// evicted (see Pod.Evictable), with its eviction grace period. kubelet evicts one pod per
+// housekeeping interval and then waits for its resources to be reclaimed; ok is false when there
+// is nothing to reclaim or no pod to evict.
+func Next(r Reclaim, layout Layout, pods []Pod, maxPodGrace time.Duration) (c Candidate, ok bool) {
 	if r.Need <= 0 || len(pods) == 0 {
-		return nil
+		return Candidate{}, false
 	}
-	evictable := make([]Pod, 0, len(pods))
-	for _, p := range pods {
+	for _, p := range Rank(r.Threshold.Signal, layout, pods) {
 		if p.Evictable() {
-			evictable = append(evictable, p)
+			return Candidate{Namespace: p.Namespace, Name: p.Name, UID: p.UID,
+				GracePeriod: EvictionGracePeriod(r.Hard(), p.GracePeriod, maxPodGrace)}, true
 		}
 	}
-	signal := r.Threshold.Signal
-	isMemory := signal == SignalMemoryAvailable || signal == SignalAllocatableMemoryAvailable
-	usage := usageFor(signal, layout)
-	var out []Candidate
-	var freed int64
-	for _, p := range Rank(signal, layout, evictable) {
-		out = append(out, Candidate{Namespace: p.Namespace, Name: p.Name, UID: p.UID,
-			GracePeriod: EvictionGracePeriod(r.Hard(), p.GracePeriod, maxPodGrace)})
-		if isMemory && p.MemoryUsageUnknown {
-			break
-		}
-		freed += usage(&p)
-		if freed >= r.Need {
-			break
-		}
-	}
-	return out
+	return Candidate{}, false
 }

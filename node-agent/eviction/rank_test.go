@@ -1,6 +1,7 @@
 package eviction
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -42,29 +43,95 @@ func TestRankMemory(t *testing.T) {
 	}
 }
 
-func TestRankPIDAndInodesByPriorityOnly(t *testing.T) {
-	pods := []Pod{
-		{Name: "b", Priority: 10, Processes: 1000, DiskInodes: DiskUsage{Writable: 1e6}},
-		{Name: "a", Priority: 10, Processes: 1},
-		{Name: "c", Priority: -5, Processes: 1},
-		{Name: "d", Priority: 100, Processes: 5000, DiskInodes: DiskUsage{Writable: 1e7}},
+// kubelet's priorities in its eviction tests.
+const (
+	lowPriority  = -1
+	highPriority = 1
+)
+
+// TestRankKubeletTables are kubelet's helpers_test.go ranking tables for the comparators the
+// agent ranks with, as pods with the usage kubelet's stats give them.
+func TestRankKubeletTables(t *testing.T) {
+	tests := []struct {
+		name   string
+		sorter Sorter
+		pods   []Pod
+		want   []string
+	}{
+		{"TestOrderedByExceedsRequestMemory", OrderedBy(ExceedsRequests(memoryKnown, memoryUsage, memoryRequest)), []Pod{
+			{Name: "below-requests", Priority: -1, MemoryRequest: 200 * mi, MemoryUsage: 199 * mi},
+			{Name: "exceeds-requests", Priority: 1, MemoryRequest: 100 * mi, MemoryUsage: 101 * mi},
+		}, []string{"exceeds-requests", "below-requests"}},
+		{"TestOrderedByPriority", OrderedBy(ByPriority), []Pod{
+			{Name: "high-priority", Priority: 12534}, {Name: "medium-priority", Priority: 1}, {Name: "low-priority", Priority: -134},
+		}, []string{"low-priority", "medium-priority", "high-priority"}},
+		{"TestOrderedbyInodes", OrderedBy(UsageRelativeToRequest(diskKnown, usageFor(SignalNodeFSInodesFree, LayoutSingle), storageRequest)), []Pod{
+			{Name: "low", DiskInodes: DiskUsage{Writable: 50000, Logs: 100000, LocalVolumes: 50000}},
+			{Name: "medium", DiskInodes: DiskUsage{Writable: 100000, Logs: 150000, LocalVolumes: 50000}},
+			{Name: "high", DiskInodes: DiskUsage{Writable: 200000, Logs: 150000, LocalVolumes: 50000}},
+		}, []string{"high", "medium", "low"}},
+		{"TestOrderedByPriorityInodes", OrderedBy(ByPriority, UsageRelativeToRequest(diskKnown, usageFor(SignalNodeFSInodesFree, LayoutSingle), storageRequest)), []Pod{
+			{Name: "high-priority-low-usage", Priority: highPriority, DiskInodes: DiskUsage{Writable: 10000, Logs: 40000, LocalVolumes: 100000}},
+			{Name: "high-priority-high-usage", Priority: highPriority, DiskInodes: DiskUsage{Writable: 150000, Logs: 150000, LocalVolumes: 50000}},
+			{Name: "low-priority-low-usage", Priority: lowPriority, DiskInodes: DiskUsage{Writable: 60000, Logs: 30000, LocalVolumes: 10000}},
+			{Name: "low-priority-high-usage", Priority: lowPriority, DiskInodes: DiskUsage{Writable: 50000, Logs: 100000, LocalVolumes: 250000}},
+		}, []string{"low-priority-high-usage", "low-priority-low-usage", "high-priority-high-usage", "high-priority-low-usage"}},
+		{"TestOrderedByPriorityProcess", OrderedBy(ByPriority, ByProcesses), []Pod{
+			{Name: "high-priority-low-usage", Priority: highPriority, Processes: 5},
+			{Name: "high-priority-high-usage", Priority: highPriority, Processes: 20},
+			{Name: "low-priority-low-usage", Priority: lowPriority, Processes: 6},
+			{Name: "low-priority-high-usage", Priority: lowPriority, Processes: 20},
+		}, []string{"low-priority-high-usage", "low-priority-low-usage", "high-priority-high-usage", "high-priority-low-usage"}},
+		{"TestOrderedByMemory", OrderedBy(UsageRelativeToRequest(memoryKnown, memoryUsage, memoryRequest)), []Pod{
+			{Name: "best-effort-high", MemoryUsage: 500 * mi},
+			{Name: "best-effort-low", MemoryUsage: 300 * mi},
+			{Name: "burstable-high", MemoryRequest: 100 * mi, MemoryUsage: 800 * mi},
+			{Name: "burstable-low", MemoryRequest: 100 * mi, MemoryUsage: 300 * mi},
+			{Name: "guaranteed-high", MemoryRequest: 1 * gi, MemoryUsage: 800 * mi},
+			{Name: "guaranteed-low", MemoryRequest: 1 * gi, MemoryUsage: 200 * mi},
+		}, []string{"burstable-high", "best-effort-high", "best-effort-low", "burstable-low", "guaranteed-high", "guaranteed-low"}},
+		// The signals' full sorters, with kubelet's tie-breaks by usage within a priority.
+		{"rankPIDPressure", SorterFor(SignalPIDAvailable, LayoutSingle), []Pod{
+			{Name: "b", Priority: 10, Processes: 1000}, {Name: "a", Priority: 10, Processes: 1},
+			{Name: "c", Priority: -5, Processes: 1}, {Name: "d", Priority: 100, Processes: 5000},
+			{Name: "unknown", Priority: 100, MemoryUsageUnknown: true},
+		}, []string{"c", "b", "a", "unknown", "d"}},
+		{"rankDiskPressureFunc/inodes: uses any, priority, inodes", SorterFor(SignalNodeFSInodesFree, LayoutSingle), []Pod{
+			{Name: "none-low", Priority: -1},
+			{Name: "some-high", Priority: 100, DiskInodes: DiskUsage{Logs: 10}},
+			{Name: "many-high", Priority: 100, DiskInodes: DiskUsage{LocalVolumes: 1000}},
+			{Name: "few-high-requested", Priority: 100, StorageRequest: 5000, DiskInodes: DiskUsage{LocalVolumes: 2000}},
+		}, []string{"many-high", "some-high", "few-high-requested", "none-low"}},
 	}
-	want := []string{"c", "a", "b", "d"} // ties by name, usage ignored
-	for _, s := range []string{SignalPIDAvailable, SignalNodeFSInodesFree, SignalImageFSInodesFree} {
-		if diff := cmp.Diff(want, names(Rank(s, LayoutSplitDisk, pods))); diff != "" {
-			t.Errorf("%s (-want +got):\n%s", s, diff)
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Every input order gives the same ranking.
+			for _, in := range [][]Pod{tt.pods, reversed(tt.pods)} {
+				got := slices.Clone(in)
+				tt.sorter.Sort(got)
+				if diff := cmp.Diff(tt.want, names(got)); diff != "" {
+					t.Errorf("(-want +got):\n%s", diff)
+				}
+			}
+		})
 	}
 }
 
-// TestRankDiskLayouts is seed 002's table of what each filesystem layout measures.
+func reversed(p []Pod) []Pod {
+	out := slices.Clone(p)
+	slices.Reverse(out)
+	return out
+}
+
+// TestRankDiskLayouts is seed 002's table of what each filesystem layout measures (kubelet's
+// buildSignalToRankFunc; image layers never count, as in kubelet's podDiskUsage).
 func TestRankDiskLayouts(t *testing.T) {
 	// Each pod is big in one part only; same priority, no requests.
 	pods := []Pod{
-		{Name: "volumes", Disk: DiskUsage{LocalVolumes: 40 * gi, Logs: 0, Writable: 1 * gi, Images: 1 * gi}},
-		{Name: "logs", Disk: DiskUsage{LocalVolumes: 0, Logs: 30 * gi, Writable: 2 * gi, Images: 2 * gi}},
-		{Name: "writable", Disk: DiskUsage{LocalVolumes: 1 * gi, Logs: 1 * gi, Writable: 50 * gi, Images: 3 * gi}},
-		{Name: "images", Disk: DiskUsage{LocalVolumes: 2 * gi, Logs: 2 * gi, Writable: 3 * gi, Images: 60 * gi}},
+		{Name: "volumes", Disk: DiskUsage{LocalVolumes: 40 * gi, Logs: 0, Writable: 1 * gi}},
+		{Name: "logs", Disk: DiskUsage{LocalVolumes: 0, Logs: 30 * gi, Writable: 2 * gi}},
+		{Name: "writable", Disk: DiskUsage{LocalVolumes: 1 * gi, Logs: 1 * gi, Writable: 50 * gi}},
+		{Name: "small", Disk: DiskUsage{LocalVolumes: 2 * gi, Logs: 2 * gi, Writable: 3 * gi}},
 	}
 	tests := []struct {
 		layout Layout
@@ -72,14 +139,14 @@ func TestRankDiskLayouts(t *testing.T) {
 		want   []string
 	}{
 		// Single nodefs: volumes + logs + writable layers.
-		{LayoutSingle, SignalNodeFSAvailable, []string{"writable", "volumes", "logs", "images"}},
-		{LayoutSingle, SignalImageFSAvailable, []string{"writable", "volumes", "logs", "images"}},
+		{LayoutSingle, SignalNodeFSAvailable, []string{"writable", "volumes", "logs", "small"}},
+		{LayoutSingle, SignalImageFSAvailable, []string{"writable", "volumes", "logs", "small"}},
 		// Split disk: nodefs counts volumes + logs; imagefs the writable layers.
-		{LayoutSplitDisk, SignalNodeFSAvailable, []string{"volumes", "logs", "images", "writable"}},
-		{LayoutSplitDisk, SignalImageFSAvailable, []string{"writable", "images", "logs", "volumes"}},
-		// Split image: containerfs counts volumes + logs + writable; imagefs the image storage.
-		{LayoutSplitImage, SignalContainerFSAvailable, []string{"writable", "volumes", "logs", "images"}},
-		{LayoutSplitImage, SignalImageFSAvailable, []string{"images", "writable", "logs", "volumes"}},
+		{LayoutSplitDisk, SignalNodeFSAvailable, []string{"volumes", "logs", "small", "writable"}},
+		{LayoutSplitDisk, SignalImageFSAvailable, []string{"writable", "small", "logs", "volumes"}},
+		// Split image: containerfs counts volumes + logs + writable; imagefs nothing a pod owns.
+		{LayoutSplitImage, SignalContainerFSAvailable, []string{"writable", "volumes", "logs", "small"}},
+		{LayoutSplitImage, SignalImageFSAvailable, []string{"logs", "small", "volumes", "writable"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.layout.String()+"/"+tt.signal, func(t *testing.T) {
@@ -120,62 +187,45 @@ func TestEvictionGracePeriod(t *testing.T) {
 	}
 }
 
-func TestCandidatesCoverMinimumReclaim(t *testing.T) {
-	pods := []Pod{
-		{Name: "a", UID: "ua", MemoryUsage: 300 * mi, GracePeriod: 30 * time.Second},
-		{Name: "b", UID: "ub", MemoryUsage: 200 * mi, GracePeriod: 30 * time.Second},
-		{Name: "c", UID: "uc", MemoryUsage: 100 * mi, GracePeriod: 30 * time.Second},
-	}
+// TestNext is kubelet's synchronize choice: one pod per interval, the first evictable in the
+// ranking. Critical and static pods are refused (kubelet's evictPod), DaemonSet pods are not;
+// terminating pods are skipped; a pod without stats comes first (kubelet's "no stats" rule).
+func TestNext(t *testing.T) {
 	soft := Threshold{Signal: SignalMemoryAvailable, Value: Value{Quantity: gi}, GracePeriod: time.Minute}
-	hard := Threshold{Signal: SignalMemoryAvailable, Value: Value{Quantity: gi}}
-	tests := []struct {
-		name string
-		r    Reclaim
-		want []Candidate
-	}{
-		{"nothing needed", Reclaim{Threshold: hard, Need: 0}, nil},
-		{"one pod covers it", Reclaim{Threshold: hard, Need: 250 * mi}, []Candidate{{Name: "a", UID: "ua"}}},
-		{"min reclaim needs two", Reclaim{Threshold: soft, Need: 450 * mi}, []Candidate{
-			{Name: "a", UID: "ua", GracePeriod: 10 * time.Second}, {Name: "b", UID: "ub", GracePeriod: 10 * time.Second}}},
-		{"more than all", Reclaim{Threshold: hard, Need: 10 * gi}, []Candidate{{Name: "a", UID: "ua"}, {Name: "b", UID: "ub"}, {Name: "c", UID: "uc"}}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Candidates(tt.r, LayoutSingle, pods, 10*time.Second)
-			if diff := cmp.Diff(tt.want, got); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-// TestCandidatesSkipUnevictableAndStopAtUnknown: critical, static and DaemonSet pods are never
-// proposed; a pod of unknown memory usage comes first (kubelet's "no stats" rule) and ends the list.
-func TestCandidatesSkipUnevictableAndStopAtUnknown(t *testing.T) {
 	hard := Reclaim{Threshold: Threshold{Signal: SignalMemoryAvailable, Value: Value{Quantity: gi}}, Need: 10 * gi}
 	tests := []struct {
 		name string
+		r    Reclaim
 		pods []Pod
-		want []string
+		want *Candidate
 	}{
-		{"unevictable skipped", []Pod{
+		{"nothing needed", Reclaim{Threshold: hard.Threshold, Need: 0}, []Pod{{Name: "a"}}, nil},
+		{"one pod even when the need is larger", hard, []Pod{
+			{Name: "a", UID: "ua", MemoryUsage: 300 * mi, GracePeriod: 30 * time.Second},
+			{Name: "b", UID: "ub", MemoryUsage: 200 * mi, GracePeriod: 30 * time.Second},
+		}, &Candidate{Name: "a", UID: "ua"}},
+		{"soft: min of the pod's grace and the max", Reclaim{Threshold: soft, Need: 1}, []Pod{
+			{Name: "a", UID: "ua", MemoryUsage: 300 * mi, GracePeriod: 30 * time.Second},
+		}, &Candidate{Name: "a", UID: "ua", GracePeriod: 10 * time.Second}},
+		{"critical, static and terminating skipped; DaemonSet taken", hard, []Pod{
 			{Name: "critical", MemoryUsage: 5 * gi, Critical: true},
 			{Name: "static", MemoryUsage: 5 * gi, Static: true},
-			{Name: "daemonset", MemoryUsage: 5 * gi, DaemonSet: true},
+			{Name: "terminating", MemoryUsage: 5 * gi, Terminating: true},
+			{Name: "daemonset", MemoryUsage: 4 * gi, DaemonSet: true},
 			{Name: "plain", MemoryUsage: 100 * mi},
-		}, []string{"plain"}},
-		{"unknown first and last", []Pod{
+		}, &Candidate{Name: "daemonset"}},
+		{"unknown first", hard, []Pod{
 			{Name: "big", MemoryUsage: 5 * gi},
 			{Name: "unknown", MemoryUsageUnknown: true},
-			{Name: "small", MemoryUsage: 100 * mi},
-		}, []string{"unknown"}},
-		{"only unevictable", []Pod{{Name: "ds", DaemonSet: true}}, nil},
+		}, &Candidate{Name: "unknown"}},
+		{"only critical", hard, []Pod{{Name: "c", Critical: true}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var got []string
-			for _, c := range Candidates(hard, LayoutSingle, tt.pods, 0) {
-				got = append(got, c.Name)
+			c, ok := Next(tt.r, LayoutSingle, tt.pods, 10*time.Second)
+			var got *Candidate
+			if ok {
+				got = &c
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)

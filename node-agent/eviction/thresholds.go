@@ -248,8 +248,9 @@ func NewTracker(cfg Config) *Tracker {
 //
 //  1. The thresholds met now, plus the thresholds reclaimed at the previous observation that the
 //     signal has not yet passed by their minimum reclaim, are "met".
-//  2. A condition is under pressure when one of its met thresholds is met now, or was within the
-//     pressure transition period before now, grace periods notwithstanding.
+//  2. A condition is under pressure when one of its thresholds was met (grace periods
+//     notwithstanding) less than the pressure transition period before now; with a period of 0 it
+//     never is, as in kubelet.
 //  3. Met thresholds whose grace period has passed (hard ones at once) are to be reclaimed, each up to
 //     its threshold plus its minimum reclaim.
 func (t *Tracker) Observe(now time.Time, obs Observations) Result {
@@ -272,11 +273,15 @@ func (t *Tracker) Observe(now time.Time, obs Observations) Result {
 	}
 	for _, c := range Conditions {
 		last, ok := t.lastMet[c]
-		pressure := ok && (last.Equal(now) || now.Sub(last) < t.cfg.PressureTransitionPeriod)
+		// kubelet's nodeConditionsObservedSince: reported while now - last < the period, so with
+		// a transition period of 0 a condition is never reported.
+		pressure := ok && now.Sub(last) < t.cfg.PressureTransitionPeriod
 		st := ConditionState{Condition: c, Pressure: pressure}
 		switch {
-		case len(reasons[c]) > 0:
+		case len(reasons[c]) > 0 && pressure:
 			st.Reason = "threshold met: " + strings.Join(reasons[c], ",")
+		case len(reasons[c]) > 0:
+			st.Reason = "threshold met: " + strings.Join(reasons[c], ",") + "; not reported with a pressure transition period of 0, as kubelet"
 		case pressure:
 			st.Reason = fmt.Sprintf("threshold not met since %s, within the pressure transition period %s", last.UTC().Format(time.RFC3339Nano), t.cfg.PressureTransitionPeriod)
 		default:

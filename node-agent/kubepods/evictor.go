@@ -43,6 +43,9 @@ type EvictorConfig struct {
 	// stopped its containers, like a force delete: a StatefulSet could then start the same
 	// identity elsewhere while the old one still runs. Default 1s.
 	MinGracePeriod time.Duration
+	// Done, when set, is told how every granted eviction ended: Evicted, Gone, or Failed (refused
+	// for good, or still refused after GiveUpAfter). The agent reports it to the coordinator.
+	Done func(c eviction.Candidate, out Outcome, err error)
 	// Log nil means slog.Default().
 	Log *slog.Logger
 }
@@ -236,15 +239,23 @@ func (e *Evictor) attempt(ctx context.Context, p *pending) bool {
 	cancel()
 	p.attempts++
 	now := time.Now()
+	done := func(out Outcome) {
+		if e.cfg.Done != nil {
+			e.cfg.Done(c, out, err)
+		}
+	}
 	switch out {
 	case Evicted:
 		log.Info("pod evicted", "attempts", p.attempts)
+		done(Evicted)
 		return false
 	case Gone:
 		log.Info("granted pod is gone already")
+		done(Gone)
 		return false
 	case Failed:
 		log.Error("eviction refused; giving up", "error", err)
+		done(Failed)
 		return false
 	}
 	if ctx.Err() != nil {
@@ -252,6 +263,7 @@ func (e *Evictor) attempt(ctx context.Context, p *pending) bool {
 	}
 	if now.Sub(p.granted) >= e.cfg.GiveUpAfter {
 		log.Warn("eviction still refused; giving up on the grant", "attempts", p.attempts, "error", err)
+		done(Failed)
 		return false
 	}
 	if delay <= 0 {

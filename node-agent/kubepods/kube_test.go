@@ -458,3 +458,94 @@ func TestEvictUnsyncedBudget(t *testing.T) {
 		t.Errorf("Evict took %v: it must not wait out the Retry-After itself", took)
 	}
 }
+
+// TestKillerEvictsLikeKubelet: a local eviction (hard threshold or fallback), as the agent's
+// ServiceAccount: the pod's status is Failed/Evicted with kubelet's message and a DisruptionTarget
+// condition (reason TerminationByKubelet), an Evicted Warning Event is on the pod, and the pod is
+// being deleted with the eviction's grace period (at least 1 s). A stale uid evicts nothing.
+func TestKillerEvictsLikeKubelet(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-kill"
+	pod := createPod(ctx, t, ns, podSpec{name: "hog", node: node})
+	other := createPod(ctx, t, ns, podSpec{name: "renamed", node: node})
+	k := NewKiller(agentClient(t, nil), node, nil, 0, testLog(t))
+	r := eviction.Reclaim{Threshold: eviction.Threshold{Signal: eviction.SignalMemoryAvailable, Value: eviction.Value{Quantity: 100 << 20}},
+		Observed: eviction.Observation{Available: 50 << 20, Capacity: 8 << 30}}
+	msg, err := k.Kill(ctx, eviction.Candidate{Namespace: ns, Name: "hog", UID: string(pod.UID), GracePeriod: 0}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. "
+	if msg != want {
+		t.Errorf("message %q, want %q", msg, want)
+	}
+	got, err := admin.CoreV1().Pods(ns).Get(ctx, "hog", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Phase != corev1.PodFailed || got.Status.Reason != "Evicted" || got.Status.Message != want {
+		t.Errorf("status %s/%s/%q; want Failed/Evicted/%q", got.Status.Phase, got.Status.Reason, got.Status.Message, want)
+	}
+	var dt *corev1.PodCondition
+	for i, c := range got.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			dt = &got.Status.Conditions[i]
+		}
+	}
+	if dt == nil || dt.Status != corev1.ConditionTrue || dt.Reason != "TerminationByKubelet" || dt.Message != want {
+		t.Errorf("DisruptionTarget condition %+v", dt)
+	}
+	if got.DeletionTimestamp == nil || got.DeletionGracePeriodSeconds == nil || *got.DeletionGracePeriodSeconds != 1 {
+		t.Errorf("deletion %v grace %v; want terminating with 1 s", got.DeletionTimestamp, got.DeletionGracePeriodSeconds)
+	}
+	evs, err := admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hog"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 || evs.Items[0].Reason != "Evicted" || evs.Items[0].Type != corev1.EventTypeWarning || evs.Items[0].Message != want {
+		t.Errorf("events %+v; want one Warning Evicted", evs.Items)
+	}
+
+	if _, err := k.Kill(ctx, eviction.Candidate{Namespace: ns, Name: "renamed", UID: "00000000-0000-0000-0000-000000000000"}, r); err == nil {
+		t.Error("Kill with a stale uid succeeded")
+	}
+	if p, err := admin.CoreV1().Pods(ns).Get(ctx, "renamed", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.UID != other.UID {
+		t.Errorf("the pod holding the name was touched: %v %+v", err, p.Status)
+	}
+}
+
+// TestTerminatorGraceZeroAndPodGrace: a phase whose time is already up (grace 0) still deletes its
+// pods at once, as kubelet kills them; a pod's own terminationGracePeriodSeconds below the phase's
+// grace wins (kubelet's shutdown manager takes the smaller).
+func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	zeroPod := Convert(createPod(ctx, t, ns, podSpec{name: "zero-phase", node: "node-z"}))
+	shortPod := Convert(createPod(ctx, t, ns, podSpec{name: "short-grace", node: "node-z", grace: 5}))
+	term := NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)})
+
+	expired, cancel := context.WithTimeout(ctx, 0)
+	defer cancel()
+	<-expired.Done()
+	if err := term.Terminate(expired, []eviction.Pod{zeroPod}, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Terminate(grace 0) = %v; want the deadline (no kubelet finishes the pod)", err)
+	}
+	pctx, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	_ = term.Terminate(pctx, []eviction.Pod{shortPod}, 20*time.Second)
+	for name, want := range map[string]int64{"zero-phase": 1, "short-grace": 5} {
+		got, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || got.DeletionTimestamp == nil || *got.DeletionGracePeriodSeconds != want {
+			t.Errorf("%s: %v, deletion grace %v; want Terminating with %ds", name, err, got.GetDeletionGracePeriodSeconds(), want)
+		}
+	}
+
+	cancelled, cancel3 := context.WithCancel(ctx)
+	cancel3()
+	never := Convert(createPod(ctx, t, ns, podSpec{name: "called-off", node: "node-z"}))
+	_ = term.Terminate(cancelled, []eviction.Pod{never}, time.Minute)
+	if got, err := admin.CoreV1().Pods(ns).Get(ctx, "called-off", metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
+		t.Errorf("a cancelled shutdown deleted a pod: %v", err)
+	}
+}

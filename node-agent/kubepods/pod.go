@@ -226,5 +226,6 @@ func Convert(pod *corev1.Pod) eviction.Pod {
 		DaemonSet:          IsDaemonSetPod(pod),
 		Static:             IsStaticPod(pod),
 		Critical:           IsCritical(pod),
+		Terminating:        pod.DeletionTimestamp != nil,
 	}
 }

@@ -31,13 +31,27 @@ type UsageReader interface {
 // Source is the node's pods, from an informer watching the pods bound to the node. It implements
 // pressure.PodSource and shutdown.PodSource. Create it with NewSource, start it with Run.
 type Source struct {
-	node    string
-	factory informers.SharedInformerFactory
-	synced  cache.InformerSynced
-	lister  corelisters.PodLister
-	usage   UsageReader
-	disk    DiskReader
-	log     *slog.Logger
+	node     string
+	factory  informers.SharedInformerFactory
+	synced   cache.InformerSynced
+	lister   corelisters.PodLister
+	usage    UsageReader
+	disk     DiskReader
+	writable WritableReader
+	log      *slog.Logger
+}
+
+// WritableReader returns each pod's writable-layer use (bytes, inodes) by pod uid, from the
+// container runtime (cri.Client.Writable through an adapter).
+type WritableReader func(ctx context.Context) (map[string][2]int64, error)
+
+// SetWritable sets the Source's WritableReader (see WithWritable); call it before Run.
+func (s *Source) SetWritable(w WritableReader) { s.writable = w }
+
+// WithWritable has the Source fill its pods' writable-layer use from the container runtime when
+// ranking on a filesystem signal (default: none, 0).
+func WithWritable(w WritableReader) SourceOption {
+	return func(s *Source) { s.writable = w }
 }
 
 // SourceOption configures a Source beyond what NewSource requires.
@@ -157,6 +171,17 @@ func (s *Source) PodsWithDisk(ctx context.Context) ([]eviction.Pod, error) {
 		return nil, err
 	}
 	s.readDisk(pods, time.Now())
+	if s.writable != nil {
+		w, err := s.writable(ctx)
+		if err != nil {
+			s.log.Warn("cannot read the containers' writable layers from the runtime; they count 0", "error", err)
+		}
+		for i := range pods {
+			if u, ok := w[pods[i].UID]; ok {
+				pods[i].Disk.Writable, pods[i].DiskInodes.Writable = u[0], u[1]
+			}
+		}
+	}
 	return pods, nil
 }
 

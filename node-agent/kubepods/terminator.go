@@ -56,15 +56,32 @@ func NewTerminator(client kubernetes.Interface, cfg TerminatorConfig) *Terminato
 // from a file; deleting its mirror pod does not stop it).
 func Terminable(p *eviction.Pod) bool { return !p.DaemonSet && !p.Static }
 
-// Terminate deletes the terminable pods (see Terminable) gracefully with grace (rounded up to
-// seconds, at least MinGracePeriod), each with its uid as a precondition, and waits until they
-// are gone. It returns nil when they are, or an error naming how many remain when ctx ends first;
-// failed deletes are reported in the error too.
+// deleteTimeout bounds the deletes of one phase when the phase's own time is already up.
+const deleteTimeout = 10 * time.Second
+
+// Terminate deletes the terminable pods (see Terminable) gracefully, each with the smaller of
+// grace and its own terminationGracePeriodSeconds (kubelet's shutdown manager), rounded up to
+// seconds and at least MinGracePeriod, with its uid as a precondition, and waits until they are
+// gone. The deletes are sent even when ctx's deadline has passed already, as for a phase whose
+// grace is 0 (kubelet kills those pods at once); a cancelled ctx (the shutdown was called off)
+// sends none. It returns nil when the pods are gone, or an error naming how many remain when ctx
+// ends first; failed deletes are reported in the error too.
 func (t *Terminator) Terminate(ctx context.Context, pods []eviction.Pod, grace time.Duration) error {
-	secs := gracePeriodSeconds(grace, t.cfg.MinGracePeriod)
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
+	defer cancel()
+	stopped := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			cancel()
+		}
+	})
+	defer stopped()
 	var errs []error
 	var waiting []eviction.Pod
 	for _, p := range pods {
+		secs := gracePeriodSeconds(min(grace, max(p.GracePeriod, 0)), t.cfg.MinGracePeriod)
 		log := t.log.With("pod", p.Namespace+"/"+p.Name, "uid", p.UID)
 		if !Terminable(&p) {
 			log.Info("not deleting a DaemonSet or static pod", "daemonset", p.DaemonSet, "static", p.Static)
@@ -75,7 +92,7 @@ func (t *Terminator) Terminate(ctx context.Context, pods []eviction.Pod, grace t
 			uid := types.UID(p.UID)
 			opts.Preconditions = &metav1.Preconditions{UID: &uid}
 		}
-		err := t.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, opts)
+		err := t.client.CoreV1().Pods(p.Namespace).Delete(dctx, p.Name, opts)
 		switch {
 		case err == nil:
 			log.Info("deleting pod for the node shutdown", "grace_period_seconds", secs)

@@ -31,6 +31,7 @@ type Metrics struct {
 	condition       *prometheus.GaugeVec
 	shutdownStart   prometheus.Gauge
 	shutdownEnd     prometheus.Gauge
+	evictions       *prometheus.CounterVec
 }
 
 // New registers the agent's metrics in a new registry; stream may be nil (no stream metrics).
@@ -58,8 +59,12 @@ func New(stream Stream) *Metrics {
 			Name: "graceful_shutdown_end_time_seconds",
 			Help: "Unix time the last graceful node shutdown finished terminating pods (kubelet's metric).",
 		}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "nodefence_agent", Name: "evictions_total",
+			Help: "Pod evictions by signal and kind: EVICTION_KIND_HARD (local, at once), _FALLBACK (local, no grant in time), _GRANTED (paced by the coordinator), _FAILED and _DECLINED grants.",
+		}, []string{"signal", "kind"}),
 	}
-	reg.MustRegister(m.signalAvailable, m.signalCapacity, m.condition, m.shutdownStart, m.shutdownEnd,
+	reg.MustRegister(m.signalAvailable, m.signalCapacity, m.condition, m.shutdownStart, m.shutdownEnd, m.evictions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if stream != nil {
 		reg.MustRegister(
@@ -100,6 +105,13 @@ func (m *Metrics) Condition(name string, pressure bool) {
 		v = 1
 	}
 	m.condition.WithLabelValues(name).Set(v)
+}
+
+// Eviction counts one eviction (or grant outcome) of kind for signal.
+func (m *Metrics) Eviction(signal, kind string) {
+	if m != nil {
+		m.evictions.WithLabelValues(signal, kind).Inc()
+	}
 }
 
 // ShutdownStarted sets graceful_shutdown_start_time_seconds.

@@ -28,7 +28,6 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
@@ -102,6 +101,14 @@ type Config struct {
 	// MemoryRate is the fastest memory.available is assumed to fall, in bytes per second. Default
 	// 4 GiB/s.
 	MemoryRate int64
+	// CleanupTimeout is kubelet's podCleanupTimeout: after an eviction no other pod is evicted
+	// until the evicted pod's resources are reclaimed or this long has passed. Default 30s.
+	CleanupTimeout time.Duration
+	// GrantTimeout is how long a soft-threshold candidate waits for the coordinator's grant before
+	// the agent evicts it itself. Default 2m.
+	GrantTimeout time.Duration
+	// Actions evict the node's pods in Kubernetes mode; the zero value only reports.
+	Actions Actions
 	// Log nil means slog.Default().
 	Log *slog.Logger
 }
@@ -120,6 +127,12 @@ func (c *Config) SetDefaults() {
 	if c.MemoryRate == 0 {
 		c.MemoryRate = DefaultMemoryRate
 	}
+	if c.CleanupTimeout == 0 {
+		c.CleanupTimeout = DefaultCleanupTimeout
+	}
+	if c.GrantTimeout == 0 {
+		c.GrantTimeout = DefaultGrantTimeout
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -135,6 +148,9 @@ type Monitor struct {
 	tracker *eviction.Tracker
 	obs     eviction.Observations
 	log     *slog.Logger
+	actions Actions
+	act     actor
+	grants  chan *agentv1.EvictionGrant
 }
 
 // New returns a Monitor; pods and rec may be nil.
@@ -147,7 +163,9 @@ func New(cfg Config, r Reader, send Sender, pods PodSource, rec Recorder) (*Moni
 		return nil, fmt.Errorf("pressure: a Reader and a Sender are required")
 	}
 	return &Monitor{cfg: cfg, reader: r, send: send, pods: pods, rec: rec,
-		tracker: eviction.NewTracker(cfg.Eviction), obs: eviction.Observations{}, log: cfg.Log.With("component", "pressure")}, nil
+		tracker: eviction.NewTracker(cfg.Eviction), obs: eviction.Observations{}, log: cfg.Log.With("component", "pressure"),
+		actions: cfg.Actions, act: actor{cleanupTimeout: cfg.CleanupTimeout, grantTimeout: cfg.GrantTimeout},
+		grants: make(chan *agentv1.EvictionGrant, 16)}, nil
 }
 
 func (m *Monitor) hasMemoryThreshold() bool {
@@ -200,8 +218,10 @@ func (m *Monitor) Run(ctx context.Context) error {
 		case now := <-hk.C:
 			m.housekeeping(ctx, now)
 		case now := <-fast:
-			m.fast(now)
+			m.fast(ctx, now)
 			timer.Reset(m.nextFast())
+		case g := <-m.grants:
+			m.handleGrant(g, time.Now())
 		}
 	}
 }
@@ -220,19 +240,23 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 	m.obs = signals.Observations(sigs)
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 {
-		m.propose(ctx, res.Reclaim[0])
+		m.reclaim(ctx, res.Reclaim[0], now)
 	}
 }
 
-// fast reads memory.available alone and evaluates.
-func (m *Monitor) fast(now time.Time) {
+// fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at
+// once (kubelet waits for its next housekeeping).
+func (m *Monitor) fast(ctx context.Context, now time.Time) {
 	mem, err := m.reader.Memory()
 	if err != nil {
 		m.log.Debug("fast memory read failed", "error", err)
 		return
 	}
 	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity}
-	m.evaluate(now)
+	res := m.evaluate(now)
+	if len(res.Reclaim) > 0 && eviction.IsMemorySignal(res.Reclaim[0].Threshold.Signal) {
+		m.reclaim(ctx, res.Reclaim[0], now)
+	}
 }
 
 // evaluate runs the tracker on the latest observations and sends the condition changes.
@@ -252,36 +276,6 @@ func (m *Monitor) evaluate(now time.Time) eviction.Result {
 		}
 	}
 	return res
-}
-
-// propose sends the ranked candidates for r when there is a pod source.
-func (m *Monitor) propose(ctx context.Context, r eviction.Reclaim) {
-	log := m.log.With("signal", r.Threshold.Signal, "hard", r.Hard(), "need", r.Need, "target", r.Target)
-	if m.pods == nil {
-		log.Warn("threshold met past its grace period; no pod source in standalone mode, reporting only")
-		return
-	}
-	list := m.pods.Pods
-	if ds, ok := m.pods.(DiskPodSource); ok && eviction.IsDiskSignal(r.Threshold.Signal) {
-		list = ds.PodsWithDisk
-	}
-	pods, err := list(ctx)
-	if err != nil {
-		log.Warn("listing pods failed", "error", err)
-		return
-	}
-	cands := eviction.Candidates(r, m.cfg.Layout, pods, m.cfg.Eviction.MaxPodGracePeriod)
-	if len(cands) == 0 {
-		log.Warn("threshold met past its grace period but no pod to evict")
-		return
-	}
-	msg := &agentv1.EvictionCandidates{Signal: r.Threshold.Signal}
-	for _, c := range cands {
-		msg.Candidates = append(msg.Candidates, &agentv1.EvictionCandidate{
-			Namespace: c.Namespace, Name: c.Name, Uid: c.UID, GracePeriod: durationpb.New(c.GracePeriod)})
-	}
-	m.send.Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Candidates{Candidates: msg}})
-	log.Info("proposed eviction candidates", "candidates", len(cands))
 }
 
 // ConditionChange converts a condition state to the API message.

@@ -2,11 +2,15 @@ package pressure
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	"github.com/nodefence/nodefence/node-agent/signals"
@@ -80,6 +84,9 @@ func describe(m *agentv1.ConnectRequest) string {
 		}
 		return "candidates " + c.Signal + " " + strings.Join(names, ",")
 	}
+	if e := m.GetEviction(); e != nil {
+		return "eviction " + e.Kind.String() + " " + e.Namespace + "/" + e.Name + " " + e.GracePeriod.AsDuration().String()
+	}
 	return m.String()
 }
 
@@ -148,39 +155,161 @@ func TestFastPathDetectsMemoryPressure(t *testing.T) {
 	}
 }
 
-// TestCandidatesProposed: with a pod source, a hard threshold met at housekeeping proposes the ranked
-// pods that cover the minimum reclaim, with grace 0.
-func TestCandidatesProposed(t *testing.T) {
+// killer records kills; cleaned says whether a killed pod's resources are reclaimed.
+type killer struct {
+	mu      sync.Mutex
+	killed  []string
+	cleaned bool
+}
+
+func (k *killer) Kill(_ context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.killed = append(k.killed, c.Name+"/"+c.GracePeriod.String())
+	return "low on " + r.Threshold.Signal, nil
+}
+
+func (k *killer) CleanedUp(context.Context, eviction.Candidate) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.cleaned
+}
+
+func (k *killer) kills() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.killed)
+}
+
+// grants records what the monitor hands to the evictor.
+type grants struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (g *grants) Grant(e *agentv1.EvictionGrant) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range e.Pods {
+		g.got = append(g.got, p.Name)
+	}
+}
+
+var memPods = podList{
+	{Namespace: "a", Name: "guaranteed", UID: "u1", MemoryRequest: gi, MemoryUsage: 500 * mi, GracePeriod: time.Minute},
+	{Namespace: "a", Name: "besteffort", UID: "u2", MemoryUsage: 200 * mi, GracePeriod: time.Minute},
+	{Namespace: "a", Name: "burstable", UID: "u3", MemoryRequest: 100 * mi, MemoryUsage: 300 * mi, GracePeriod: time.Minute},
+}
+
+// TestHardThresholdEvictsOnePodPerInterval: a hard threshold evicts at once, locally, the first
+// pod of kubelet's ranking with grace 0 and reports it; the next evaluations evict nobody while the
+// pod's resources are not reclaimed (kubelet's waitForPodsCleanup), then the next pod goes.
+func TestHardThresholdEvictsOnePodPerInterval(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	r := &reader{mem: 900 * mi, pid: 900}
-	s := make(sender, 16)
-	pods := podList{
-		{Namespace: "a", Name: "guaranteed", MemoryRequest: gi, MemoryUsage: 500 * mi, GracePeriod: time.Minute},
-		{Namespace: "a", Name: "besteffort", MemoryUsage: 200 * mi, GracePeriod: time.Minute},
-		{Namespace: "a", Name: "burstable", MemoryRequest: 100 * mi, MemoryUsage: 300 * mi, GracePeriod: time.Minute},
-	}
+	s := make(sender, 64)
+	k := &killer{}
 	m, err := New(Config{
-		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi", MinimumReclaim: "memory.available=200Mi"}),
-		// 1Gi + 200Mi - 900Mi = 324Mi to reclaim: besteffort (200Mi) and burstable (300Mi).
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi", MinimumReclaim: "memory.available=200Mi", PressureTransitionPeriod: time.Minute}),
 		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
-	}, r, s, pods, nil)
+		Actions: Actions{Killer: k, Cleanup: k},
+	}, r, s, memPods, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = m.Run(ctx) }()
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
 	var got []string
-	for range 4 {
-		got = append(got, describe(next(t, ctx, s)))
+	for len(s) > 0 {
+		got = append(got, describe(<-s))
 	}
 	want := []string{
 		"CONDITION_TYPE_MEMORY_PRESSURE=CONDITION_STATUS_TRUE",
 		"CONDITION_TYPE_DISK_PRESSURE=CONDITION_STATUS_FALSE",
 		"CONDITION_TYPE_PID_PRESSURE=CONDITION_STATUS_FALSE",
-		"candidates memory.available besteffort/0s,burstable/0s",
+		"eviction EVICTION_KIND_HARD a/besteffort 0s",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("messages (-want +got):\n%s", diff)
+	}
+	// Still under pressure 10 s and 29 s later, the pod not cleaned up: nobody else is evicted.
+	m.housekeeping(ctx, t0.Add(10*time.Second))
+	m.housekeeping(ctx, t0.Add(29*time.Second))
+	if diff := cmp.Diff([]string{"besteffort/0s"}, k.kills()); diff != "" {
+		t.Errorf("kills while waiting for reclaim (-want +got):\n%s", diff)
+	}
+	// 30 s: kubelet's wait is over; the next pod of the ranking (the killed one is still listed).
+	m.housekeeping(ctx, t0.Add(30*time.Second))
+	if diff := cmp.Diff([]string{"besteffort/0s", "besteffort/0s"}, k.kills()); diff != "" {
+		t.Errorf("kills after the wait (-want +got):\n%s", diff)
+	}
+	// Cleaned up at once: the next evaluation may evict again.
+	k.mu.Lock()
+	k.cleaned = true
+	k.mu.Unlock()
+	m.housekeeping(ctx, t0.Add(31*time.Second))
+	if got := len(k.kills()); got != 3 {
+		t.Errorf("kills after cleanup: %d, want 3", got)
+	}
+}
+
+// TestSoftThresholdWaitsForGrantThenFallsBack: past its grace period a soft threshold proposes one
+// candidate to the coordinator and evicts nobody on its own; a grant for it goes to the evictor; a
+// candidate with no grant within GrantTimeout is evicted locally with the soft grace period.
+func TestSoftThresholdWaitsForGrantThenFallsBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 900 * mi, pid: 900}
+	s := make(sender, 64)
+	k := &killer{cleaned: true}
+	g := &grants{}
+	m, err := New(Config{
+		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
+			SoftGracePeriod: "memory.available=10s", MaxPodGracePeriod: 20, PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, GrantTimeout: time.Minute, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Granted: g},
+	}, r, s, memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := func() []string {
+		var out []string
+		for len(s) > 0 {
+			if d := describe(<-s); !strings.HasPrefix(d, "CONDITION") {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)                     // grace period starts
+	m.housekeeping(ctx, t0.Add(10*time.Second)) // grace period over: propose
+	m.housekeeping(ctx, t0.Add(20*time.Second)) // waiting for the grant
+	if diff := cmp.Diff([]string{"candidates memory.available besteffort/20s"}, drain()); diff != "" {
+		t.Errorf("proposal (-want +got):\n%s", diff)
+	}
+	// A grant for another pod is declined; the one for the candidate goes to the evictor.
+	m.handleGrant(&agentv1.EvictionGrant{Signal: "memory.available", Pods: []*agentv1.EvictionCandidate{{Namespace: "a", Name: "guaranteed", Uid: "u1"}}}, t0.Add(21*time.Second))
+	m.handleGrant(&agentv1.EvictionGrant{Signal: "memory.available", Pods: []*agentv1.EvictionCandidate{{Namespace: "a", Name: "besteffort", Uid: "u2"}}}, t0.Add(21*time.Second))
+	if diff := cmp.Diff([]string{"eviction EVICTION_KIND_DECLINED a/guaranteed 0s"}, drain()); diff != "" {
+		t.Errorf("decline (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"besteffort"}, g.got); diff != "" {
+		t.Errorf("granted (-want +got):\n%s", diff)
+	}
+	if len(k.kills()) != 0 {
+		t.Errorf("local kills %v with a grant", k.kills())
+	}
+	// Pressure remains: a new candidate, and no grant for a minute: local fallback.
+	m.housekeeping(ctx, t0.Add(30*time.Second))
+	m.housekeeping(ctx, t0.Add(89*time.Second))
+	m.housekeeping(ctx, t0.Add(90*time.Second))
+	if diff := cmp.Diff([]string{"candidates memory.available besteffort/20s", "eviction EVICTION_KIND_FALLBACK a/besteffort 20s"}, drain()); diff != "" {
+		t.Errorf("fallback (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"besteffort/20s"}, k.kills()); diff != "" {
+		t.Errorf("local kills (-want +got):\n%s", diff)
 	}
 }
 
@@ -274,11 +403,71 @@ func TestOnlyDiskRankingMeasuresDisk(t *testing.T) {
 		{eviction.SignalMemoryAvailable, 1, 0}, {eviction.SignalPIDAvailable, 2, 0},
 		{eviction.SignalNodeFSAvailable, 2, 1}, {eviction.SignalImageFSInodesFree, 2, 2},
 	} {
-		m.propose(ctx, eviction.Reclaim{Threshold: eviction.Threshold{Signal: tc.signal}, Need: 1})
+		m.reclaim(ctx, eviction.Reclaim{Threshold: eviction.Threshold{Signal: tc.signal}, Need: 1}, time.Unix(0, 0))
 		pods.mu.Lock()
 		if pods.plain != tc.plain || pods.withDisks != tc.withDisks {
 			t.Errorf("after ranking for %s: Pods %d times, PodsWithDisk %d times; want %d, %d", tc.signal, pods.plain, pods.withDisks, tc.plain, tc.withDisks)
 		}
 		pods.mu.Unlock()
+	}
+}
+
+// TestNodeReclaimBeforeEvicting: for a filesystem signal the node-level reclaim runs first, with
+// kubelet's functions for the layout; when it relieves the pressure no pod is evicted; for memory
+// it never runs.
+func TestNodeReclaimBeforeEvicting(t *testing.T) {
+	tests := []struct {
+		layout             eviction.Layout
+		signal             string
+		containers, images bool
+	}{
+		{eviction.LayoutSingle, eviction.SignalNodeFSAvailable, true, true},
+		{eviction.LayoutSplitDisk, eviction.SignalNodeFSAvailable, false, false},
+		{eviction.LayoutSplitDisk, eviction.SignalImageFSAvailable, true, true},
+		{eviction.LayoutSplitImage, eviction.SignalImageFSAvailable, false, true},
+		{eviction.LayoutSplitImage, eviction.SignalContainerFSInodesFree, true, false},
+		{eviction.LayoutSingle, eviction.SignalMemoryAvailable, false, false},
+	}
+	for _, tt := range tests {
+		c, i := nodeReclaimFor(tt.signal, tt.layout)
+		if c != tt.containers || i != tt.images {
+			t.Errorf("%s/%s: containers %v images %v; want %v %v", tt.layout, tt.signal, c, i, tt.containers, tt.images)
+		}
+	}
+
+	ctx := context.Background()
+	r := &reader{mem: 900 * mi, pid: 900}
+	k := &killer{cleaned: true}
+	var calls []string
+	relieve := false
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "pid.available<1000"}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Node: func(_ context.Context, c, i bool) (string, error) {
+			calls = append(calls, fmt.Sprintf("containers=%v images=%v", c, i))
+			if relieve {
+				r.mu.Lock()
+				r.pid = 1000 // what the reclaim freed
+				r.mu.Unlock()
+			}
+			return "", nil
+		}},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := eviction.Reclaim{Threshold: eviction.Threshold{Signal: eviction.SignalNodeFSAvailable, Value: eviction.Value{Quantity: 1}}, Need: 1}
+	m.reclaim(ctx, disk, time.Unix(0, 0))
+	if diff := cmp.Diff([]string{"containers=true images=true"}, calls); diff != "" || len(k.kills()) != 1 {
+		t.Errorf("not relieved: calls %v kills %v", calls, k.kills())
+	}
+	relieve = true
+	m.reclaim(ctx, disk, time.Unix(100, 0))
+	if len(calls) != 2 || len(k.kills()) != 1 {
+		t.Errorf("relieved: calls %v kills %v; want the reclaim and no eviction", calls, k.kills())
+	}
+	m.reclaim(ctx, eviction.Reclaim{Threshold: eviction.Threshold{Signal: eviction.SignalMemoryAvailable, Value: eviction.Value{Quantity: 1}}, Need: 1}, time.Unix(200, 0))
+	if len(calls) != 2 {
+		t.Errorf("memory ran the node-level reclaim: %v", calls)
 	}
 }

@@ -33,8 +33,9 @@ type PodSource interface {
 	Pods(ctx context.Context) ([]eviction.Pod, error)
 }
 
-// Terminator terminates pods with a grace period and returns when they are gone or ctx ends (the
-// phase's time is up or the shutdown was cancelled).
+// Terminator terminates pods with a grace period (each pod gets the smaller of it and its own) and
+// returns when they are gone or ctx ends (the phase's time is up or the shutdown was cancelled).
+// A phase whose time is up already (grace 0) still terminates its pods, as kubelet kills them.
 type Terminator interface {
 	Terminate(ctx context.Context, pods []eviction.Pod, grace time.Duration) error
 }

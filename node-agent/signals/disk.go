@@ -17,8 +17,8 @@ type FSStats struct {
 	Path string
 	// Device is the st_dev of Path: two paths on the same filesystem share it.
 	Device uint64
-	// Available is the space available to unprivileged users (f_bavail * f_bsize): kubelet's
-	// <fs>.available. Capacity is f_blocks * f_bsize.
+	// Available is the space available to unprivileged users (f_bavail * f_frsize): kubelet's
+	// <fs>.available. Capacity is f_blocks * f_frsize.
 	Available, Capacity int64
 	// InodesFree is f_ffree: kubelet's <fs>.inodesFree. Inodes is f_files.
 	InodesFree, Inodes int64
@@ -38,10 +38,15 @@ func StatFS(path string) (FSStats, error) {
 	if s, ok := fi.Sys().(*syscall.Stat_t); ok {
 		dev = uint64(s.Dev)
 	}
-	bsize := uint64(st.Bsize)
+	// cadvisor (and so kubelet) counts blocks in f_frsize, the unit f_blocks and f_bavail are in;
+	// f_bsize is only the preferred I/O size and differs on some filesystems.
+	frsize := uint64(st.Frsize)
+	if frsize == 0 {
+		frsize = uint64(st.Bsize)
+	}
 	return FSStats{
 		Path: path, Device: dev,
-		Available: clamp(st.Bavail * bsize), Capacity: clamp(st.Blocks * bsize),
+		Available: clamp(st.Bavail * frsize), Capacity: clamp(st.Blocks * frsize),
 		InodesFree: clamp(st.Ffree), Inodes: clamp(st.Files),
 	}, nil
 }

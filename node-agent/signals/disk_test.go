@@ -2,7 +2,9 @@ package signals
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -102,5 +104,27 @@ func TestDisksOnRealFilesystems(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStatFSCountsFragmentSize: capacity is f_blocks * f_frsize, as cadvisor counts it, checked
+// against coreutils' stat -f (%S is the fundamental block size, f_frsize).
+func TestStatFSCountsFragmentSize(t *testing.T) {
+	for _, path := range []string{"/", os.TempDir()} {
+		out, err := exec.Command("stat", "-f", "-c", "%S %b", path).Output()
+		if err != nil {
+			t.Skipf("stat -f: %v", err)
+		}
+		var frsize, blocks int64
+		if _, err := fmt.Sscan(string(out), &frsize, &blocks); err != nil {
+			t.Fatal(err)
+		}
+		got, err := StatFS(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Capacity != frsize*blocks {
+			t.Errorf("%s: capacity %d, want %d (f_frsize %d * f_blocks %d)", path, got.Capacity, frsize*blocks, frsize, blocks)
+		}
 	}
 }

@@ -85,6 +85,9 @@ type Reader struct {
 	CgroupPath string
 	// FS are the nodefs, imagefs and containerfs paths; the zero value reads no filesystem signal.
 	FS FSPaths
+	// PodsCgroups, when set, are the candidate paths of the kubelet's pods cgroup (relative to the
+	// hierarchy root; see DefaultPodsCgroups): Read then adds allocatableMemory.available.
+	PodsCgroups []string
 }
 
 func (r Reader) procRoot() string   { return cmpOr(r.ProcRoot, DefaultProcRoot) }
@@ -367,6 +370,15 @@ func (r Reader) Read() ([]*agentv1.Signal, error) {
 		{Name: MemoryAvailable, Available: m.Available, Capacity: m.Capacity},
 		{Name: PIDAvailable, Available: pids, Capacity: limit},
 	}
+	if len(r.PodsCgroups) > 0 {
+		avail, capacity, ok, err := r.AllocatableMemory(r.PodsCgroups)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", AllocatableMemoryAvailable, err)
+		}
+		if ok {
+			out = append(out, &agentv1.Signal{Name: AllocatableMemoryAvailable, Available: avail, Capacity: capacity})
+		}
+	}
 	if r.FS.NodeFS != "" {
 		node, image, container, _, err := r.FS.Disks()
 		if err != nil {
@@ -434,4 +446,72 @@ func (r Reader) String() string {
 		fmt.Fprintf(&b, " path=%s", r.CgroupPath)
 	}
 	return b.String()
+}
+
+// AllocatableMemoryAvailable is kubelet's allocatableMemory.available signal.
+const AllocatableMemoryAvailable = "allocatableMemory.available"
+
+// DefaultPodsCgroups are where the kubelet puts the pods' cgroup (its "allocatable" cgroup): the
+// systemd driver's kubepods.slice, then the cgroupfs driver's kubepods.
+var DefaultPodsCgroups = []string{"kubepods.slice", "kubepods"}
+
+// AllocatableMemory reads allocatableMemory.available as kubelet does from the pods' cgroup (the
+// first of cgroups that exists under the memory hierarchy): working set = usage - inactive_file,
+// available = the cgroup's memory limit - working set (floored at 0), capacity = available +
+// working set. ok is false when no such cgroup exists or its memory is unlimited (kubelet then has
+// no observation either).
+func (r Reader) AllocatableMemory(cgroups []string) (available, capacity int64, ok bool, err error) {
+	version, dir, err := r.Detect()
+	if err != nil {
+		return 0, 0, false, err
+	}
+	for _, c := range cgroups {
+		cg := filepath.Join(dir, filepath.Clean("/"+c))
+		if cg == filepath.Clean(dir) || !exists(cg) {
+			continue
+		}
+		var usage, inactive, limit uint64
+		if version == CgroupV1 {
+			if usage, err = readUint(filepath.Join(cg, "memory.usage_in_bytes")); err != nil {
+				return 0, 0, false, err
+			}
+			if inactive, err = readStatKey(filepath.Join(cg, "memory.stat"), "total_inactive_file"); err != nil {
+				return 0, 0, false, err
+			}
+			if limit, err = readUint(filepath.Join(cg, "memory.limit_in_bytes")); err != nil {
+				return 0, 0, false, err
+			}
+		} else {
+			if usage, err = readUint(filepath.Join(cg, "memory.current")); err != nil {
+				return 0, 0, false, err
+			}
+			if inactive, err = readStatKey(filepath.Join(cg, "memory.stat"), "inactive_file"); err != nil {
+				return 0, 0, false, err
+			}
+			data, err := os.ReadFile(filepath.Join(cg, "memory.max"))
+			if err != nil {
+				return 0, 0, false, err
+			}
+			if strings.TrimSpace(string(data)) == "max" {
+				return 0, 0, false, nil
+			}
+			if limit, err = ParseUint(data); err != nil {
+				return 0, 0, false, fmt.Errorf("%s: %w", filepath.Join(cg, "memory.max"), err)
+			}
+		}
+		// cgroup v1 writes a page-rounded math.MaxInt64 for "no limit" (cadvisor's unlimited).
+		if limit >= 1<<62 {
+			return 0, 0, false, nil
+		}
+		ws := uint64(0)
+		if usage > inactive {
+			ws = usage - inactive
+		}
+		avail := uint64(0)
+		if limit > ws {
+			avail = limit - ws
+		}
+		return clamp(avail), clamp(avail + ws), true, nil
+	}
+	return 0, 0, false, nil
 }

@@ -2,8 +2,10 @@ package signals
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +181,54 @@ func TestParseCgroupVersion(t *testing.T) {
 		if _, err := ParseCgroupVersion(in); err == nil {
 			t.Errorf("ParseCgroupVersion(%q): no error", in)
 		}
+	}
+}
+
+// TestAllocatableMemory: kubelet's allocatableMemory.available from the pods cgroup: limit -
+// (usage - inactive_file), capacity = limit; absent cgroups give no observation. The v1 case uses a
+// real memory cgroup of this host when the test may create one.
+func TestAllocatableMemory(t *testing.T) {
+	r := Reader{CgroupRoot: "testdata/v2", ProcRoot: "testdata/proc"}
+	avail, capacity, ok, err := r.AllocatableMemory([]string{"kubepods.slice", "kubepods"})
+	if err != nil || !ok || avail != 4*gi-(2*gi-512*mi) || capacity != 4*gi {
+		t.Errorf("v2 = %d, %d, %v, %v; want %d, %d", avail, capacity, ok, err, 4*gi-(2*gi-512*mi), 4*gi)
+	}
+	if _, _, ok, err := r.AllocatableMemory([]string{"nope.slice"}); ok || err != nil {
+		t.Errorf("absent cgroup: ok=%v err=%v; want no observation", ok, err)
+	}
+	sigs, err := Reader{CgroupRoot: "testdata/v2", ProcRoot: "testdata/proc", PodsCgroups: DefaultPodsCgroups}.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range sigs {
+		found = found || (s.Name == AllocatableMemoryAvailable && s.Capacity == 4*gi)
+	}
+	if !found {
+		t.Errorf("Read() = %v; want %s", sigs, AllocatableMemoryAvailable)
+	}
+
+	host := Reader{}
+	if v, _, err := host.Detect(); err != nil || v != CgroupV1 {
+		t.Skipf("host cgroup memory is not v1 (%v, %v)", v, err)
+	}
+	name := fmt.Sprintf("nf-pressure-test-%d", os.Getpid())
+	dir := filepath.Join(DefaultCgroupRoot, "memory", name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a memory cgroup: %v", err)
+	}
+	defer os.Remove(dir)
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte("536870912"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	avail, capacity, ok, err = host.AllocatableMemory([]string{name})
+	if err != nil || !ok || capacity != 512*mi || avail != 512*mi {
+		t.Errorf("real v1 cgroup = %d, %d, %v, %v; want 512Mi available of 512Mi", avail, capacity, ok, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte("-1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, err := host.AllocatableMemory([]string{name}); ok || err != nil {
+		t.Errorf("unlimited real cgroup: ok=%v err=%v; want no observation", ok, err)
 	}
 }

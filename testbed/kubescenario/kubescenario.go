@@ -10,10 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -49,7 +51,9 @@ type Options struct {
 	Healthy, Victims int
 	// Grace is the node-monitor grace period; FenceTimeout the not-ready time before fencing.
 	Grace, FenceTimeout time.Duration
-	Log                 *slog.Logger
+	// HealthyDelay is the coordinator's --release-healthy-delay (default 1 s here).
+	HealthyDelay time.Duration
+	Log          *slog.Logger
 }
 
 // Env is a running scenario.
@@ -59,8 +63,10 @@ type Env struct {
 	Admin   *kubernetes.Clientset
 	Coord   *app.App
 	Nodes   []*Node
-	dir     string
-	stops   []func()
+	// Proxy stands between the coordinator and the apiserver, to cut it off.
+	Proxy *Proxy
+	dir   string
+	stops []func()
 }
 
 // Node is one simulated node.
@@ -72,6 +78,8 @@ type Node struct {
 	VA     string // its VolumeAttachment
 	stop   func()
 	agent  *agent.Agent
+	// stopKubelet stops the kubelet stand-in's Lease renewals.
+	stopKubelet func()
 }
 
 // DeployDir locates deploy/ from this source file.
@@ -137,6 +145,17 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 		}
 		e.Nodes = append(e.Nodes, n)
 	}
+	for _, n := range e.Nodes {
+		if err := e.startKubelet(ctx, n, 200*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	if e.Proxy, err = startProxy(strings.TrimPrefix(coordCfg.Host, "https://")); err != nil {
+		return nil, err
+	}
+	e.stops = append(e.stops, e.Proxy.Close)
+	coordCfg = rest.CopyConfig(coordCfg)
+	coordCfg.Host = "https://" + e.Proxy.Addr()
 	if e.Coord, err = e.startCoordinator(ctx, coordCfg, driverAddr); err != nil {
 		return nil, err
 	}
@@ -270,6 +289,11 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 	eng.NodeMonitorGracePeriod, eng.NodeStartupGracePeriod = e.Opts.Grace, 3*e.Opts.Grace
 	eng.NodeEvictionRate = 1 // one released node per second: rounds do not wait for the default 10 s token
 	eng.Fence.Timeout, eng.Fence.Budget = e.Opts.FenceTimeout, 0
+	eng.Fence.Settle = 500 * time.Millisecond
+	healthy := e.Opts.HealthyDelay
+	if healthy == 0 {
+		healthy = time.Second
+	}
 	cfg := app.Config{
 		Server:  server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", DrainTimeout: time.Second},
 		DataDir: filepath.Join(e.dir, "coordinator"), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true,
@@ -277,6 +301,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 		DriverTLS: tlsfiles.Files{Insecure: true}, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 500 * time.Millisecond, IsolationWait: time.Minute, Polls: 3, PollInterval: time.Second},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: time.Second,
+		ReleaseHealthyDelay: healthy,
 	}
 	a, err := app.New(cfg, e.Opts.Log)
 	if err != nil {
@@ -335,6 +360,9 @@ func (e *Env) AddVictim(ctx context.Context, name string) (*Node, error) {
 	if err := e.createNode(ctx, n); err != nil {
 		return nil, err
 	}
+	if err := e.startKubelet(ctx, n, 200*time.Millisecond); err != nil {
+		return nil, err
+	}
 	if err := e.startAgent(n); err != nil {
 		return nil, err
 	}
@@ -342,10 +370,28 @@ func (e *Env) AddVictim(ctx context.Context, name string) (*Node, error) {
 	return n, nil
 }
 
-// Fail stops the node's agent (the node "dies"; its BMC still says on) and returns when.
+// Fail makes the node die (its BMC still says on): its agent and its kubelet stop. It returns when.
 func (e *Env) Fail(n *Node) time.Time {
 	n.stop()
+	n.stopKubelet()
 	return time.Now()
+}
+
+// StopAgent stops only the node's agent: the kubelet keeps renewing its Lease.
+func (e *Env) StopAgent(n *Node) time.Time {
+	n.stop()
+	return time.Now()
+}
+
+// StopKubelet stops only the node's kubelet heartbeat: the agent keeps reporting.
+func (e *Env) StopKubelet(n *Node) time.Time {
+	n.stopKubelet()
+	return time.Now()
+}
+
+// NodeView asks the coordinator for its view of a node.
+func (e *Env) NodeView(ctx context.Context, name string) (*coordv1.Node, error) {
+	return e.nodeView(ctx, name)
 }
 
 // AnnounceShutdown makes the node's agent report a graceful shutdown (logind's PrepareForShutdown).
@@ -406,4 +452,13 @@ func (e *Env) HasOutOfServiceTaint(ctx context.Context, n *Node) (bool, error) {
 func TempDir() (string, func(), error) {
 	d, err := os.MkdirTemp("", "nodefence-kube-")
 	return d, func() { os.RemoveAll(d) }, err
+}
+
+// Fences returns the node's fence records, newest first (errors count as none: callers poll).
+func (e *Env) Fences(ctx context.Context, node string) []*coordv1.NodeFence {
+	page, err := e.Coord.Store().ListFences(ctx, store.ListOptions{Node: node, Limit: 100})
+	if err != nil {
+		return nil
+	}
+	return page.Fences
 }

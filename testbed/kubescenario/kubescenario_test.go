@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
@@ -39,31 +38,31 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	defer env.Close()
 	victim, stuck, leaving := env.Nodes[4], env.Nodes[5], env.Nodes[6]
 
-	// An agent's pressure condition reaches the Node object.
+	// An agent's pressure condition reaches the coordinator but never the Node object: kubelet
+	// owns MemoryPressure.
 	env.ReportMemoryPressure(env.Nodes[0])
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		node, err := env.Admin.CoreV1().Nodes().Get(ctx, env.Nodes[0].Name, metav1.GetOptions{})
+		v, err := env.NodeView(ctx, env.Nodes[0].Name)
 		found := false
-		for _, c := range node.Status.Conditions {
-			found = found || (c.Type == corev1.NodeMemoryPressure && c.Status == corev1.ConditionTrue && c.Reason == "KubeletHasInsufficientMemory")
+		for _, c := range v.GetConditions() {
+			found = found || (c.Type == "MemoryPressure" && c.Status == "True")
 		}
 		if err == nil && found {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: MemoryPressure=True never written (%v)", env.Nodes[0].Name, err)
+			t.Fatalf("%s: MemoryPressure=True never reached the coordinator (%v)", env.Nodes[0].Name, err)
 		}
 	}
 
 	// A node that announced a graceful shutdown and then went silent is never fenced or released.
 	env.AnnounceShutdown(leaving)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		node, err := env.Admin.CoreV1().Nodes().Get(ctx, leaving.Name, metav1.GetOptions{})
-		if err == nil && readyStatus(node) == corev1.ConditionFalse {
+		if v, err := env.NodeView(ctx, leaving.Name); err == nil && v.ShuttingDown {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: Ready condition never False after the shutdown announcement", leaving.Name)
+			t.Fatalf("%s: the coordinator never saw the shutdown announcement", leaving.Name)
 		}
 	}
 	env.Fail(leaving)
@@ -89,13 +88,6 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	if ok, err := env.HasOutOfServiceTaint(ctx, victim); err != nil || !ok {
 		t.Fatalf("out-of-service taint on %s: %v %v", victim.Name, ok, err)
 	}
-	node, err := env.Admin.CoreV1().Nodes().Get(ctx, victim.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ready := readyStatus(node); ready != corev1.ConditionUnknown {
-		t.Fatalf("%s Ready condition %q, want Unknown", victim.Name, readyStatus(node))
-	}
 	w, err := kube.New(env.Cluster.Config(), kube.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -119,8 +111,7 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	env.Fail(stuck)
 	var srec *coordv1.NodeFence
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: stuck.Name, Limit: 10})
-		recs := page.Fences
+		recs := env.Fences(ctx, stuck.Name)
 		if len(recs) == 1 && recs[0].FinishedAt != nil {
 			srec = recs[0]
 			break
@@ -183,20 +174,11 @@ func TestKubernetesEndToEnd(t *testing.T) {
 		t.Fatalf("%s (shutting down): its pod was released: %v", leaving.Name, err)
 	}
 	for _, n := range append(env.Nodes[:4:4], leaving) {
-		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
-			recs := page.Fences
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
 			t.Fatalf("%s fenced: %v", n.Name, recs)
 		}
 	}
-}
-
-func readyStatus(n *corev1.Node) corev1.ConditionStatus {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status
-		}
-	}
-	return ""
+	checkOwnership(t, ctx, env)
 }
 
 // A storm: three of a zone's five nodes go silent at once (60%: PartialDisruption). The storm guard
@@ -222,13 +204,13 @@ func TestStormReleasesNothing(t *testing.T) {
 		if ok, _ := env.HasOutOfServiceTaint(ctx, n); ok {
 			t.Fatalf("%s: out-of-service taint during a storm", n.Name)
 		}
-		if page, _ := env.Coord.Store().ListFences(ctx, store.ListOptions{Node: n.Name, Limit: 10}); len(page.Fences) != 0 {
-			recs := page.Fences
+		if recs := env.Fences(ctx, n.Name); len(recs) != 0 {
 			t.Fatalf("%s fenced during a storm: %v", n.Name, recs)
 		}
-		node, err := env.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		if err != nil || readyStatus(node) != corev1.ConditionUnknown {
-			t.Fatalf("%s: Ready %q (%v), want Unknown: the judgement is made, only the action is held back", n.Name, readyStatus(node), err)
+		v, err := env.NodeView(ctx, n.Name)
+		if err != nil || v.Readiness != coordv1.Readiness_READINESS_UNKNOWN {
+			t.Fatalf("%s: readiness %v (%v), want Unknown: the judgement is made, only the action is held back", n.Name, v.GetReadiness(), err)
 		}
 	}
+	checkOwnership(t, ctx, env)
 }

@@ -54,7 +54,8 @@ commands:
   list [--node N] [--status S] [--limit N] list fence records, newest first
   watch ID | --node NODE                  follow a fence record until it is done or in error
   nodes                                   list nodes with readiness and last contact
-  zones                                   list zones with their disruption state
+  zones                                   list zones: disruption state, and the pod-eviction budget
+                                          (rate, grants in flight/cap, candidates held, granted, local)
   leader                                  show the leader replica and its epoch
   audit [--node N] [--limit N]            the coordinator's audit trail: every decision, oldest first
   certs --dir DIR ROLE/NAME...            issue a CA and certificates with nodefence identities (offline)
@@ -304,9 +305,10 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 				return c.print(r)
 			}
 			tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\t(evictions paused: %v)\n", r.EvictionsPaused)
+			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\tPOD RATE\tIN FLIGHT\tHELD\tGRANTED\tLOCAL\t(evictions paused: %v)\n", r.EvictionsPaused)
 			for _, z := range r.Zones {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%g/s\t%d/%d\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady,
+					z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal)
 			}
 			return tw.Flush()
 		})

@@ -89,7 +89,8 @@ nodes:
 	}
 	insecure := tlsfiles.Files{Insecure: true}
 	a, err := app.New(app.Config{
-		Server: server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second}, DriverTLS: insecure,
+		Server: server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second,
+			UnauthenticatedCaller: "spiffe://nodefence/viewer/test"}, DriverTLS: insecure,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
 		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, KdumpListen: "",
 	}, slog.New(slog.DiscardHandler))

@@ -269,7 +269,7 @@ func detect(coord *coordinator, bin string, base []string, margin int64, round i
 	threshold := mem.Available - margin
 	node := fmt.Sprintf("bench-detect-%d", round)
 	args := append(slices.Clone(base), "--node-name="+node, fmt.Sprintf("--eviction-hard=memory.available<%d", threshold),
-		"--eviction-pressure-transition-period=0s", "--nodefs-path=")
+		"--eviction-pressure-transition-period=1s", "--nodefs-path=") // kubelet never reports a condition with a period of 0
 	cmd, err := startAgent(bin, args)
 	if err != nil {
 		return 0, err

@@ -36,6 +36,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,12 +45,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/cri"
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	"github.com/nodefence/nodefence/node-agent/kubepods"
 	"github.com/nodefence/nodefence/node-agent/metrics"
 	"github.com/nodefence/nodefence/node-agent/pressure"
 	"github.com/nodefence/nodefence/node-agent/shutdown"
 	"github.com/nodefence/nodefence/node-agent/signals"
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/fault"
 )
 
@@ -84,7 +87,9 @@ type options struct {
 	kubeletRootDir string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
 	podLogDir string
-	logLevel  slog.Level
+	// criEndpoint is the container runtime's CRI socket ("" = none).
+	criEndpoint string
+	logLevel    slog.Level
 }
 
 // problems collects flag value errors so that all of them are reported, not just the first.
@@ -171,13 +176,31 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		return opts.logLevel.UnmarshalText([]byte(s))
 	}}, "log-level", "debug, info, warn or error")
 
+	// kubelet's --eviction-* are map flags: given again, they add to (and override signals of) what
+	// was given before; --eviction-hard given at all replaces the default.
+	accumulate := func(dst *string) func(string) error {
+		return func(s string) error {
+			if *dst != "" {
+				*dst += ","
+			}
+			*dst += s
+			return nil
+		}
+	}
 	fs.Var(&value{name: "eviction-hard", text: eviction.DefaultHard, errs: &errs, set: func(s string) error {
-		ev.Hard, ev.HardSet = s, true
-		return nil
-	}}, "eviction-hard", "kubelet's hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10% (validated; applied in a later release)")
-	fs.StringVar(&ev.Soft, "eviction-soft", "", "kubelet's soft eviction thresholds, e.g. memory.available<1.5Gi (validated; applied in a later release)")
-	fs.StringVar(&ev.SoftGracePeriod, "eviction-soft-grace-period", "", "grace periods of the soft thresholds, e.g. memory.available=1m30s")
-	fs.StringVar(&ev.MinimumReclaim, "eviction-minimum-reclaim", "", "minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi")
+		ev.HardSet = true
+		return accumulate(&ev.Hard)(s)
+	}}, "eviction-hard", "kubelet's hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10% (repeatable, as kubelet's); the agent evicts at once on its own node")
+	fs.Var(&value{name: "eviction-soft", errs: &errs, set: accumulate(&ev.Soft)}, "eviction-soft",
+		"kubelet's soft eviction thresholds, e.g. memory.available<1.5Gi (repeatable); past their grace period the coordinator paces the evictions")
+	fs.Var(&value{name: "eviction-soft-grace-period", errs: &errs, set: accumulate(&ev.SoftGracePeriod)}, "eviction-soft-grace-period",
+		"grace periods of the soft thresholds, e.g. memory.available=1m30s (repeatable)")
+	fs.Var(&value{name: "eviction-minimum-reclaim", errs: &errs, set: accumulate(&ev.MinimumReclaim)}, "eviction-minimum-reclaim",
+		"minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi (repeatable)")
+	enforce := "pods"
+	fs.StringVar(&enforce, "enforce-node-allocatable", enforce, "kubelet's --enforce-node-allocatable: with \"pods\" in it (kubelet's default) the hard memory.available threshold is copied to allocatableMemory.available, measured on the pods' cgroup (kubepods)")
+	fs.DurationVar(&opts.pressure.GrantTimeout, "eviction-grant-timeout", pressure.DefaultGrantTimeout,
+		"how long a soft-threshold candidate waits for the coordinator's grant before the agent evicts it itself (coordinator unreachable)")
 	duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
 	fs.Var(&value{name: "eviction-max-pod-grace-period", text: "0", errs: &errs, set: func(s string) (err error) {
 		ev.MaxPodGracePeriod, err = strconv.Atoi(s)
@@ -189,9 +212,10 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	opts.pressure.FastCeiling = pressure.DefaultFastCeiling
 	duration("memory-fast-max-interval", &opts.pressure.FastCeiling, "longest wait between memory.available reads on the fast path: the detection bound when memory falls faster than expected")
 	duration("memory-fast-interval", &opts.pressure.FastInterval, "shortest wait between memory.available reads on the fast path, which waits longer the further memory is from its thresholds (0 turns it off)")
-	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "/", "a path on nodefs, kubelet's root filesystem (its --root-dir); empty: no filesystem signals")
-	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: --nodefs-path)")
-	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: --imagefs-path)")
+	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
+	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: the runtime's image filesystem from CRI ImageFsInfo, else --nodefs-path)")
+	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: the runtime's container filesystem from CRI, else --imagefs-path)")
+	fs.StringVar(&opts.criEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "kubelet's --container-runtime-endpoint (a unix socket): image filesystem discovery, writable layers for disk ranking, and dead containers and unused images freed before evicting for disk pressure; a socket that does not exist turns these off (logged); empty: off")
 	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
 	duration("shutdown-grace-period-critical-pods", &opts.shutdown.CriticalGracePeriod, "kubelet's shutdownGracePeriodCriticalPods: the part of --shutdown-grace-period kept for critical pods")
 	fs.Var(&value{name: "shutdown-grace-period-by-pod-priority", errs: &errs, set: func(s string) (err error) {
@@ -261,6 +285,28 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 			errs.add("%s: %s", name, fe.Problem)
 		}
 	}
+	for _, k := range strings.Split(enforce, ",") {
+		switch strings.TrimSpace(k) {
+		case "pods":
+			ev.AllocatableMemory = true
+			opts.reader.PodsCgroups = signals.DefaultPodsCgroups
+		case "", "none", "system-reserved", "kube-reserved", "system-reserved-compressible", "kube-reserved-compressible":
+		default:
+			errs.add("--enforce-node-allocatable: %q: unknown key (want pods, system-reserved, kube-reserved, none)", k)
+		}
+	}
+	if opts.pressure.GrantTimeout <= 0 {
+		errs.add("--eviction-grant-timeout: %v: must be positive", opts.pressure.GrantTimeout)
+	}
+	nodefsSet := false
+	fs.Visit(func(f *flag.Flag) { nodefsSet = nodefsSet || f.Name == "nodefs-path" })
+	if !nodefsSet {
+		// kubelet's nodefs is the filesystem of its --root-dir.
+		opts.reader.FS.NodeFS = opts.kubeletRootDir
+		if _, err := os.Stat(opts.kubeletRootDir); err != nil {
+			opts.reader.FS.NodeFS = "" // no kubelet here: no filesystem signals (logged at start)
+		}
+	}
 	var evErrs []error
 	opts.eviction, evErrs = eviction.Parse(ev)
 	errs = append(errs, evErrs...)
@@ -327,6 +373,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opts.agent.Capacity = c
 	}
 
+	var runtime *cri.Client
+	if opts.criEndpoint != "" {
+		sock := strings.TrimPrefix(opts.criEndpoint, "unix://")
+		if _, err := os.Stat(sock); err != nil {
+			log.Warn("no container runtime socket: no image filesystem discovery, writable layers or image GC", "endpoint", opts.criEndpoint, "error", err)
+		} else if runtime, err = cri.Dial(opts.criEndpoint, log); err != nil {
+			log.Error("cannot use the container runtime", "error", err)
+			return 2
+		} else {
+			defer runtime.Close()
+			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			image, container, err := runtime.ImageFS(ictx)
+			cancel()
+			switch {
+			case err != nil:
+				log.Warn("the container runtime does not tell its image filesystem", "error", err)
+			case opts.reader.FS.NodeFS != "" && opts.reader.FS.ImageFS == "" && image.Mountpoint != "":
+				opts.reader.FS.ImageFS = image.Mountpoint
+				if opts.reader.FS.ContainerFS == "" && container.Mountpoint != "" {
+					opts.reader.FS.ContainerFS = container.Mountpoint
+				}
+				log.Info("image filesystem from the container runtime", "imagefs", image.Mountpoint, "containerfs", container.Mountpoint)
+			}
+		}
+	}
 	layout := eviction.LayoutSingle
 	if opts.reader.FS.NodeFS != "" {
 		var err error
@@ -346,8 +417,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			log.Error("cannot start Kubernetes mode", "error", err)
 			return 1
 		}
-		opts.agent.Grants = kube.evictor
 	}
+	// Grants go to the pressure monitor, which matches them with its pending candidate and hands
+	// them to the evictor; the monitor needs the agent to send, so it is set once both exist.
+	relay := &grantRelay{}
+	opts.agent.Grants = relay
 
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
@@ -360,12 +434,39 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
+		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, out kubepods.Outcome, err error) {
+			kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
+			switch {
+			case out == kubepods.Gone:
+				msg = "the pod was gone already"
+			case out != kubepods.Evicted:
+				kind, msg = agentv1.EvictionKind_EVICTION_KIND_FAILED, fmt.Sprintf("the Eviction API refused: %v", err)
+			}
+			a.Send(pressure.EvictionReport(c, "", kind, msg, time.Now()))
+			met.Eviction("", kind.String())
+		}})
+		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
+		if runtime != nil {
+			opts.pressure.Actions.Node = func(ctx context.Context, containers, images bool) (string, error) {
+				r, err := runtime.Reclaim(ctx, containers, images)
+				return fmt.Sprintf("%d dead containers, %d unused images", r.Containers, r.Images), err
+			}
+			kube.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
+				w, err := runtime.Writable(ctx)
+				out := make(map[string][2]int64, len(w))
+				for uid, u := range w {
+					out[uid] = [2]int64{u.Bytes, u.Inodes}
+				}
+				return out, err
+			})
+		}
 	}
 	mon, err := pressure.New(opts.pressure, opts.reader, a, pods, met)
 	if err != nil {
 		log.Error("invalid pressure configuration", "error", err)
 		return 2
 	}
+	relay.set(mon)
 	var shut *shutdown.Manager
 	if opts.shutdown.Enabled() {
 		l, err := shutdown.DialLogind(ctx, opts.logindBus)
@@ -407,7 +508,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("node-agent starting", "node", opts.agent.NodeName, "boot_id", opts.agent.BootID,
 		"coordinators", opts.agent.Coordinators, "cgroup_version", version.String(), "memory_cgroup", dir,
-		"hard_thresholds", len(evCfg.Hard), "soft_thresholds", len(evCfg.Soft), "fs_layout", layout.String(),
+		"hard_thresholds", len(evCfg.Hard), "soft_thresholds", len(evCfg.Soft), "fs_layout", layout.String(), "nodefs", opts.reader.FS.NodeFS,
 		"housekeeping_interval", opts.pressure.HousekeepingInterval, "graceful_shutdown", opts.shutdown.Enabled(),
 		"kubernetes_mode", kube != nil)
 
@@ -449,10 +550,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// kubeMode is what Kubernetes mode adds: the node's pods, the evictor of granted pods and the
-// shutdown's terminator.
+// grantRelay hands the coordinator's grants to the pressure monitor once it exists; grants before
+// that are logged and dropped (there is no candidate they could answer yet).
+type grantRelay struct {
+	mu  sync.Mutex
+	mon *pressure.Monitor
+}
+
+func (r *grantRelay) set(m *pressure.Monitor) {
+	r.mu.Lock()
+	r.mon = m
+	r.mu.Unlock()
+}
+
+func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
+	r.mu.Lock()
+	m := r.mon
+	r.mu.Unlock()
+	if m == nil {
+		slog.Warn("eviction grant before the pressure monitor started; dropped", "signal", g.GetSignal())
+		return
+	}
+	m.Grant(g)
+}
+
+// kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
+// fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
+	client     kubernetes.Interface
 	source     *kubepods.Source
+	killer     *kubepods.Killer
 	evictor    *kubepods.Evictor
 	terminator *kubepods.Terminator
 }
@@ -479,8 +606,9 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 		return nil, err
 	}
 	return &kubeMode{
+		client:     cs,
 		source:     src,
-		evictor:    kubepods.NewEvictor(cs, kubepods.EvictorConfig{Log: log}),
+		killer:     kubepods.NewKiller(cs, opts.agent.NodeName, src, 0, log),
 		terminator: kubepods.NewTerminator(cs, kubepods.TerminatorConfig{Log: log}),
 	}, nil
 }

@@ -190,6 +190,74 @@ func (ShutdownPhase) EnumDescriptor() ([]byte, []int) {
 	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
+// EvictionKind says how the agent came to evict a pod (or not).
+type EvictionKind int32
+
+const (
+	// EVICTION_KIND_UNSPECIFIED is invalid.
+	EvictionKind_EVICTION_KIND_UNSPECIFIED EvictionKind = 0
+	// EVICTION_KIND_HARD: a hard threshold; the agent evicted at once, as kubelet does.
+	EvictionKind_EVICTION_KIND_HARD EvictionKind = 1
+	// EVICTION_KIND_GRANTED: a soft threshold; the coordinator granted it and the Eviction API
+	// accepted it.
+	EvictionKind_EVICTION_KIND_GRANTED EvictionKind = 2
+	// EVICTION_KIND_FALLBACK: a soft threshold; no grant came within the agent's grant timeout, so
+	// the agent evicted locally.
+	EvictionKind_EVICTION_KIND_FALLBACK EvictionKind = 3
+	// EVICTION_KIND_DECLINED: a grant the agent did not carry out (the pressure was gone, or the
+	// pod was no longer its candidate).
+	EvictionKind_EVICTION_KIND_DECLINED EvictionKind = 4
+	// EVICTION_KIND_FAILED: a granted eviction the Eviction API refused for good or for too long.
+	EvictionKind_EVICTION_KIND_FAILED EvictionKind = 5
+)
+
+// Enum value maps for EvictionKind.
+var (
+	EvictionKind_name = map[int32]string{
+		0: "EVICTION_KIND_UNSPECIFIED",
+		1: "EVICTION_KIND_HARD",
+		2: "EVICTION_KIND_GRANTED",
+		3: "EVICTION_KIND_FALLBACK",
+		4: "EVICTION_KIND_DECLINED",
+		5: "EVICTION_KIND_FAILED",
+	}
+	EvictionKind_value = map[string]int32{
+		"EVICTION_KIND_UNSPECIFIED": 0,
+		"EVICTION_KIND_HARD":        1,
+		"EVICTION_KIND_GRANTED":     2,
+		"EVICTION_KIND_FALLBACK":    3,
+		"EVICTION_KIND_DECLINED":    4,
+		"EVICTION_KIND_FAILED":      5,
+	}
+)
+
+func (x EvictionKind) Enum() *EvictionKind {
+	p := new(EvictionKind)
+	*p = x
+	return p
+}
+
+func (x EvictionKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EvictionKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_nodefence_agent_v1_agent_proto_enumTypes[3].Descriptor()
+}
+
+func (EvictionKind) Type() protoreflect.EnumType {
+	return &file_nodefence_agent_v1_agent_proto_enumTypes[3]
+}
+
+func (x EvictionKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EvictionKind.Descriptor instead.
+func (EvictionKind) EnumDescriptor() ([]byte, []int) {
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
 // ConnectRequest is one agent -> coordinator message.
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -207,6 +275,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Condition
 	//	*ConnectRequest_Shutdown
 	//	*ConnectRequest_Candidates
+	//	*ConnectRequest_Eviction
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -310,6 +379,15 @@ func (x *ConnectRequest) GetCandidates() *EvictionCandidates {
 	return nil
 }
 
+func (x *ConnectRequest) GetEviction() *EvictionReport {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Eviction); ok {
+			return x.Eviction
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -344,6 +422,12 @@ type ConnectRequest_Candidates struct {
 	Candidates *EvictionCandidates `protobuf:"bytes,15,opt,name=candidates,proto3,oneof"`
 }
 
+type ConnectRequest_Eviction struct {
+	// Eviction reports an eviction the agent carried out or gave up: every local eviction (hard
+	// thresholds, fallback) and the outcome of every grant.
+	Eviction *EvictionReport `protobuf:"bytes,16,opt,name=eviction,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -355,6 +439,8 @@ func (*ConnectRequest_Condition) isConnectRequest_Msg() {}
 func (*ConnectRequest_Shutdown) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Candidates) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Eviction) isConnectRequest_Msg() {}
 
 // Hello introduces the agent.
 type Hello struct {
@@ -970,6 +1056,116 @@ func (x *EvictionCandidate) GetGracePeriod() *durationpb.Duration {
 	return nil
 }
 
+// EvictionReport is one eviction the agent carried out, or a grant it did not.
+type EvictionReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace of the pod.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Name of the pod.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Uid of the pod.
+	Uid string `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// Signal is the signal under pressure.
+	Signal string `protobuf:"bytes,4,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Kind says how the eviction came about.
+	Kind EvictionKind `protobuf:"varint,5,opt,name=kind,proto3,enum=nodefence.agent.v1.EvictionKind" json:"kind,omitempty"`
+	// GracePeriod is the grace period the pod was given.
+	GracePeriod *durationpb.Duration `protobuf:"bytes,6,opt,name=grace_period,json=gracePeriod,proto3" json:"grace_period,omitempty"`
+	// Message is kubelet's eviction message ("The node was low on resource: memory. ...") or why
+	// the grant was not carried out.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// At is when the agent acted.
+	At            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EvictionReport) Reset() {
+	*x = EvictionReport{}
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EvictionReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EvictionReport) ProtoMessage() {}
+
+func (x *EvictionReport) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EvictionReport.ProtoReflect.Descriptor instead.
+func (*EvictionReport) Descriptor() ([]byte, []int) {
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *EvictionReport) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EvictionReport) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EvictionReport) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *EvictionReport) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *EvictionReport) GetKind() EvictionKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EvictionKind_EVICTION_KIND_UNSPECIFIED
+}
+
+func (x *EvictionReport) GetGracePeriod() *durationpb.Duration {
+	if x != nil {
+		return x.GracePeriod
+	}
+	return nil
+}
+
+func (x *EvictionReport) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *EvictionReport) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // ConnectResponse is one coordinator -> agent message.
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -987,7 +1183,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1195,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1208,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1085,7 +1281,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1293,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1306,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Ack) GetAckedSeq() uint64 {
@@ -1135,7 +1331,7 @@ type AgentConfig struct {
 
 func (x *AgentConfig) Reset() {
 	*x = AgentConfig{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1343,7 @@ func (x *AgentConfig) String() string {
 func (*AgentConfig) ProtoMessage() {}
 
 func (x *AgentConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1356,7 @@ func (x *AgentConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentConfig.ProtoReflect.Descriptor instead.
 func (*AgentConfig) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AgentConfig) GetHeartbeatInterval() *durationpb.Duration {
@@ -1197,7 +1393,7 @@ type EvictionGrant struct {
 
 func (x *EvictionGrant) Reset() {
 	*x = EvictionGrant{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1405,7 @@ func (x *EvictionGrant) String() string {
 func (*EvictionGrant) ProtoMessage() {}
 
 func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1418,7 @@ func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionGrant.ProtoReflect.Descriptor instead.
 func (*EvictionGrant) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EvictionGrant) GetSignal() string {
@@ -1243,7 +1439,7 @@ var File_nodefence_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1enodefence/agent/v1/agent.proto\x12\x12nodefence.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x03\n" +
+	"\x1enodefence/agent/v1/agent.proto\x12\x12nodefence.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
 	"\x0eConnectRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x121\n" +
 	"\x05hello\x18\n" +
@@ -1254,7 +1450,8 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\bshutdown\x18\x0e \x01(\v2!.nodefence.agent.v1.ShutdownEventH\x00R\bshutdown\x12H\n" +
 	"\n" +
 	"candidates\x18\x0f \x01(\v2&.nodefence.agent.v1.EvictionCandidatesH\x00R\n" +
-	"candidatesB\x05\n" +
+	"candidates\x12@\n" +
+	"\beviction\x18\x10 \x01(\v2\".nodefence.agent.v1.EvictionReportH\x00R\bevictionB\x05\n" +
 	"\x03msg\"\xea\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -1302,7 +1499,16 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x12<\n" +
-	"\fgrace_period\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vgracePeriod\"\xbb\x01\n" +
+	"\fgrace_period\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vgracePeriod\"\xa6\x02\n" +
+	"\x0eEvictionReport\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x16\n" +
+	"\x06signal\x18\x04 \x01(\tR\x06signal\x124\n" +
+	"\x04kind\x18\x05 \x01(\x0e2 .nodefence.agent.v1.EvictionKindR\x04kind\x12<\n" +
+	"\fgrace_period\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vgracePeriod\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12*\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x01\n" +
 	"\x0fConnectResponse\x12+\n" +
 	"\x03ack\x18\x01 \x01(\v2\x17.nodefence.agent.v1.AckH\x00R\x03ack\x129\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.nodefence.agent.v1.AgentConfigH\x00R\x06config\x129\n" +
@@ -1330,7 +1536,14 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\x1aSHUTDOWN_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SHUTDOWN_PHASE_STARTED\x10\x01\x12\"\n" +
 	"\x1eSHUTDOWN_PHASE_PODS_TERMINATED\x10\x02\x12\x1c\n" +
-	"\x18SHUTDOWN_PHASE_CANCELLED\x10\x032f\n" +
+	"\x18SHUTDOWN_PHASE_CANCELLED\x10\x03*\xb2\x01\n" +
+	"\fEvictionKind\x12\x1d\n" +
+	"\x19EVICTION_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EVICTION_KIND_HARD\x10\x01\x12\x19\n" +
+	"\x15EVICTION_KIND_GRANTED\x10\x02\x12\x1a\n" +
+	"\x16EVICTION_KIND_FALLBACK\x10\x03\x12\x1a\n" +
+	"\x16EVICTION_KIND_DECLINED\x10\x04\x12\x18\n" +
+	"\x14EVICTION_KIND_FAILED\x10\x052f\n" +
 	"\fAgentService\x12V\n" +
 	"\aConnect\x12\".nodefence.agent.v1.ConnectRequest\x1a#.nodefence.agent.v1.ConnectResponse(\x010\x01B\xcf\x01\n" +
 	"\x16com.nodefence.agent.v1B\n" +
@@ -1348,63 +1561,69 @@ func file_nodefence_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_nodefence_agent_v1_agent_proto_rawDescData
 }
 
-var file_nodefence_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_nodefence_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(ConditionType)(0),            // 0: nodefence.agent.v1.ConditionType
 	(ConditionStatus)(0),          // 1: nodefence.agent.v1.ConditionStatus
 	(ShutdownPhase)(0),            // 2: nodefence.agent.v1.ShutdownPhase
-	(*ConnectRequest)(nil),        // 3: nodefence.agent.v1.ConnectRequest
-	(*Hello)(nil),                 // 4: nodefence.agent.v1.Hello
-	(*Capacity)(nil),              // 5: nodefence.agent.v1.Capacity
-	(*Heartbeat)(nil),             // 6: nodefence.agent.v1.Heartbeat
-	(*SignalSample)(nil),          // 7: nodefence.agent.v1.SignalSample
-	(*Signal)(nil),                // 8: nodefence.agent.v1.Signal
-	(*ConditionChange)(nil),       // 9: nodefence.agent.v1.ConditionChange
-	(*ShutdownEvent)(nil),         // 10: nodefence.agent.v1.ShutdownEvent
-	(*EvictionCandidates)(nil),    // 11: nodefence.agent.v1.EvictionCandidates
-	(*EvictionCandidate)(nil),     // 12: nodefence.agent.v1.EvictionCandidate
-	(*ConnectResponse)(nil),       // 13: nodefence.agent.v1.ConnectResponse
-	(*Ack)(nil),                   // 14: nodefence.agent.v1.Ack
-	(*AgentConfig)(nil),           // 15: nodefence.agent.v1.AgentConfig
-	(*EvictionGrant)(nil),         // 16: nodefence.agent.v1.EvictionGrant
-	nil,                           // 17: nodefence.agent.v1.Hello.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(EvictionKind)(0),             // 3: nodefence.agent.v1.EvictionKind
+	(*ConnectRequest)(nil),        // 4: nodefence.agent.v1.ConnectRequest
+	(*Hello)(nil),                 // 5: nodefence.agent.v1.Hello
+	(*Capacity)(nil),              // 6: nodefence.agent.v1.Capacity
+	(*Heartbeat)(nil),             // 7: nodefence.agent.v1.Heartbeat
+	(*SignalSample)(nil),          // 8: nodefence.agent.v1.SignalSample
+	(*Signal)(nil),                // 9: nodefence.agent.v1.Signal
+	(*ConditionChange)(nil),       // 10: nodefence.agent.v1.ConditionChange
+	(*ShutdownEvent)(nil),         // 11: nodefence.agent.v1.ShutdownEvent
+	(*EvictionCandidates)(nil),    // 12: nodefence.agent.v1.EvictionCandidates
+	(*EvictionCandidate)(nil),     // 13: nodefence.agent.v1.EvictionCandidate
+	(*EvictionReport)(nil),        // 14: nodefence.agent.v1.EvictionReport
+	(*ConnectResponse)(nil),       // 15: nodefence.agent.v1.ConnectResponse
+	(*Ack)(nil),                   // 16: nodefence.agent.v1.Ack
+	(*AgentConfig)(nil),           // 17: nodefence.agent.v1.AgentConfig
+	(*EvictionGrant)(nil),         // 18: nodefence.agent.v1.EvictionGrant
+	nil,                           // 19: nodefence.agent.v1.Hello.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
 }
 var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
-	6,  // 1: nodefence.agent.v1.ConnectRequest.heartbeat:type_name -> nodefence.agent.v1.Heartbeat
-	7,  // 2: nodefence.agent.v1.ConnectRequest.sample:type_name -> nodefence.agent.v1.SignalSample
-	9,  // 3: nodefence.agent.v1.ConnectRequest.condition:type_name -> nodefence.agent.v1.ConditionChange
-	10, // 4: nodefence.agent.v1.ConnectRequest.shutdown:type_name -> nodefence.agent.v1.ShutdownEvent
-	11, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
-	17, // 6: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
-	5,  // 7: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
-	18, // 8: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	18, // 9: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
-	8,  // 10: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
-	0,  // 11: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
-	1,  // 12: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
-	18, // 13: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
-	2,  // 14: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
-	18, // 15: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
-	19, // 16: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
-	12, // 17: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
-	19, // 18: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
-	14, // 19: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
-	15, // 20: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
-	16, // 21: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
-	19, // 22: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	19, // 23: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
-	12, // 24: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
-	3,  // 25: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
-	13, // 26: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
-	26, // [26:27] is the sub-list for method output_type
-	25, // [25:26] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	5,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
+	7,  // 1: nodefence.agent.v1.ConnectRequest.heartbeat:type_name -> nodefence.agent.v1.Heartbeat
+	8,  // 2: nodefence.agent.v1.ConnectRequest.sample:type_name -> nodefence.agent.v1.SignalSample
+	10, // 3: nodefence.agent.v1.ConnectRequest.condition:type_name -> nodefence.agent.v1.ConditionChange
+	11, // 4: nodefence.agent.v1.ConnectRequest.shutdown:type_name -> nodefence.agent.v1.ShutdownEvent
+	12, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
+	14, // 6: nodefence.agent.v1.ConnectRequest.eviction:type_name -> nodefence.agent.v1.EvictionReport
+	19, // 7: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
+	6,  // 8: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
+	20, // 9: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	20, // 10: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
+	9,  // 11: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
+	0,  // 12: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
+	1,  // 13: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
+	20, // 14: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
+	2,  // 15: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
+	20, // 16: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
+	21, // 17: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
+	13, // 18: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
+	21, // 19: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
+	3,  // 20: nodefence.agent.v1.EvictionReport.kind:type_name -> nodefence.agent.v1.EvictionKind
+	21, // 21: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
+	20, // 22: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
+	16, // 23: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
+	17, // 24: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
+	18, // 25: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
+	21, // 26: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	21, // 27: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
+	13, // 28: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
+	4,  // 29: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
+	15, // 30: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_agent_v1_agent_proto_init() }
@@ -1419,8 +1638,9 @@ func file_nodefence_agent_v1_agent_proto_init() {
 		(*ConnectRequest_Condition)(nil),
 		(*ConnectRequest_Shutdown)(nil),
 		(*ConnectRequest_Candidates)(nil),
+		(*ConnectRequest_Eviction)(nil),
 	}
-	file_nodefence_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_nodefence_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*ConnectResponse_Ack)(nil),
 		(*ConnectResponse_Config)(nil),
 		(*ConnectResponse_Grant)(nil),
@@ -1430,8 +1650,8 @@ func file_nodefence_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_agent_v1_agent_proto_rawDesc), len(file_nodefence_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   15,
+			NumEnums:      4,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

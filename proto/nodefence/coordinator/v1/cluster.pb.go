@@ -376,8 +376,19 @@ type Node struct {
 	FenceBlocked string `protobuf:"bytes,14,opt,name=fence_blocked,json=fenceBlocked,proto3" json:"fence_blocked,omitempty"`
 	// FenceRequested is true once automatic fencing was requested for the current not-ready episode.
 	FenceRequested bool `protobuf:"varint,15,opt,name=fence_requested,json=fenceRequested,proto3" json:"fence_requested,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// AgentDown is true in Kubernetes mode while the node's agent is silent past its grace period but
+	// its kubelet reports: the node is never tainted or fenced for it.
+	AgentDown bool `protobuf:"varint,16,opt,name=agent_down,json=agentDown,proto3" json:"agent_down,omitempty"`
+	// KubeletDown is true in Kubernetes mode while the node's kubelet is silent past its grace period
+	// (its Lease not renewed) but its agent reports; what follows is the kubelet-down policy.
+	KubeletDown bool `protobuf:"varint,17,opt,name=kubelet_down,json=kubeletDown,proto3" json:"kubelet_down,omitempty"`
+	// KubeletLastSeen is when the coordinator last saw the kubelet's Lease renewed (Kubernetes mode),
+	// unset if never.
+	KubeletLastSeen *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=kubelet_last_seen,json=kubeletLastSeen,proto3" json:"kubelet_last_seen,omitempty"`
+	// ControlPlane is true when the node matches the control-plane selector.
+	ControlPlane  bool `protobuf:"varint,19,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -515,6 +526,34 @@ func (x *Node) GetFenceRequested() bool {
 	return false
 }
 
+func (x *Node) GetAgentDown() bool {
+	if x != nil {
+		return x.AgentDown
+	}
+	return false
+}
+
+func (x *Node) GetKubeletDown() bool {
+	if x != nil {
+		return x.KubeletDown
+	}
+	return false
+}
+
+func (x *Node) GetKubeletLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.KubeletLastSeen
+	}
+	return nil
+}
+
+func (x *Node) GetControlPlane() bool {
+	if x != nil {
+		return x.ControlPlane
+	}
+	return false
+}
+
 // NodeCondition is one node condition as the agent reported it.
 type NodeCondition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -607,8 +646,21 @@ type Zone struct {
 	QueueLength int32 `protobuf:"varint,7,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
 	// FencesInWindow counts automatic fences started in the zone within the budget window.
 	FencesInWindow int32 `protobuf:"varint,8,opt,name=fences_in_window,json=fencesInWindow,proto3" json:"fences_in_window,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// PodEvictionRate is the zone's budget for soft-threshold pod evictions, in grants per second.
+	PodEvictionRate float64 `protobuf:"fixed64,9,opt,name=pod_eviction_rate,json=podEvictionRate,proto3" json:"pod_eviction_rate,omitempty"`
+	// PodEvictionsInFlight counts granted pod evictions whose outcome the agent has not reported yet.
+	PodEvictionsInFlight int32 `protobuf:"varint,10,opt,name=pod_evictions_in_flight,json=podEvictionsInFlight,proto3" json:"pod_evictions_in_flight,omitempty"`
+	// PodEvictionsMaxInFlight caps PodEvictionsInFlight.
+	PodEvictionsMaxInFlight int32 `protobuf:"varint,11,opt,name=pod_evictions_max_in_flight,json=podEvictionsMaxInFlight,proto3" json:"pod_evictions_max_in_flight,omitempty"`
+	// PodCandidatesHeld counts nodes whose eviction candidate waits for the zone's budget.
+	PodCandidatesHeld int32 `protobuf:"varint,12,opt,name=pod_candidates_held,json=podCandidatesHeld,proto3" json:"pod_candidates_held,omitempty"`
+	// PodEvictionsGranted counts pod evictions granted in the zone since this leader's term began.
+	PodEvictionsGranted int64 `protobuf:"varint,13,opt,name=pod_evictions_granted,json=podEvictionsGranted,proto3" json:"pod_evictions_granted,omitempty"`
+	// PodEvictionsLocal counts pod evictions agents in the zone carried out on their own since this
+	// leader's term began: hard thresholds and fallbacks after no grant came.
+	PodEvictionsLocal int64 `protobuf:"varint,14,opt,name=pod_evictions_local,json=podEvictionsLocal,proto3" json:"pod_evictions_local,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Zone) Reset() {
@@ -693,6 +745,48 @@ func (x *Zone) GetQueueLength() int32 {
 func (x *Zone) GetFencesInWindow() int32 {
 	if x != nil {
 		return x.FencesInWindow
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionRate() float64 {
+	if x != nil {
+		return x.PodEvictionRate
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsInFlight() int32 {
+	if x != nil {
+		return x.PodEvictionsInFlight
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsMaxInFlight() int32 {
+	if x != nil {
+		return x.PodEvictionsMaxInFlight
+	}
+	return 0
+}
+
+func (x *Zone) GetPodCandidatesHeld() int32 {
+	if x != nil {
+		return x.PodCandidatesHeld
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsGranted() int64 {
+	if x != nil {
+		return x.PodEvictionsGranted
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionsLocal() int64 {
+	if x != nil {
+		return x.PodEvictionsLocal
 	}
 	return 0
 }
@@ -1249,7 +1343,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0eafter_revision\x18\x02 \x01(\x03R\rafterRevision\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"S\n" +
 	"\x11ListAuditResponse\x12>\n" +
-	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xbc\x05\n" +
+	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xeb\x06\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
 	"\treadiness\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ReadinessR\treadiness\x12\x16\n" +
@@ -1268,7 +1362,12 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"conditions\x12L\n" +
 	"\x14readiness_changed_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x12readinessChangedAt\x12#\n" +
 	"\rfence_blocked\x18\x0e \x01(\tR\ffenceBlocked\x12'\n" +
-	"\x0ffence_requested\x18\x0f \x01(\bR\x0efenceRequested\x1a:\n" +
+	"\x0ffence_requested\x18\x0f \x01(\bR\x0efenceRequested\x12\x1d\n" +
+	"\n" +
+	"agent_down\x18\x10 \x01(\bR\tagentDown\x12!\n" +
+	"\fkubelet_down\x18\x11 \x01(\bR\vkubeletDown\x12F\n" +
+	"\x11kubelet_last_seen\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x0fkubeletLastSeen\x12#\n" +
+	"\rcontrol_plane\x18\x13 \x01(\bR\fcontrolPlane\x1a:\n" +
 	"\fSignalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x98\x01\n" +
@@ -1276,7 +1375,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12C\n" +
-	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\x8c\x02\n" +
+	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\xc1\x04\n" +
 	"\x04Zone\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ZoneStateR\x05state\x12\x12\n" +
@@ -1285,7 +1384,14 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\tnot_ready\x18\x05 \x01(\x05R\bnotReady\x12#\n" +
 	"\reviction_rate\x18\x06 \x01(\x01R\fevictionRate\x12!\n" +
 	"\fqueue_length\x18\a \x01(\x05R\vqueueLength\x12(\n" +
-	"\x10fences_in_window\x18\b \x01(\x05R\x0efencesInWindow\"\x12\n" +
+	"\x10fences_in_window\x18\b \x01(\x05R\x0efencesInWindow\x12*\n" +
+	"\x11pod_eviction_rate\x18\t \x01(\x01R\x0fpodEvictionRate\x125\n" +
+	"\x17pod_evictions_in_flight\x18\n" +
+	" \x01(\x05R\x14podEvictionsInFlight\x12<\n" +
+	"\x1bpod_evictions_max_in_flight\x18\v \x01(\x05R\x17podEvictionsMaxInFlight\x12.\n" +
+	"\x13pod_candidates_held\x18\f \x01(\x05R\x11podCandidatesHeld\x122\n" +
+	"\x15pod_evictions_granted\x18\r \x01(\x03R\x13podEvictionsGranted\x12.\n" +
+	"\x13pod_evictions_local\x18\x0e \x01(\x03R\x11podEvictionsLocal\"\x12\n" +
 	"\x10ListNodesRequest\"I\n" +
 	"\x11ListNodesResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.nodefence.coordinator.v1.NodeR\x05nodes\"$\n" +
@@ -1375,30 +1481,31 @@ var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
 	20, // 4: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
 	6,  // 5: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
 	21, // 6: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
-	21, // 7: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
-	1,  // 8: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	5,  // 9: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	5,  // 10: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	7,  // 11: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	8,  // 12: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	10, // 13: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	12, // 14: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	14, // 15: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	16, // 16: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	18, // 17: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	3,  // 18: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	9,  // 19: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	11, // 20: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	13, // 21: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	15, // 22: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	17, // 23: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	19, // 24: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	4,  // 25: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 7: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
+	21, // 8: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	1,  // 9: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
+	5,  // 10: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	5,  // 11: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	7,  // 12: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	8,  // 13: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	10, // 14: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	12, // 15: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	14, // 16: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	16, // 17: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	18, // 18: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	3,  // 19: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	9,  // 20: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	11, // 21: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	13, // 22: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	15, // 23: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	17, // 24: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	19, // 25: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	4,  // 26: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }

@@ -1,0 +1,53 @@
+package store
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/testbed/etcdtest"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// LatestFence finds a node's newest record by its key range alone, and never another node's whose
+// name extends this one's ("a" and "a-2b" share a prefix).
+func TestLatestFence(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	term, err := leader.NewElector(cli, "/s/leader", leader.Info{ID: "one"}, 1, slog.New(slog.DiscardHandler)).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(cli, "/s")
+	if f, err := s.LatestFence(ctx, "a"); err != nil || f != nil {
+		t.Fatalf("no records: %v %v", f, err)
+	}
+	t0 := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	put := func(node string, at time.Time) {
+		t.Helper()
+		id := node + "-" + at.UTC().Format("20060102T150405.000000000")
+		rec := &coordv1.NodeFence{Id: id, Node: node, CreatedAt: timestamppb.New(at), FinishedAt: timestamppb.New(at)}
+		if _, _, _, err := s.CreateFence(ctx, term, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("a", t0)
+	put("a", t0.Add(time.Hour))
+	for i := range 40 { // more than a page of the other node, newer and sorted after a's
+		put("a-2b", t0.Add(2*time.Hour+time.Duration(i)*time.Second))
+	}
+	put("b", t0.Add(3*time.Hour))
+	f, err := s.LatestFence(ctx, "a")
+	if err != nil || f.GetId() != "a-20261124T130000.000000000" {
+		t.Fatalf("latest of a: %v %v", f.GetId(), err)
+	}
+	if f, err := s.LatestFence(ctx, "a-2b"); err != nil || f.GetId() != "a-2b-20261124T140039.000000000" {
+		t.Fatalf("latest of a-2b: %v %v", f.GetId(), err)
+	}
+}

@@ -1,0 +1,152 @@
+package kubepods
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodefence/nodefence/node-agent/eviction"
+)
+
+// Kubelet's names for an eviction (pkg/kubelet/eviction and the core API).
+const (
+	// EvictedReason is the pod status reason and the Event reason of a node-pressure eviction.
+	EvictedReason = "Evicted"
+	// TerminationByKubeletReason is the DisruptionTarget condition's reason for it.
+	TerminationByKubeletReason = "TerminationByKubelet"
+	// EventSource is the component named in the Events the agent writes.
+	EventSource = "nodefence-node-agent"
+)
+
+// resourceOf is kubelet's signalToResource.
+func resourceOf(signal string) (corev1.ResourceName, resource.Format) {
+	switch {
+	case eviction.IsMemorySignal(signal):
+		return corev1.ResourceMemory, resource.BinarySI
+	case signal == eviction.SignalPIDAvailable:
+		return "pids", resource.DecimalSI
+	case strings.HasSuffix(signal, ".inodesFree"):
+		return "inodes", resource.DecimalSI
+	}
+	return corev1.ResourceEphemeralStorage, resource.BinarySI
+}
+
+// EvictionMessage is kubelet's eviction message for r: "The node was low on resource: memory.
+// Threshold quantity: 100Mi, available: 51200Ki. " (kubelet's nodeLowMessageFmt and
+// thresholdMetMessageFmt; the per-container part needs per-container usage and is left out).
+func EvictionMessage(r eviction.Reclaim) string {
+	name, format := resourceOf(r.Threshold.Signal)
+	q := resource.NewQuantity(r.Threshold.Value.Resolve(r.Observed.Capacity), format)
+	a := resource.NewQuantity(r.Observed.Available, format)
+	return fmt.Sprintf("The node was low on resource: %v. Threshold quantity: %v, available: %v. ", name, q, a)
+}
+
+// Killer evicts a pod on its own node at once, as kubelet's eviction manager does, through the API:
+// the pod is deleted with the eviction's grace period (at least MinGracePeriod, see
+// EvictorConfig) so that the kubelet stops its containers, its status is set to phase Failed with
+// reason Evicted, kubelet's message and a DisruptionTarget condition (reason TerminationByKubelet),
+// and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
+// does not. It implements pressure.Killer and pressure.CleanupChecker.
+type Killer struct {
+	client kubernetes.Interface
+	node   string
+	src    *Source
+	min    time.Duration
+	log    *slog.Logger
+}
+
+// NewKiller returns a Killer for node's pods using client, which needs create on events, patch on
+// pods/status and delete on pods. src (may be nil) answers CleanedUp from its cache and cgroups.
+func NewKiller(client kubernetes.Interface, node string, src *Source, minGrace time.Duration, log *slog.Logger) *Killer {
+	if minGrace <= 0 {
+		minGrace = DefaultMinGracePeriod
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Killer{client: client, node: node, src: src, min: minGrace, log: log.With("component", "killer")}
+}
+
+// Kill evicts c for r and returns the eviction message. A pod that is gone (or whose name now
+// belongs to another uid) is an error: nothing was evicted.
+func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
+	msg := EvictionMessage(r)
+	now := metav1.Now()
+
+	// Delete first: the apiserver removes a pod whose phase is already Failed at once, whatever
+	// the grace period, which would let a controller start its replacement (a StatefulSet, the
+	// same identity) while the kubelet still runs the old containers.
+	grace := gracePeriodSeconds(c.GracePeriod, k.min)
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &grace}
+	if c.UID != "" {
+		uid := types.UID(c.UID)
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	if err := k.client.CoreV1().Pods(c.Namespace).Delete(ctx, c.Name, opts); err != nil {
+		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	status := map[string]any{
+		"metadata": map[string]any{"uid": c.UID},
+		"status": map[string]any{
+			"phase": corev1.PodFailed, "reason": EvictedReason, "message": msg,
+			"conditions": []any{map[string]any{
+				"type": corev1.DisruptionTarget, "status": corev1.ConditionTrue, "reason": TerminationByKubeletReason,
+				"message": msg, "lastTransitionTime": now.UTC().Format(time.RFC3339),
+			}},
+		},
+	}
+	patch, err := json.Marshal(status)
+	if err != nil {
+		return msg, err
+	}
+	if _, err := k.client.CoreV1().Pods(c.Namespace).Patch(ctx, c.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+		// The pod is terminating already: the eviction happened, only its record is missing.
+		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
+	}
+	k.event(ctx, c, msg, now)
+	return msg, nil
+}
+
+// event records the eviction on the pod, as kubelet's recorder does; a failure is only logged.
+func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, now metav1.Time) {
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, GenerateName: c.Name + "."},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: c.Namespace, Name: c.Name,
+			UID: types.UID(c.UID)},
+		Reason: EvictedReason, Message: msg, Type: corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: EventSource, Host: k.node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "nodefence.io/node-agent", ReportingInstance: k.node,
+	}
+	if _, err := k.client.CoreV1().Events(c.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		k.log.Warn("recording the eviction event failed", "pod", c.Namespace+"/"+c.Name, "error", err)
+	}
+}
+
+// CleanedUp reports whether an evicted pod's resources are reclaimed: the pod is gone from the
+// node's pods (or its name belongs to another uid), or it has no cgroup left.
+func (k *Killer) CleanedUp(_ context.Context, c eviction.Candidate) bool {
+	if k.src == nil {
+		return true
+	}
+	p, err := k.src.lister.Pods(c.Namespace).Get(c.Name)
+	if err != nil || string(p.UID) != c.UID {
+		return true
+	}
+	if k.src.usage == nil {
+		return false
+	}
+	ep := Convert(p)
+	_, ok, err := k.src.usage.Read(ep.QoS, ep.UID)
+	return err == nil && !ok
+}

@@ -1,0 +1,189 @@
+// Package containerdtest runs a real containerd (the Debian package's binary) for tests: its own
+// root, state, socket and config in a temporary directory, so that it never touches the host's
+// runtime. It needs root (containerd mounts snapshots) and fails the test, never pretends, when it
+// cannot start.
+package containerdtest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Containerd is a running containerd.
+type Containerd struct {
+	// Socket is the path of its gRPC (and CRI) socket.
+	Socket string
+	// Root is its --root: images and snapshots live below it.
+	Root string
+	dir  string
+}
+
+// Endpoint is the CRI endpoint ("unix://" + Socket).
+func (c *Containerd) Endpoint() string { return "unix://" + c.Socket }
+
+// Start starts containerd for the test and stops it at the end of the test.
+func Start(t *testing.T) *Containerd {
+	t.Helper()
+	bin, err := exec.LookPath("containerd")
+	if err != nil {
+		t.Fatalf("containerd is not installed (make deps installs the Debian package): %v", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("containerd needs root")
+	}
+	// A short directory: unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "nf-ctd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{Socket: filepath.Join(dir, "c.sock"), Root: filepath.Join(dir, "root"), dir: dir}
+	cfg := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[5]q
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  sandbox_image = "nodefence.test/pause:none"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %[6]q
+    conf_dir = %[7]q
+`, c.Root, filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc", filepath.Join(dir, "opt"),
+		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"))
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logBuf bytes.Buffer
+	cmd := exec.Command(bin, "--config", cfgPath, "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		// Snapshots are mounted below root while containers run; none do here, but be sure.
+		_ = exec.Command("umount", "-R", c.Root).Run()
+		_ = os.RemoveAll(dir)
+		if t.Failed() {
+			t.Logf("containerd log:\n%s", logBuf.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(c.Socket); err == nil && c.ctr(context.Background(), "version") == nil {
+			return c
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("containerd exited: %v\n%s", err, logBuf.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd not ready after 20s:\n%s", logBuf.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *Containerd) ctr(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// ImportImage builds a one-layer OCI image named ref whose layer holds a file of size bytes, and
+// imports it into the CRI's namespace (k8s.io) with ctr.
+func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
+	t.Helper()
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	if err := tw.WriteHeader(&tar.Header{Name: "data", Mode: 0o644, Size: int64(size), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(bytes.Repeat([]byte{'x'}, size)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	blobs := map[string][]byte{}
+	add := func(b []byte) (string, int) {
+		sum := sha256.Sum256(b)
+		d := "sha256:" + hex.EncodeToString(sum[:])
+		blobs[d] = b
+		return d, len(b)
+	}
+	layerDigest, layerSize := add(layer.Bytes())
+	config, _ := json.Marshal(map[string]any{
+		"architecture": "amd64", "os": "linux",
+		"config": map[string]any{"Cmd": []string{"/data"}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
+	})
+	configDigest, configSize := add(config)
+	manifest, _ := json.Marshal(map[string]any{
+		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+		"config": map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": configDigest, "size": configSize},
+		"layers": []any{map[string]any{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layerDigest, "size": layerSize}},
+	})
+	manifestDigest, manifestSize := add(manifest)
+	index, _ := json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"manifests": []any{map[string]any{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifestDigest, "size": manifestSize,
+			"annotations": map[string]string{"org.opencontainers.image.ref.name": ref}}},
+	})
+	var archive bytes.Buffer
+	aw := tar.NewWriter(&archive)
+	write := func(name string, b []byte) {
+		if err := aw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := aw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`))
+	write("index.json", index)
+	for d, b := range blobs {
+		write("blobs/sha256/"+strings.TrimPrefix(d, "sha256:"), b)
+	}
+	if err := aw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(c.dir, "image.tar")
+	if err := os.WriteFile(path, archive.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.ctr(ctx, "images", "import", "--base-name", strings.Split(ref, ":")[0], "--index-name", ref, path); err != nil {
+		t.Fatal(err)
+	}
+}
