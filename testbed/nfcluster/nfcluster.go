@@ -218,6 +218,7 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(pki.Args("", tls),
 			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
 			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
+			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
 		)}); err != nil {
 			return nil, err
 		}
