@@ -172,7 +172,7 @@ func TestLeaderKilledMidFence(t *testing.T) {
 	before := len(calls(t, victim.BMC)) // the BMC's call log spans earlier scenarios
 	// A slow BMC keeps the power-off in flight long enough to kill the leader during it (below the
 	// driver's 1 s retransmission interval: a slower BMC would see the command again).
-	if err := victim.BMC.SetDelay(500 * time.Millisecond); err != nil {
+	if err := victim.BMC.SetDelay(300 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := victim.Crash(); err != nil {
