@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -66,8 +65,26 @@ type Deps struct {
 	KubeletReporting func(ctx context.Context, node string) (bool, error)
 }
 
-// MaxText caps every free-text field of a request (reasons).
-const MaxText = 1024
+// configuredPlace refuses a hello that moves its node out of the zone or region the fence
+// configuration gives it: an agent cannot push its node into another zone (or make up zones).
+func (d *Deps) configuredPlace(h *agentv1.Hello) error {
+	cfg := d.Config()
+	if cfg == nil {
+		return nil
+	}
+	n, ok := cfg.Nodes[h.NodeName]
+	if !ok {
+		return nil
+	}
+	var v fault.Invalid
+	if n.Zone != "" && h.Zone != "" && h.Zone != n.Zone {
+		v.Add("hello.zone", "node %s is configured in zone %q, not %q", h.NodeName, n.Zone, h.Zone)
+	}
+	if n.Region != "" && h.Region != "" && h.Region != n.Region {
+		v.Add("hello.region", "node %s is configured in region %q, not %q", h.NodeName, n.Region, h.Region)
+	}
+	return v.Err()
+}
 
 // knownNode applies KnownNode, or the fence configuration when it is nil.
 func (d *Deps) knownNode(ctx context.Context, node string) error {
@@ -105,39 +122,6 @@ type AgentServer struct {
 	*Deps
 }
 
-func required(field, value string) error {
-	var v fault.Invalid
-	checkName(&v, field, value)
-	return v.Err()
-}
-
-// checkName adds a problem when value is not a valid node name (a Kubernetes object name).
-func checkName(v *fault.Invalid, field, value string) {
-	if strings.TrimSpace(value) == "" {
-		v.Add(field, "required")
-	} else if err := identity.ValidName(value); err != nil {
-		v.Add(field, "%v", err)
-	}
-}
-
-// checkText adds a problem when a free-text field is longer than MaxText or not UTF-8.
-func checkText(v *fault.Invalid, field, value string) {
-	if len(value) > MaxText {
-		v.Add(field, "%d bytes, more than %d", len(value), MaxText)
-	} else if !utf8.ValidString(value) {
-		v.Add(field, "not valid UTF-8")
-	}
-}
-
-// checkID adds a problem when a record id is empty or longer than a node name and a timestamp.
-func checkID(v *fault.Invalid, field, value string) {
-	if strings.TrimSpace(value) == "" {
-		v.Add(field, "required")
-	} else if len(value) > identity.MaxName+40 || !utf8.ValidString(value) || strings.ContainsAny(value, "/\x00") {
-		v.Add(field, "not a fence record id")
-	}
-}
-
 // NewID returns a record id that sorts by creation time per node.
 func NewID(node string, now time.Time) string {
 	return fmt.Sprintf("%s-%s", node, now.UTC().Format("20060102T150405.000000000"))
@@ -145,12 +129,6 @@ func NewID(node string, now time.Time) string {
 
 // start creates (or returns the active) record for node with action, and runs it.
 func (s *FenceServer) start(ctx context.Context, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
-	var v fault.Invalid
-	checkName(&v, "node", node)
-	checkText(&v, "reason", reason)
-	if err := v.Err(); err != nil {
-		return nil, err
-	}
 	l, err := s.Leadership.Leading(ctx)
 	if err != nil {
 		return nil, err
@@ -185,6 +163,9 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 
 // Fence starts (or returns the active) power-off of a node.
 func (s *FenceServer) Fence(ctx context.Context, req *coordv1.FenceRequest) (*coordv1.FenceResponse, error) {
+	if err := Validate(req); err != nil {
+		return nil, err
+	}
 	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_OFF)
 	if err != nil {
 		return nil, err
@@ -194,6 +175,9 @@ func (s *FenceServer) Fence(ctx context.Context, req *coordv1.FenceRequest) (*co
 
 // Unfence starts a verified power-on of a node.
 func (s *FenceServer) Unfence(ctx context.Context, req *coordv1.UnfenceRequest) (*coordv1.UnfenceResponse, error) {
+	if err := Validate(req); err != nil {
+		return nil, err
+	}
 	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_ON)
 	if err != nil {
 		return nil, err
@@ -205,13 +189,10 @@ func (s *FenceServer) Unfence(ctx context.Context, req *coordv1.UnfenceRequest) 
 // certificate. A node whose agent (or kubelet) is still reporting is refused unless forced with a
 // reason; either way the acknowledgement is in the audit trail.
 func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeRequest) (*coordv1.AcknowledgeResponse, error) {
-	var v fault.Invalid
-	checkName(&v, "node", req.GetNode())
-	checkText(&v, "reason", req.GetReason())
-	checkText(&v, "operator", req.GetOperator())
-	if req.GetForce() && strings.TrimSpace(req.GetReason()) == "" {
-		v.Add("reason", "required with force: say how you know the node is off")
+	if err := Validate(req); err != nil {
+		return nil, err
 	}
+	var v fault.Invalid
 	id, _ := identity.From(ctx)
 	if req.GetOperator() != "" && id.Role == identity.Operator && req.GetOperator() != id.Name {
 		v.Add("operator", "%q is not the caller: the operator is %s, from the client certificate", req.GetOperator(), id.Name)
@@ -323,9 +304,7 @@ func (s *FenceServer) audit(ctx context.Context, l *Leading, node, kind, text st
 
 // GetFence returns one record.
 func (s *FenceServer) GetFence(ctx context.Context, req *coordv1.GetFenceRequest) (*coordv1.GetFenceResponse, error) {
-	var bad fault.Invalid
-	checkID(&bad, "id", req.GetId())
-	if err := bad.Err(); err != nil {
+	if err := Validate(req); err != nil {
 		return nil, err
 	}
 	v, err := s.Store.GetFence(ctx, req.Id)
@@ -337,20 +316,12 @@ func (s *FenceServer) GetFence(ctx context.Context, req *coordv1.GetFenceRequest
 
 // ListFences returns records newest first.
 func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesRequest) (*coordv1.ListFencesResponse, error) {
+	if err := Validate(req); err != nil {
+		return nil, err
+	}
 	limit := int(req.GetLimit())
-	switch {
-	case limit < 0 || limit > 1000:
-		return nil, fault.Invalid{{Field: "limit", Problem: "must be between 0 and 1000"}}
-	case limit == 0:
+	if limit == 0 {
 		limit = 100
-	}
-	if _, ok := coordv1.FenceStatus_name[int32(req.GetStatus())]; !ok {
-		return nil, fault.Invalid{{Field: "status", Problem: fmt.Sprintf("unknown status %d", req.GetStatus())}}
-	}
-	if req.GetNode() != "" {
-		if err := required("node", req.GetNode()); err != nil {
-			return nil, err
-		}
 	}
 	page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Status: req.Status, Limit: limit, PageToken: req.PageToken})
 	if err != nil {
@@ -362,21 +333,11 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 // WatchFence streams a record until it is final.
 func (s *FenceServer) WatchFence(req *coordv1.WatchFenceRequest, stream coordv1.FenceService_WatchFenceServer) error {
 	ctx := stream.Context()
-	id := req.GetId()
-	if id != "" {
-		var v fault.Invalid
-		checkID(&v, "id", id)
-		if err := v.Err(); err != nil {
-			return err
-		}
+	if err := Validate(req); err != nil {
+		return err
 	}
+	id := req.GetId()
 	if id == "" {
-		if req.GetNode() == "" {
-			return fault.Invalid{{Field: "id", Problem: "id or node is required"}}
-		}
-		if err := required("node", req.GetNode()); err != nil {
-			return err
-		}
 		page, err := s.Store.ListFences(ctx, store.ListOptions{Node: req.Node, Limit: 1})
 		if err != nil {
 			return err
@@ -415,7 +376,7 @@ func (s *ClusterServer) ListNodes(ctx context.Context, _ *coordv1.ListNodesReque
 
 // GetNode returns one node.
 func (s *ClusterServer) GetNode(ctx context.Context, req *coordv1.GetNodeRequest) (*coordv1.GetNodeResponse, error) {
-	if err := required("name", req.GetName()); err != nil {
+	if err := Validate(req); err != nil {
 		return nil, err
 	}
 	l, err := s.Leadership.Leading(ctx)
@@ -447,9 +408,7 @@ func (s *ClusterServer) ListZones(ctx context.Context, _ *coordv1.ListZonesReque
 
 // PauseEvictions persists the pause flag, then tells the engine.
 func (s *ClusterServer) PauseEvictions(ctx context.Context, req *coordv1.PauseEvictionsRequest) (*coordv1.PauseEvictionsResponse, error) {
-	var v fault.Invalid
-	checkText(&v, "reason", req.GetReason())
-	if err := v.Err(); err != nil {
+	if err := Validate(req); err != nil {
 		return nil, err
 	}
 	if err := s.setPaused(ctx, true, req.GetReason()); err != nil {
@@ -483,20 +442,12 @@ func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason strin
 
 // ListAudit returns the audit trail, oldest first; any replica answers.
 func (s *ClusterServer) ListAudit(ctx context.Context, req *coordv1.ListAuditRequest) (*coordv1.ListAuditResponse, error) {
+	if err := Validate(req); err != nil {
+		return nil, err
+	}
 	limit := int(req.GetLimit())
-	switch {
-	case limit < 0 || limit > 5000:
-		return nil, fault.Invalid{{Field: "limit", Problem: "must be between 0 and 5000"}}
-	case limit == 0:
+	if limit == 0 {
 		limit = 200
-	}
-	if req.GetAfterRevision() < 0 {
-		return nil, fault.Invalid{{Field: "after_revision", Problem: "must not be negative"}}
-	}
-	if req.GetNode() != "" {
-		if err := required("node", req.GetNode()); err != nil {
-			return nil, err
-		}
 	}
 	entries, err := s.Store.ListAudit(ctx, req.GetNode(), req.GetAfterRevision(), limit)
 	if err != nil {
@@ -546,7 +497,10 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if err := s.knownNode(ctx, hello.NodeName); err != nil {
 		return err
 	}
-	l, err := s.Leadership.Leading(ctx)
+	if err := s.configuredPlace(hello); err != nil {
+		return err
+	}
+	l, err := s.awaitLeader(ctx)
 	if err != nil {
 		return err
 	}
@@ -586,6 +540,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		}
 	}()
 	lastAck := time.Now()
+	lastSeq := first.Seq // seqs strictly increase on a stream (agentv1.ConnectRequest.seq)
 	for {
 		m, reused, err := in.recv()
 		if errors.Is(err, io.EOF) {
@@ -597,6 +552,10 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		if m.GetHello() != nil {
 			return fault.Invalid{{Field: "hello", Problem: "hello may only be the first message"}}
 		}
+		if m.Seq <= lastSeq {
+			return fault.Invalid{{Field: "seq", Problem: fmt.Sprintf("%d does not increase (the previous message had %d)", m.Seq, lastSeq)}}
+		}
+		lastSeq = m.Seq
 		at := s.now()
 		event := loop.IsEvent(m)
 		if event {
@@ -629,6 +588,29 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 				return err
 			}
 			lastAck = time.Now()
+		}
+	}
+}
+
+// helloWait is how long a replica that knows no live leader holds an agent's hello before answering:
+// during an election, a redirect the moment a leader is verified beats thousands of agents asking
+// every replica again and again.
+const helloWait = 2 * time.Second
+
+// awaitLeader returns this replica's term, or the error naming the leader, waiting up to helloWait
+// while no leader is verified.
+func (s *AgentServer) awaitLeader(ctx context.Context) (*Leading, error) {
+	deadline := time.Now().Add(helloWait)
+	for {
+		l, err := s.Leadership.Leading(ctx)
+		var nl *fault.NotLeaderError
+		if err == nil || (errors.As(err, &nl) && nl.LeaderAddress != "") || time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

@@ -63,6 +63,8 @@ type Config struct {
 	EtcdPrefix string
 	// EtcdAccess is the TLS and user the coordinator presents to an external etcd.
 	EtcdAccess EtcdAccess
+	// Retention bounds the fence records and audit entries kept in etcd.
+	Retention store.Retention
 	// FenceConfig is the standalone YAML fence configuration file.
 	FenceConfig string
 	// Kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster".
@@ -129,6 +131,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdPeerListen, "etcd-peer-listen", "127.0.0.1:2380", "embedded etcd peer address")
 	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", "/nodefence", "etcd key prefix")
 	c.EtcdAccess.RegisterFlags(fs)
+	c.registerRetentionFlags(fs)
 	fs.StringVar(&c.FenceConfig, "config", "", "standalone fence configuration (YAML)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", "nodefence", "namespace of the fence ConfigMaps (Kubernetes mode)")
@@ -208,6 +211,9 @@ func (c *Config) SetDefaults() {
 	if c.EtcdPrefix == "" {
 		c.EtcdPrefix = "/nodefence"
 	}
+	if c.Retention == (store.Retention{}) {
+		c.Retention = store.DefaultRetention()
+	}
 	if c.Engine == (engine.Config{}) {
 		c.Engine = engine.DefaultConfig()
 	}
@@ -260,6 +266,7 @@ func (c *Config) Validate() []error {
 		}
 	}
 	errs = append(errs, c.EtcdAccess.Validate(len(c.EtcdEndpoints) > 0)...)
+	errs = append(errs, c.validateRetention()...)
 	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: required for the embedded etcd"))
 	}
@@ -358,6 +365,7 @@ type App struct {
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
 	kube      *kubeMode
+	proof     *proof
 	mu        sync.Mutex
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
@@ -454,6 +462,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	a.elector = leader.NewElector(cli, a.store.LeaderPrefix(), leader.Info{ID: cfg.ID, Address: advertise}, int(cfg.ElectionTTL/time.Second), log)
 	a.follower, a.advertise = leader.NewFollower(cli, a.store.LeaderPrefix(), cfg.ID, log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
+	a.proof = newProof(a, srv.Registry)
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
@@ -510,9 +519,10 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
-// agentLive reports whether the node's agent is streaming to this leader: connected and heard
-// within five heartbeat intervals (at least 5 s). A fence_kdump message never overrides such a
-// witness. Followers answer false; they drop kdump messages anyway.
+// agentLive reports whether a witness of the node is alive: its agent streaming to this leader
+// (connected and heard within five heartbeat intervals, at least 5 s) or, in Kubernetes mode, its
+// kubelet's Lease renewed within the monitor grace period. A fence_kdump message never overrides
+// such a witness. Followers answer false; they drop kdump messages anyway.
 func (a *App) agentLive(node string) bool {
 	a.mu.Lock()
 	l := a.leading
@@ -526,7 +536,11 @@ func (a *App) agentLive(node string) bool {
 	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
 	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
 		n := e.Node(node)
-		live = n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		agent := n != nil && n.Connected && n.LastSeen != nil && time.Since(n.LastSeen.AsTime()) < window
+		// Kubernetes mode: a kubelet whose Lease was renewed within the monitor grace period is a
+		// live witness too.
+		kubelet := n != nil && n.KubeletLastSeen != nil && time.Since(n.KubeletLastSeen.AsTime()) < a.cfg.Engine.NodeMonitorGracePeriod
+		live = agent || kubelet
 	})
 	return live
 }
@@ -634,7 +648,7 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
-	go a.follower.Run(ctx, 250*time.Millisecond)
+	go a.follower.Run(ctx, 100*time.Millisecond)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
@@ -744,6 +758,7 @@ func (a *App) lead(term *leader.Term) {
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
+	go a.pruneHistory(term)
 	if a.kube != nil {
 		a.kube.startTerm(term, lp)
 	}
@@ -777,6 +792,7 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, "fence", text)
 	a.metrics.ObserveFence(f)
+	a.proof.observe(term, f)
 	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(f)

@@ -162,8 +162,7 @@ func (k *kubeMode) reload(ctx context.Context) {
 }
 
 // startTerm connects a new term to the cluster: the witness feeds its engine, and a release
-// reconciler runs for the term's lifetime. Every Node and every node with a confirmed power-off in
-// its history is looked at once, so whatever a previous leader left undone is finished.
+// reconciler runs for the term's lifetime.
 func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 	ctx := term.Context()
 	sink := k.witness.SetSink(func(in engine.Input) {
@@ -192,27 +191,10 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 	}()
 	go r.Run(ctx, 5*time.Minute)
 	go func() {
-		cache.WaitForCacheSync(ctx.Done(), k.witness.Informer().HasSynced)
-		r.EnqueueAll()
-		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		// Page through the retained history (bounded by retention) for nodes with a confirmed
-		// power-off whose release may be unfinished; Nodes that still exist were enqueued above.
-		var token string
-		for {
-			page, err := k.a.store.ListFences(lctx, store.ListOptions{Limit: 500, PageToken: token})
-			if err != nil {
-				k.a.log.Error("cannot list confirmed fences; the periodic pass will look at their nodes", "err", err)
-				break
-			}
-			for _, f := range page.Fences {
-				if f.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && f.GetConfirmedOffAt() != nil {
-					r.Enqueue(f.GetNode())
-				}
-			}
-			if token = page.NextPageToken; token == "" {
-				break
-			}
+		// Every Node once: each pass reads the node's newest record, so whatever a previous
+		// leader left undone (a release, a restore, a mirror) is finished.
+		if cache.WaitForCacheSync(ctx.Done(), k.witness.Informer().HasSynced) {
+			r.EnqueueAll()
 		}
 	}()
 }

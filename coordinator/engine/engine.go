@@ -10,6 +10,10 @@
 // or FullDisruption by ComputeZoneState; not-ready nodes are queued per zone and released one token at
 // a time by a token bucket whose rate follows the zone state; when every zone is fully disrupted the
 // engine assumes it is the one cut off and halts all evictions.
+//
+// Beyond kube-controller-manager, the engine paces the agents' soft-threshold pod evictions per
+// zone (pods.go): candidates in, grants out through Ready.Grants, under a token bucket and a cap on
+// grants in flight.
 package engine
 
 import (

@@ -71,7 +71,7 @@ type candidate struct {
 // podZone is a zone's pod-eviction budget and counters.
 type podZone struct {
 	limiter  *rate.Limiter
-	inFlight map[string]time.Time // pod uid (or namespace/name) -> when its grant stops counting
+	inFlight map[string]time.Time // podKey -> when its grant stops counting
 	granted  int64
 	local    int64
 }
@@ -89,12 +89,23 @@ func (e *Engine) podZone(key string) *podZone {
 	return z
 }
 
-func podKey(namespace, name, uid string) string {
+// podKey names a granted pod within its node: a report frees only its own node's grants, whatever
+// uid it names.
+func podKey(node, namespace, name, uid string) string {
 	if uid != "" {
-		return uid
+		return node + "/" + uid
 	}
-	return namespace + "/" + name
+	return node + "/" + namespace + "/" + name
 }
+
+// Bounds of a candidate's fields (Kubernetes' own: a DNS label namespace, a DNS subdomain name, a
+// uid); a candidate beyond them is ignored.
+const (
+	maxNamespace = 63
+	maxName      = 253
+	maxUID       = 64
+	maxSignal    = 64
+)
 
 // maxPending bounds the nodes with a pending candidate the engine keeps (one per node anyway).
 const maxPending = 1 << 16
@@ -104,7 +115,12 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 	if len(m.GetCandidates()) == 0 || m.GetCandidates()[0] == nil {
 		return
 	}
-	c := &candidate{signal: m.GetSignal(), pod: m.GetCandidates()[0], at: at}
+	p := m.GetCandidates()[0]
+	if len(p.GetNamespace()) > maxNamespace || len(p.GetName()) > maxName || len(p.GetUid()) > maxUID || len(m.GetSignal()) > maxSignal {
+		e.event(at, "pod-eviction", n.name, "node %s: eviction candidate ignored: a field is longer than Kubernetes allows", n.name)
+		return
+	}
+	c := &candidate{signal: m.GetSignal(), pod: p, at: at}
 	if n.candidate == nil {
 		if len(e.pending) >= maxPending {
 			return
@@ -121,13 +137,17 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 // onEvictionReport records what an agent did: a local eviction counts for its zone; a grant's
 // outcome frees its slot.
 func (e *Engine) onEvictionReport(n *node, r *agentv1.EvictionReport, at time.Time) {
+	if len(r.GetNamespace()) > maxNamespace || len(r.GetName()) > maxName || len(r.GetUid()) > maxUID || len(r.GetSignal()) > maxSignal {
+		e.event(at, "pod-eviction", n.name, "node %s: eviction report ignored: a field is longer than Kubernetes allows", n.name)
+		return
+	}
 	z := e.podZone(n.zoneKey)
-	key := podKey(r.GetNamespace(), r.GetName(), r.GetUid())
+	key := podKey(n.name, r.GetNamespace(), r.GetName(), r.GetUid())
 	pod := r.GetNamespace() + "/" + r.GetName()
 	switch r.GetKind() {
 	case agentv1.EvictionKind_EVICTION_KIND_HARD, agentv1.EvictionKind_EVICTION_KIND_FALLBACK:
 		z.local++
-		if n.candidate != nil && podKey(n.candidate.pod.GetNamespace(), n.candidate.pod.GetName(), n.candidate.pod.GetUid()) == key {
+		if n.candidate != nil && podKey(n.name, n.candidate.pod.GetNamespace(), n.candidate.pod.GetName(), n.candidate.pod.GetUid()) == key {
 			e.dropCandidate(n)
 		}
 		e.event(at, "pod-eviction", n.name, "node %s: evicted %s locally (%s, %s)", n.name, pod, kindWord(r.GetKind()), r.GetSignal())
@@ -189,7 +209,7 @@ func (e *Engine) grantPods(now time.Time) {
 		}
 		z.limiter.AllowN(now, 1)
 		c := n.candidate
-		z.inFlight[podKey(c.pod.GetNamespace(), c.pod.GetName(), c.pod.GetUid())] = now.Add(e.cfg.PodEviction.GrantTTL)
+		z.inFlight[podKey(n.name, c.pod.GetNamespace(), c.pod.GetName(), c.pod.GetUid())] = now.Add(e.cfg.PodEviction.GrantTTL)
 		z.granted++
 		e.ready.Grants = append(e.ready.Grants, Grant{Node: n.name, Zone: n.zoneKey,
 			Grant: &agentv1.EvictionGrant{Signal: c.signal, Pods: []*agentv1.EvictionCandidate{c.pod}}})

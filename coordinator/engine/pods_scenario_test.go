@@ -21,7 +21,8 @@ func (h *harness) handleCandidate(pos []string, args map[string]string) []string
 	return h.drain()
 }
 
-// handleReport: report a1 pod=ns/p kind=granted|failed|declined|hard|fallback
+// handleReport: report a1 pod=ns/p kind=granted|failed|declined|hard|fallback [uid-of=b1]
+// (uid-of: the report names the uid of b1's candidate for that pod)
 func (h *harness) handleReport(pos []string, args map[string]string) []string {
 	ns, name, _ := strings.Cut(args["pod"], "/")
 	kinds := map[string]agentv1.EvictionKind{
@@ -34,8 +35,12 @@ func (h *harness) handleReport(pos []string, args map[string]string) []string {
 		h.t.Fatalf("report: unknown kind %q", args["kind"])
 	}
 	for _, n := range h.expand(pos) {
+		uidOf := n
+		if o, ok := args["uid-of"]; ok {
+			uidOf = o
+		}
 		h.send(n, &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Eviction{Eviction: &agentv1.EvictionReport{
-			Namespace: ns, Name: name, Uid: n + ":" + args["pod"], Signal: "memory.available", Kind: kind}}})
+			Namespace: ns, Name: name, Uid: uidOf + ":" + args["pod"], Signal: "memory.available", Kind: kind}}})
 	}
 	return h.drain()
 }

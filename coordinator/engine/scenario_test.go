@@ -45,7 +45,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	zones | nodes                          print the current view
 //	config pod-rate=0.1 pod-burst=1 pod-max-in-flight=2 pod-grant-ttl=2m   the pod-eviction budget
 //	candidate a1 pod=ns/p [signal=memory.available]   a1 proposes evicting ns/p (uid ns/p)
-//	report a1 pod=ns/p kind=granted|failed|declined|hard|fallback   a1 reports an eviction
+//	report a1 pod=ns/p kind=granted|failed|declined|hard|fallback [uid-of=b1]   a1 reports an eviction
 //	pod-zones                              print each zone's pod-eviction budget
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")

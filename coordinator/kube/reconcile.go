@@ -69,6 +69,8 @@ type ReleaseState struct {
 }
 
 // DecideRelease is the reconciler's rule, pure:
+//   - a record whose power-off hit another machine (wrong_machine_at: the node kept reporting after
+//     it) never releases anything, even once the node falls silent later;
 //   - the newest record of the node is a power-off (or isolation) confirmed by read-back, operator
 //     acknowledgement or fence_kdump, and the engine still has both witnesses silent: release
 //     (idempotent, so every pass completes what an earlier one could not);
@@ -80,6 +82,8 @@ type ReleaseState struct {
 func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (ReleaseAction, time.Duration, string) {
 	confirmed := s.Fence != nil && s.Fence.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && s.Fence.GetConfirmedOffAt() != nil
 	switch {
+	case confirmed && s.Fence.GetWrongMachineAt() != nil && !s.Tainted:
+		return ReleaseHold, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): pods are never released", s.Fence.GetId())
 	case confirmed && !s.WitnessesBack:
 		return ReleaseApply, 0, fmt.Sprintf("fence %s confirmed the node off; its witnesses are silent", s.Fence.GetId())
 	case confirmed && s.Running && !s.Tainted:

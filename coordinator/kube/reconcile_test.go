@@ -192,7 +192,7 @@ func TestReconcilerReleasesAndRestoresOwningOnlyItsFields(t *testing.T) {
 			continue
 		}
 		var fields map[string]map[string]map[string]any
-		_ = json.Unmarshal(mf.FieldsV1.Raw, &fields)
+		_ = json.Unmarshal(mf.FieldsV1.GetRawBytes(), &fields)
 		for k := range fields["f:status"]["f:conditions"] {
 			if strings.HasPrefix(k, "k:") && !strings.Contains(k, string(ConditionAgentReady)) {
 				t.Errorf("the coordinator's field manager owns %s (%s)", k, mf.Operation)

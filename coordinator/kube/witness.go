@@ -190,11 +190,10 @@ type sink struct {
 // as a relist would: every Node, every heartbeat, and whether the apiserver can be read. Inputs
 // reach the sink in order. It returns the id that ClearSink takes.
 func (w *Witness) SetSink(f func(engine.Input)) uint64 {
-	s := <-w.sink
+	<-w.sink // the token: no input is emitted while the sink changes
 	w.sinks++
 	id := w.sinks
-	s = sink{id: id, f: f}
-	w.sink <- s
+	w.sink <- sink{id: id, f: f}
 	w.relist(w.Readable() && w.nodeInf.HasSynced() && w.leaseInf.HasSynced())
 	return id
 }

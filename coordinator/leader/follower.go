@@ -32,10 +32,10 @@ type Follower struct {
 	// Probe reports whether something answers at addr; nil dials TCP within ProbeTimeout. An error
 	// wrapping syscall.ECONNREFUSED means nothing listens there.
 	Probe func(ctx context.Context, addr string) error
-	// MaxAge is how long a view is reused (500 ms by default).
+	// MaxAge is how long a view is reused (250 ms by default).
 	MaxAge time.Duration
 	// OrphanAfter is how long a leader's address must keep refusing connections before its key is
-	// removed (500 ms by default; at least three probes in a row must be refused).
+	// removed (300 ms by default; at least three probes in a row must be refused).
 	OrphanAfter time.Duration
 
 	mu       sync.Mutex
@@ -70,7 +70,7 @@ const readTimeout = time.Second
 
 // NewFollower returns the view of the election under prefix for the replica named self.
 func NewFollower(cli *clientv3.Client, prefix, self string, log *slog.Logger) *Follower {
-	return &Follower{cli: cli, prefix: prefix, self: self, log: log, MaxAge: 500 * time.Millisecond, OrphanAfter: 500 * time.Millisecond}
+	return &Follower{cli: cli, prefix: prefix, self: self, log: log, MaxAge: 250 * time.Millisecond, OrphanAfter: 300 * time.Millisecond}
 }
 
 // View returns a view at most MaxAge old, refreshing it if needed (one refresh at a time; callers
@@ -128,7 +128,9 @@ func (f *Follower) Run(ctx context.Context, interval time.Duration) {
 func (f *Follower) refresh(ctx context.Context) View {
 	now := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, readTimeout)
-	resp, err := f.cli.Get(rctx, f.prefix+"/", clientv3.WithFirstCreate()...)
+	// Serializable, like the leader's own check: a busy etcd cluster must not look unreachable. A
+	// stale answer names a leader that either answers (and redirects in turn) or is probed dead.
+	resp, err := f.cli.Get(rctx, f.prefix+"/", append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
 	cancel()
 	if err != nil {
 		return View{Err: err, At: now}

@@ -28,6 +28,10 @@ var ErrDeposed = fmt.Errorf("%w: this replica is no longer the leader", fault.Er
 // ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change).
 var ErrConflict = fmt.Errorf("%w: concurrent modification", fault.ErrFailedPrecondition)
 
+// ErrKeyLost is returned by a campaign whose election key vanished (its lease expired) while it
+// waited for the older keys: no term is started, the caller campaigns again.
+var ErrKeyLost = errors.New("election key no longer exists")
+
 // Info identifies a replica; it is the value of its election key.
 type Info struct {
 	ID      string `json:"id"`
@@ -62,6 +66,10 @@ type Term struct {
 	cancel  context.CancelFunc
 	session *concurrency.Session
 	el      *concurrency.Election
+
+	// txnTimeout bounds one guarded write: the lease TTL (at least CallTimeout). A leader that cannot
+	// commit within its lease is no longer safely the leader.
+	txnTimeout time.Duration
 
 	resignOnce sync.Once // concurrency.Election is not safe for concurrent use
 	resignErr  error
@@ -108,13 +116,31 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		}
 		return nil, fmt.Errorf("campaign: %w", err)
 	}
+	// Campaign returns once every older key is gone, without looking at its own: a key lost while
+	// waiting (its lease expired during an etcd outage) would make a leader without a key. Check
+	// that the key is still ours before calling this a term.
+	kctx, kcancel := context.WithTimeout(ctx, CallTimeout)
+	got, err := e.cli.Get(kctx, el.Key())
+	kcancel()
+	if err != nil || len(got.Kvs) == 0 || got.Kvs[0].CreateRevision != el.Rev() {
+		session.Close()
+		if err == nil {
+			err = ErrKeyLost
+		}
+		return nil, fmt.Errorf("campaign won with key %s: %w", el.Key(), err)
+	}
 	tctx, cancel := context.WithCancel(ctx)
-	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el}
-	// Leadership ends when the lease is gone, the key is deleted by anyone, or etcd cannot be read
-	// for half the lease: a leader cut from etcd steps down before another replica can take over.
-	watch := e.cli.Watch(tctx, t.Key)
+	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el,
+		txnTimeout: max(CallTimeout, time.Duration(e.ttl)*time.Second)}
+	// Leadership ends when the lease is gone, the key is deleted by anyone (watched from the
+	// revision of the check above, so a deletion right after it is seen), or etcd cannot be read
+	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
+	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
+	watch := e.cli.Watch(tctx, t.Key, clientv3.WithRev(got.Header.Revision+1))
 	ttl := time.Duration(e.ttl) * time.Second
-	check := time.NewTicker(min(time.Second, ttl/4))
+	every := min(time.Second, ttl/4)
+	readTimeout := min(CallTimeout, ttl/2)
+	check := time.NewTicker(every)
 	lastRead := time.Now()
 	go func() {
 		defer cancel()
@@ -127,13 +153,13 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			case <-tctx.Done():
 				return
 			case now := <-check.C:
-				switch live, err := t.keyLive(tctx); {
+				switch live, err := t.keyLive(tctx, readTimeout); {
 				case err == nil && !live:
 					e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 					return
 				case err == nil:
 					lastRead = now
-				case time.Since(lastRead) >= ttl/2 && tctx.Err() == nil:
+				case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
 					e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
 					return
 				}
@@ -154,11 +180,15 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	return t, nil
 }
 
-// keyLive reads the election key (within CallTimeout): is it still this term's?
-func (t *Term) keyLive(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+// keyLive reads the election key within timeout: is it still this term's?
+func (t *Term) keyLive(ctx context.Context, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := t.cli.Get(ctx, t.Key)
+	// Serializable: any reachable member answers from its own state, without a round of the etcd
+	// cluster's consensus, so a busy cluster (thousands of agents saying hello at once) is not taken
+	// for an unreachable one. A member cut off from its quorum answers too; the lease, which only the
+	// quorum renews, ends the term in that case.
+	resp, err := t.cli.Get(ctx, t.Key, clientv3.WithSerializable())
 	if err != nil {
 		return false, err
 	}
@@ -191,7 +221,7 @@ func (t *Term) Guard() clientv3.Cmp {
 // Txn commits ops if this term is still the leader's and every extra comparison holds. It returns
 // ErrDeposed when the term is over and ErrConflict when an extra comparison failed.
 func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, max(t.txnTimeout, CallTimeout))
 	defer cancel()
 	resp, err := t.cli.Txn(ctx).
 		If(append([]clientv3.Cmp{t.Guard()}, cmps...)...).

@@ -115,3 +115,50 @@ func TestConcurrentResign(t *testing.T) {
 		t.Errorf("after Resign a leader is still recorded (ok=%v, err=%v)", ok, err)
 	}
 }
+
+// A replica whose election key vanishes while it waits in the campaign (its lease expired during
+// an etcd outage) must not become leader when the older key goes: the campaign checks its key.
+func TestCampaignChecksItsKeyAfterWinning(t *testing.T) {
+	endpoint, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	first, err := leader.NewElector(etcdtest.Client(t, endpoint), "/test/leader", leader.Info{ID: "a"}, 5, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() {
+		term, err := leader.NewElector(etcdtest.Client(t, endpoint), "/test/leader", leader.Info{ID: "b"}, 5, log).Campaign(ctx)
+		if err == nil {
+			err = errors.New("became leader")
+			t.Logf("b became leader with epoch %d, key %s", term.Epoch, term.Key)
+		}
+		result <- err
+	}()
+	var bKey string
+	for bKey == "" {
+		r, err := cli.Get(ctx, "/test/leader/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range r.Kvs {
+			if string(kv.Key) != first.Key {
+				bKey = string(kv.Key)
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("b never campaigned")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := cli.Delete(ctx, bKey); err != nil { // as its lease expiring would
+		t.Fatal(err)
+	}
+	if err := first.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-result; !errors.Is(err, leader.ErrKeyLost) {
+		t.Fatalf("b's campaign after its key vanished: %v, want ErrKeyLost", err)
+	}
+}

@@ -31,6 +31,11 @@ func (s *Store) ListAudit(ctx context.Context, node string, after int64, limit i
 	if after > 0 {
 		opts = append(opts, clientv3.WithMinModRev(after+1))
 	}
+	if node == "" && limit > 0 {
+		// etcd applies the limit after the revision filter; with a node filter (applied here) the
+		// answer is bounded by the retention of the trail instead.
+		opts = append(opts, clientv3.WithLimit(int64(limit)))
+	}
 	resp, err := s.cli.Get(ctx, s.prefix+"/audit/", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("read audit trail: %w", err)

@@ -119,20 +119,50 @@ func (s *Store) CreateFence(ctx context.Context, t *leader.Term, rec *coordv1.No
 		ops = append(ops, clientv3.OpPut(ak, rec.Id))
 	}
 	resp, err := t.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ak), "=", 0)}, ops...)
-	switch {
-	case errors.Is(err, leader.ErrConflict):
-		cur, err := s.ActiveFence(ctx, rec.Node)
+	if errors.Is(err, leader.ErrConflict) {
+		var stale string
+		stale, err = s.staleActive(ctx, rec.Node)
 		if err != nil {
 			return nil, 0, false, err
 		}
-		if cur == nil {
-			return nil, 0, false, fmt.Errorf("node %s: active fence vanished during create: %w", rec.Node, leader.ErrConflict)
+		if stale == "" {
+			cur, err := s.ActiveFence(ctx, rec.Node)
+			if err != nil {
+				return nil, 0, false, err
+			}
+			if cur == nil {
+				return nil, 0, false, fmt.Errorf("node %s: active fence vanished during create: %w", rec.Node, leader.ErrConflict)
+			}
+			return cur.Fence, cur.Revision, false, nil
 		}
-		return cur.Fence, cur.Revision, false, nil
-	case err != nil:
+		// The index names a record that is gone or corrupt: nothing runs it, so it blocks nobody.
+		if s.Log != nil {
+			s.Log.Warn("replacing an active-fence index entry whose record is missing or corrupt", "node", rec.Node, "stale", stale, "fence", rec.Id)
+		}
+		resp, err = t.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value(ak), "=", stale)}, ops...)
+	}
+	if err != nil {
 		return nil, 0, false, err
 	}
 	return rec, resp.Header.Revision, true, nil
+}
+
+// staleActive returns the id the node's active index names when that record is missing or
+// corrupt, and "" when the index is empty or names a readable record.
+func (s *Store) staleActive(ctx context.Context, node string) (string, error) {
+	resp, err := s.cli.Get(ctx, s.activeKey(node))
+	if err != nil || len(resp.Kvs) == 0 {
+		return "", err
+	}
+	id := string(resp.Kvs[0].Value)
+	_, err = s.GetFence(ctx, id)
+	switch {
+	case errors.Is(err, fault.ErrNotFound), errors.Is(err, ErrCorrupt):
+		return id, nil
+	case err != nil:
+		return "", err
+	}
+	return "", nil
 }
 
 // Versioned is a record with the mod revision it was read at.

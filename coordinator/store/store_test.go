@@ -123,6 +123,16 @@ func TestCorruptRecordIsSkipped(t *testing.T) {
 	if _, err := st.GetFence(ctx, bad.Id); !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("GetFence of the corrupt record: %v", err)
 	}
+	// The corrupt record holds its node's active index; a new fence of the node replaces it.
+	next := record(50, "bad", true)
+	create(t, ctx, st, term, next)
+	if cur, err := st.ActiveFence(ctx, "bad"); err != nil || cur.Fence.Id != next.Id {
+		t.Fatalf("active fence of node bad after a new create: %v, %v", cur, err)
+	}
+	// And a live active record still wins over a create.
+	if got, _, created, err := st.CreateFence(ctx, term, record(51, "bad", true)); err != nil || created || got.Id != next.Id {
+		t.Fatalf("second create: %v created=%v %v; want the active %s", got, created, err, next.Id)
+	}
 
 	// A watch outlives a corrupt version of its record and delivers the next good one.
 	wctx, cancel := context.WithCancel(ctx)
@@ -207,4 +217,66 @@ func mustJSON(t *testing.T, f *coordv1.NodeFence) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// Many records and audit entries: the old ones are pruned in bounded passes, records in progress
+// are kept whatever their age, and the newest stay within the count bounds.
+func TestPruneHistory(t *testing.T) {
+	ctx, cli, st, term := setup(t)
+	now := base.Add(100 * 24 * time.Hour)
+	const old, recent = 1100, 150
+	for i := range old {
+		if i == 7 {
+			create(t, ctx, st, term, record(i, "running", true)) // an old record still in progress
+			continue
+		}
+		create(t, ctx, st, term, record(i, fmt.Sprintf("n%d", i%20), false))
+	}
+	for i := range recent {
+		f := record(i, "new", false)
+		f.Id = fmt.Sprintf("new-%06d", i)
+		f.CreatedAt = timestamppb.New(now.Add(-time.Duration(recent-i) * time.Minute))
+		create(t, ctx, st, term, f)
+	}
+	var audit []clientv3.Op
+	for i := range 400 {
+		at := base.Add(time.Duration(i) * time.Second)
+		if i >= 300 {
+			at = now.Add(-time.Duration(400-i) * time.Second)
+		}
+		audit = append(audit, st.AuditOp(at, term.Epoch, "n", "test", fmt.Sprintf("entry %d", i)))
+		if len(audit) == 100 {
+			if _, err := term.Txn(ctx, nil, audit...); err != nil {
+				t.Fatal(err)
+			}
+			audit = nil
+		}
+	}
+	r := store.Retention{FenceMaxAge: 30 * 24 * time.Hour, FenceMaxRecords: 100, AuditMaxAge: 30 * 24 * time.Hour, AuditMaxEntries: 60}
+	p, err := st.Prune(ctx, term, now, r)
+	if err != nil || p.Fences != 1000 || p.Audit != 340 {
+		t.Fatalf("first pass = %+v, %v; want 1000 records (the pass bound) and 340 audit entries", p, err)
+	}
+	p, err = st.Prune(ctx, term, now, r)
+	// 99 old finished records left, then 51 of the 150 recent ones beyond the 100-record bound
+	// (the running old record counts but is kept).
+	if err != nil || p.Fences != 99+51 || p.Audit != 0 {
+		t.Fatalf("second pass = %+v, %v", p, err)
+	}
+	if p, err = st.Prune(ctx, term, now, r); err != nil || p != (store.Pruned{}) {
+		t.Fatalf("third pass = %+v, %v; want nothing left to prune", p, err)
+	}
+	ids, _, _ := listAll(t, ctx, st, store.ListOptions{Limit: 1000})
+	if len(ids) != 100 || ids[0] != "new-000149" || ids[98] != "new-000051" || ids[99] != "running-000007" {
+		t.Fatalf("kept %d records: first %v last %v", len(ids), ids[:2], ids[len(ids)-2:])
+	}
+	for _, pfx := range []string{"/fences/", "/fences-by-time/"} {
+		if r, err := cli.Get(ctx, prefix+pfx, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 100 {
+			t.Fatalf("%s keys left: %v, %v", pfx, r.Count, err)
+		}
+	}
+	entries, err := st.ListAudit(ctx, "", 0, 1000)
+	if err != nil || len(entries) != 60 || entries[0].Text != "entry 340" {
+		t.Fatalf("audit left: %d entries, first %v, %v", len(entries), entries[0], err)
+	}
 }

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/nodefence/nodefence/fence-drivers/kit"
+	"github.com/nodefence/nodefence/services/fault"
 )
 
 // allowed are the parameters a target may hand a fence agent: where the device is, how to log in,
@@ -56,4 +58,27 @@ func allowValue(name, v string) bool {
 		return false
 	}
 	return kit.IsSecret(name, nil) || !strings.ContainsAny(v, shellChars)
+}
+
+// CheckParameters checks a target's parameters against the allowlist without the agent's
+// metadata (offline, e.g. `fencectl config check` on a machine without fence-agents). The agent
+// parameter itself and secret references (*_file, *_secret: resolved by the coordinator) pass.
+func CheckParameters(params map[string]string, extra []string) error {
+	var inv fault.Invalid
+	for k, v := range params {
+		name := kit.NormalizeName(k)
+		if name == ParamAgent || name == "agent_name" || strings.HasSuffix(name, "_secret") {
+			continue
+		}
+		if base, ok := strings.CutSuffix(name, "_file"); ok && kit.IsSecret(base, nil) {
+			continue
+		}
+		switch {
+		case forbiddenName(name) || !allowed[name] && !slices.Contains(extra, name):
+			inv.Add(k, "is not an allowed fence-agent parameter (never a program, script, file or command-line option)")
+		case !allowValue(name, v):
+			inv.Add(k, "must be one line without shell special characters")
+		}
+	}
+	return inv.Err()
 }

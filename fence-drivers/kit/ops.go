@@ -45,9 +45,10 @@ type opTable struct {
 	order []string // completed successful ids, oldest first
 	log   *opLog   // nil: in memory only
 	warn  *slog.Logger
+	limit int // operations remembered: maxRemembered
 }
 
-func newOpTable() *opTable { return &opTable{ops: map[string]*operation{}} }
+func newOpTable() *opTable { return &opTable{ops: map[string]*operation{}, limit: maxRemembered} }
 
 // opsFile is the name of the persisted operations inside Options.StateDir.
 const opsFile = "operations.jsonl"
@@ -70,9 +71,9 @@ type opLog struct {
 
 // loadOpTable reads the operations file in dir (creating it) into a table. Lines that cannot be
 // decoded (a write torn by a crash) are skipped and counted; an unreadable file is an error.
-func loadOpTable(dir string, log *slog.Logger) (*opTable, error) {
+func loadOpTable(dir string, log *slog.Logger, limit int) (*opTable, error) {
 	t := newOpTable()
-	t.warn = log
+	t.warn, t.limit = log, limit
 	path := filepath.Join(dir, opsFile)
 	f, err := os.Open(path)
 	var recs []opRecord
@@ -98,8 +99,8 @@ func loadOpTable(dir string, log *slog.Logger) (*opTable, error) {
 			return nil, fmt.Errorf("read operations file %s: %w", path, err)
 		}
 	}
-	if len(recs) > maxRemembered {
-		recs = recs[len(recs)-maxRemembered:]
+	if len(recs) > limit {
+		recs = recs[len(recs)-limit:]
 	}
 	for _, r := range recs {
 		var a anypb.Any
@@ -198,7 +199,7 @@ func (t *opTable) persist(id string, op *operation) error {
 	if err := t.log.append(op.line); err != nil {
 		return err
 	}
-	if t.log.lines > 2*maxRemembered {
+	if t.log.lines > 2*t.limit {
 		return t.log.rewrite(t.records())
 	}
 	return nil
@@ -236,7 +237,7 @@ func (t *opTable) finish(id string, op *operation, resp proto.Message, err error
 		return
 	}
 	t.order = append(t.order, id)
-	for len(t.order) > maxRemembered {
+	for len(t.order) > t.limit {
 		delete(t.ops, t.order[0])
 		t.order = t.order[1:]
 	}

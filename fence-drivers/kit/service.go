@@ -77,7 +77,7 @@ func NewService(d Driver, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	ops, err := loadOpTable(opts.StateDir, opts.Log)
+	ops, err := loadOpTable(opts.StateDir, opts.Log, maxRemembered)
 	if err != nil {
 		return nil, err
 	}
@@ -192,11 +192,16 @@ func (s *Service) List(ctx context.Context, req *driverv1.ListRequest) (*driverv
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "driver %s has no plugs to list", s.d.Name())
 	}
-	t, _, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
+	start := time.Now()
+	t, key, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
+	defer func() {
+		s.opts.Log.Info("fence list", "driver", s.d.Name(), "caller", identity.Name(ctx), "target", t.Name, "device", key,
+			"elapsed", time.Since(start), "code", fault.Code(err).String(), "err", err)
+	}()
 	m, err := bounded(ctx, func(ctx context.Context) (proto.Message, error) {
 		plugs, err := l.List(ctx, t)
 		if err != nil {

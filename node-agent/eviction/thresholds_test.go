@@ -330,3 +330,69 @@ func TestTrackerAgainstReference(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKubeletThresholdTables are kubelet's helpers_test.go tables for thresholdsFirstObservedAt,
+// thresholdsMetGracePeriod, nodeConditionsObservedSince and parsePercentage, on this package's
+// functions.
+func TestKubeletThresholdTables(t *testing.T) {
+	now := time.Unix(10000, 0)
+	old := now.Add(-time.Minute)
+	hard := Threshold{Signal: SignalMemoryAvailable, Value: Value{Quantity: 1 << 30}}
+	soft := Threshold{Signal: SignalMemoryAvailable, Value: Value{Quantity: 2 << 30}, GracePeriod: time.Minute}
+
+	// thresholdsFirstObservedAt
+	for name, tc := range map[string]struct {
+		met  []Threshold
+		prev map[Threshold]time.Time
+		want map[Threshold]time.Time
+	}{
+		"empty":                   {nil, map[Threshold]time.Time{}, map[Threshold]time.Time{}},
+		"no-previous-observation": {[]Threshold{hard}, map[Threshold]time.Time{}, map[Threshold]time.Time{hard: now}},
+		"previous-observation":    {[]Threshold{hard}, map[Threshold]time.Time{hard: old}, map[Threshold]time.Time{hard: old}},
+	} {
+		if diff := cmp.Diff(tc.want, ThresholdsFirstObservedAt(tc.met, tc.prev, now)); diff != "" {
+			t.Errorf("thresholdsFirstObservedAt %s (-want +got):\n%s", name, diff)
+		}
+	}
+
+	// thresholdsMetGracePeriod
+	older := now.Add(-2 * time.Minute)
+	for name, tc := range map[string]struct {
+		observed map[Threshold]time.Time
+		want     []Threshold
+	}{
+		"empty":                  {map[Threshold]time.Time{}, nil},
+		"hard-threshold-met":     {map[Threshold]time.Time{hard: now}, []Threshold{hard}},
+		"soft-threshold-not-met": {map[Threshold]time.Time{soft: now}, nil},
+		"soft-threshold-met":     {map[Threshold]time.Time{soft: older}, []Threshold{soft}},
+	} {
+		if diff := cmp.Diff(tc.want, ThresholdsMetGracePeriod(tc.observed, now)); diff != "" {
+			t.Errorf("thresholdsMetGracePeriod %s (-want +got):\n%s", name, diff)
+		}
+	}
+
+	// nodeConditionsObservedSince: a condition last observed 1m ago is reported within a 2m
+	// transition period and not within 30s.
+	for name, tc := range map[string]struct {
+		period time.Duration
+		want   bool
+	}{"in-period": {2 * time.Minute, true}, "out-of-period": {30 * time.Second, false}} {
+		tr := NewTracker(Config{Hard: []Threshold{hard}, PressureTransitionPeriod: tc.period})
+		tr.Observe(old, Observations{SignalMemoryAvailable: {Available: 1, Capacity: 8 << 30}})
+		res := tr.Observe(now, Observations{SignalMemoryAvailable: {Available: 4 << 30, Capacity: 8 << 30}})
+		if got := res.Conditions[0].Pressure; got != tc.want {
+			t.Errorf("nodeConditionsObservedSince %s: MemoryPressure %v, want %v", name, got, tc.want)
+		}
+	}
+
+	// parsePercentage, through a threshold.
+	for in, tc := range map[string]struct {
+		bad  bool
+		want float64
+	}{"blah": {bad: true}, "25.5%": {want: float64(float32(25.5))}, "foo%": {bad: true}, "12%345": {bad: true}} {
+		v, err := parseValue(in, false)
+		if (err != nil) != tc.bad || (!tc.bad && v.Percent != tc.want) {
+			t.Errorf("parsePercentage %q = %+v, %v; want %v (error %v)", in, v, err, tc.want, tc.bad)
+		}
+	}
+}

@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -45,7 +44,7 @@ type EvictorConfig struct {
 	MinGracePeriod time.Duration
 	// Done, when set, is told how every granted eviction ended: Evicted, Gone, or Failed (refused
 	// for good, or still refused after GiveUpAfter). The agent reports it to the coordinator.
-	Done func(c eviction.Candidate, out Outcome, err error)
+	Done func(c eviction.Candidate, signal string, out Outcome, err error)
 	// Log nil means slog.Default().
 	Log *slog.Logger
 }
@@ -101,6 +100,7 @@ func (o Outcome) String() string {
 // pending is a granted eviction not carried out yet.
 type pending struct {
 	cand     eviction.Candidate
+	signal   string
 	granted  time.Time
 	due      time.Time
 	attempts int
@@ -113,15 +113,16 @@ func sameTarget(a, b eviction.Candidate) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.UID == b.UID
 }
 
-// add queues c, due at once; a pod already queued keeps its place and takes the newer grace period.
-func (q *queue) add(c eviction.Candidate, now time.Time) {
+// add queues c, granted for signal, due at once; a pod already queued keeps its place and takes
+// the newer grace period and signal.
+func (q *queue) add(c eviction.Candidate, signal string, now time.Time) {
 	for _, p := range q.items {
 		if sameTarget(p.cand, c) {
-			p.cand.GracePeriod, p.due = c.GracePeriod, now
+			p.cand.GracePeriod, p.signal, p.due = c.GracePeriod, signal, now
 			return
 		}
 	}
-	q.items = append(q.items, &pending{cand: c, granted: now, due: now})
+	q.items = append(q.items, &pending{cand: c, signal: signal, granted: now, due: now})
 }
 
 // takeDue removes and returns the items due at now, in grant order.
@@ -151,7 +152,7 @@ func (q *queue) next() (time.Time, bool) {
 // Evictor evicts granted pods through the Eviction API. It implements agent.GrantHandler. Create
 // it with NewEvictor and call Run once.
 type Evictor struct {
-	client kubernetes.Interface
+	client *Client
 	cfg    EvictorConfig
 	log    *slog.Logger
 	wake   chan struct{}
@@ -162,7 +163,7 @@ type Evictor struct {
 }
 
 // NewEvictor returns an Evictor using client, which needs create on pods/eviction and get on pods.
-func NewEvictor(client kubernetes.Interface, cfg EvictorConfig) *Evictor {
+func NewEvictor(client *Client, cfg EvictorConfig) *Evictor {
 	cfg.SetDefaults()
 	return &Evictor{client: client, cfg: cfg, log: cfg.Log.With("component", "evictor"), wake: make(chan struct{}, 1)}
 }
@@ -174,7 +175,7 @@ func (e *Evictor) Grant(g *agentv1.EvictionGrant) {
 	e.mu.Lock()
 	for _, p := range g.GetPods() {
 		e.q.add(eviction.Candidate{Namespace: p.Namespace, Name: p.Name, UID: p.Uid,
-			GracePeriod: p.GetGracePeriod().AsDuration()}, now)
+			GracePeriod: p.GetGracePeriod().AsDuration()}, g.GetSignal(), now)
 	}
 	e.mu.Unlock()
 	e.log.Info("eviction granted", "signal", g.GetSignal(), "pods", len(g.GetPods()))
@@ -241,7 +242,7 @@ func (e *Evictor) attempt(ctx context.Context, p *pending) bool {
 	now := time.Now()
 	done := func(out Outcome) {
 		if e.cfg.Done != nil {
-			e.cfg.Done(c, out, err)
+			e.cfg.Done(c, p.signal, out, err)
 		}
 	}
 	switch out {
@@ -290,11 +291,7 @@ func (e *Evictor) Evict(ctx context.Context, c eviction.Candidate) (out Outcome,
 		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, DeleteOptions: opts}
-	// What PolicyV1().Evictions().Evict sends, without client-go's own retries: a refusal with a
-	// Retry-After would otherwise be retried inside the call, sleeping, instead of queued here.
-	err = e.client.PolicyV1().RESTClient().Post().
-		AbsPath("/api/v1", "namespaces", c.Namespace, "pods", c.Name, "eviction").
-		Body(ev).MaxRetries(0).Do(ctx).Error()
+	err = e.client.Evict(ctx, ev)
 	switch {
 	case err == nil:
 		return Evicted, 0, nil
@@ -302,7 +299,7 @@ func (e *Evictor) Evict(ctx context.Context, c eviction.Candidate) (out Outcome,
 		return Gone, 0, err
 	case apierrors.IsConflict(err):
 		// A failed uid precondition, or a PodDisruptionBudget update that raced: look.
-		pod, gerr := e.client.CoreV1().Pods(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		pod, gerr := e.client.GetPod(ctx, c.Namespace, c.Name)
 		if apierrors.IsNotFound(gerr) || (gerr == nil && c.UID != "" && string(pod.UID) != c.UID) {
 			return Gone, 0, err
 		}

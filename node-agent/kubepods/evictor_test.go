@@ -12,10 +12,10 @@ func TestQueue(t *testing.T) {
 	var q queue
 	a := eviction.Candidate{Namespace: "ns", Name: "a", UID: "1"}
 	b := eviction.Candidate{Namespace: "ns", Name: "b", UID: "2"}
-	q.add(a, t0)
-	q.add(b, t0)
+	q.add(a, "memory.available", t0)
+	q.add(b, "memory.available", t0)
 	a.GracePeriod = 5 * time.Second
-	q.add(a, t0) // a duplicate takes the newer grace period and keeps its place
+	q.add(a, "memory.available", t0) // a duplicate takes the newer grace period and keeps its place
 	if len(q.items) != 2 || q.items[0].cand.GracePeriod != 5*time.Second {
 		t.Fatalf("items after a duplicate grant: %+v", q.items)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 )
@@ -58,7 +58,7 @@ func EvictionMessage(r eviction.Reclaim) string {
 // and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
 // does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
-	client kubernetes.Interface
+	client *Client
 	node   string
 	src    *Source
 	min    time.Duration
@@ -67,7 +67,7 @@ type Killer struct {
 
 // NewKiller returns a Killer for node's pods using client, which needs create on events, patch on
 // pods/status and delete on pods. src (may be nil) answers CleanedUp from its cache and cgroups.
-func NewKiller(client kubernetes.Interface, node string, src *Source, minGrace time.Duration, log *slog.Logger) *Killer {
+func NewKiller(client *Client, node string, src *Source, minGrace time.Duration, log *slog.Logger) *Killer {
 	if minGrace <= 0 {
 		minGrace = DefaultMinGracePeriod
 	}
@@ -92,7 +92,7 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 		uid := types.UID(c.UID)
 		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
-	if err := k.client.CoreV1().Pods(c.Namespace).Delete(ctx, c.Name, opts); err != nil {
+	if err := k.client.DeletePod(ctx, c.Namespace, c.Name, opts); err != nil {
 		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
 	}
 	status := map[string]any{
@@ -109,7 +109,7 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	if err != nil {
 		return msg, err
 	}
-	if _, err := k.client.CoreV1().Pods(c.Namespace).Patch(ctx, c.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+	if err := k.client.PatchPodStatus(ctx, c.Namespace, c.Name, patch); err != nil && !apierrors.IsNotFound(err) {
 		// The pod is terminating already: the eviction happened, only its record is missing.
 		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
@@ -128,25 +128,38 @@ func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, no
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "nodefence.io/node-agent", ReportingInstance: k.node,
 	}
-	if _, err := k.client.CoreV1().Events(c.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if err := k.client.CreateEvent(ctx, ev); err != nil {
 		k.log.Warn("recording the eviction event failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
 }
 
-// CleanedUp reports whether an evicted pod's resources are reclaimed: the pod is gone from the
-// node's pods (or its name belongs to another uid), or it has no cgroup left.
+// CleanedUp reports whether an evicted pod's resources are reclaimed, as far as the API tells
+// (kubelet's podCleanedUpFunc looks at its own runtime state): the pod object is gone (or its name
+// belongs to another uid), or the kubelet reports every container of it terminated. Without either,
+// the caller waits out its cleanup timeout: a pod is never taken as cleaned up because the agent
+// could not find its cgroup.
 func (k *Killer) CleanedUp(_ context.Context, c eviction.Candidate) bool {
 	if k.src == nil {
 		return true
 	}
 	p, err := k.src.lister.Pods(c.Namespace).Get(c.Name)
 	if err != nil || string(p.UID) != c.UID {
-		return true
+		return apierrors.IsNotFound(err) || err == nil
 	}
-	if k.src.usage == nil {
+	return containersTerminated(p)
+}
+
+// containersTerminated reports whether the pod has container statuses and all of them are
+// terminated.
+func containersTerminated(p *corev1.Pod) bool {
+	all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
+	if len(p.Status.ContainerStatuses) == 0 {
 		return false
 	}
-	ep := Convert(p)
-	_, ok, err := k.src.usage.Read(ep.QoS, ep.UID)
-	return err == nil && !ok
+	for _, cs := range all {
+		if cs.State.Terminated == nil && (cs.State.Running != nil || cs.State.Waiting != nil) {
+			return false
+		}
+	}
+	return true
 }

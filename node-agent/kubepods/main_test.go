@@ -105,11 +105,11 @@ func testLog(t *testing.T) *slog.Logger {
 }
 
 // agentClient is a clientset with the agent's RBAC; wrap, when set, sees every request.
-func agentClient(t *testing.T, wrap func(http.RoundTripper) http.RoundTripper) kubernetes.Interface {
+func agentClient(t *testing.T, wrap func(http.RoundTripper) http.RoundTripper) *Client {
 	t.Helper()
 	cfg := rest.CopyConfig(agentCfg)
 	cfg.WrapTransport = wrap
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

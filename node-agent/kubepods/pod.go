@@ -6,8 +6,12 @@
 //     kubelet does, DaemonSet/static/critical markers, and the memory working set and process count
 //     read from the pod's cgroup (Cgroups maps a pod to its cgroup for both drivers and both cgroup
 //     versions), and its emptyDir and log disk use (Disk walks the kubelet's directories).
+//   - Killer evicts on the node as kubelet's eviction manager does (hard thresholds, and soft ones
+//     when no grant comes): the pod terminated, its status Failed/Evicted with a DisruptionTarget
+//     condition, an Event.
 //   - Evictor carries out the coordinator's eviction grants through the Eviction API (policy/v1),
 //     so PodDisruptionBudgets are honoured: a 429 is retried later, never turned into a delete.
+//   - Client is the slim REST client all of them use (core/v1 and policy/v1 only).
 //   - Terminator deletes pods gracefully for the graceful node shutdown's phases, skipping
 //     DaemonSet and static pods, and waits for them to be gone.
 //

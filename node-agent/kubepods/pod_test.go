@@ -139,3 +139,30 @@ func TestConvertMarkers(t *testing.T) {
 		})
 	}
 }
+
+// TestContainersTerminated: a pod counts as cleaned up only when the kubelet reports every
+// container terminated; no statuses (nothing reported yet) is not cleaned up.
+func TestContainersTerminated(t *testing.T) {
+	term := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}
+	run := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	for name, tc := range map[string]struct {
+		init, main []corev1.ContainerState
+		want       bool
+	}{
+		"no statuses":        {nil, nil, false},
+		"all terminated":     {[]corev1.ContainerState{term}, []corev1.ContainerState{term, term}, true},
+		"one still running":  {nil, []corev1.ContainerState{term, run}, false},
+		"init still running": {[]corev1.ContainerState{run}, []corev1.ContainerState{term}, false},
+	} {
+		p := &corev1.Pod{}
+		for _, s := range tc.init {
+			p.Status.InitContainerStatuses = append(p.Status.InitContainerStatuses, corev1.ContainerStatus{State: s})
+		}
+		for _, s := range tc.main {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{State: s})
+		}
+		if got := containersTerminated(p); got != tc.want {
+			t.Errorf("%s: %v, want %v", name, got, tc.want)
+		}
+	}
+}

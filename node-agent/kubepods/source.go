@@ -14,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -32,7 +30,7 @@ type UsageReader interface {
 // pressure.PodSource and shutdown.PodSource. Create it with NewSource, start it with Run.
 type Source struct {
 	node     string
-	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
 	synced   cache.InformerSynced
 	lister   corelisters.PodLister
 	usage    UsageReader
@@ -65,19 +63,16 @@ func WithDisk(d DiskReader) SourceOption {
 
 // NewSource returns a Source for the pods on node; usage may be nil (usage unknown for every pod).
 // The client needs get, list and watch on pods.
-func NewSource(client kubernetes.Interface, node string, usage UsageReader, log *slog.Logger, opts ...SourceOption) (*Source, error) {
+func NewSource(client *Client, node string, usage UsageReader, log *slog.Logger, opts ...SourceOption) (*Source, error) {
 	if node == "" {
 		return nil, errors.New("kubepods: a node name is required")
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = NodeSelector(node)
-		}))
-	inf := factory.Core().V1().Pods()
-	s := &Source{node: node, factory: factory, synced: inf.Informer().HasSynced, lister: inf.Lister(),
+	lw := cache.NewListWatchFromClient(client.core, "pods", metav1.NamespaceAll, fields.OneTermEqualSelector("spec.nodeName", node))
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	s := &Source{node: node, informer: inf, synced: inf.HasSynced, lister: corelisters.NewPodLister(inf.GetIndexer()),
 		usage: usage, log: log.With("component", "kubepods", "node", node)}
 	for _, o := range opts {
 		o(s)
@@ -92,9 +87,7 @@ func NodeSelector(node string) string {
 
 // Run watches the node's pods until ctx is done, then returns nil.
 func (s *Source) Run(ctx context.Context) error {
-	s.factory.Start(ctx.Done())
-	<-ctx.Done()
-	s.factory.Shutdown()
+	s.informer.Run(ctx.Done())
 	return nil
 }
 

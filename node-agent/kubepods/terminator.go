@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 )
@@ -32,13 +31,13 @@ type TerminatorConfig struct {
 // Terminator deletes the pods of a graceful node shutdown's phase through the API. It implements
 // shutdown.Terminator.
 type Terminator struct {
-	client kubernetes.Interface
+	client *Client
 	cfg    TerminatorConfig
 	log    *slog.Logger
 }
 
 // NewTerminator returns a Terminator using client, which needs get and delete on pods.
-func NewTerminator(client kubernetes.Interface, cfg TerminatorConfig) *Terminator {
+func NewTerminator(client *Client, cfg TerminatorConfig) *Terminator {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
@@ -92,7 +91,7 @@ func (t *Terminator) Terminate(ctx context.Context, pods []eviction.Pod, grace t
 			uid := types.UID(p.UID)
 			opts.Preconditions = &metav1.Preconditions{UID: &uid}
 		}
-		err := t.client.CoreV1().Pods(p.Namespace).Delete(dctx, p.Name, opts)
+		err := t.client.DeletePod(dctx, p.Namespace, p.Name, opts)
 		switch {
 		case err == nil:
 			log.Info("deleting pod for the node shutdown", "grace_period_seconds", secs)
@@ -125,7 +124,7 @@ func (t *Terminator) Terminate(ctx context.Context, pods []eviction.Pod, grace t
 func (t *Terminator) remaining(ctx context.Context, pods []eviction.Pod) []eviction.Pod {
 	var out []eviction.Pod
 	for _, p := range pods {
-		got, err := t.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		got, err := t.client.GetPod(ctx, p.Namespace, p.Name)
 		if apierrors.IsNotFound(err) || (err == nil && p.UID != "" && string(got.UID) != p.UID) {
 			continue
 		}

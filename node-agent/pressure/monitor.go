@@ -1,8 +1,10 @@
 // Package pressure runs the node agent's eviction thresholds: it reads every signal each
 // housekeeping interval (kubelet's --housekeeping-interval, 10 s by default) and memory.available on
 // a fast path (every 50 ms by default), feeds them to an eviction.Tracker, sends every pressure
-// condition change to the coordinator at once and, when the node has a pod source, the pods it
-// proposes to evict.
+// condition change to the coordinator at once and, when the node has a pod source, evicts as
+// kubelet's eviction manager does (act.go): one pod per evaluation, then a wait for its resources;
+// hard thresholds at once on the node; soft thresholds through the coordinator's grants, with a
+// local fallback when no grant comes.
 //
 // Why a sampler rather than kernel notifications: a memory.available threshold is a threshold on
 // usage - inactive_file, which neither cgroup v1 usage notifications (cgroup.event_control on
@@ -241,7 +243,10 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 {
 		m.reclaim(ctx, res.Reclaim[0], now)
+		return
 	}
+	// Nothing to reclaim any more: a grant that comes now for an earlier candidate is declined.
+	m.act.proposed = nil
 }
 
 // fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at

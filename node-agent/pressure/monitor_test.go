@@ -471,3 +471,40 @@ func TestNodeReclaimBeforeEvicting(t *testing.T) {
 		t.Errorf("memory ran the node-level reclaim: %v", calls)
 	}
 }
+
+// TestGrantAfterPressureGoneIsDeclined: a grant for the candidate that comes after the soft
+// threshold stopped being met is declined, not carried out (kubelet would not evict then either).
+func TestGrantAfterPressureGoneIsDeclined(t *testing.T) {
+	ctx := context.Background()
+	r := &reader{mem: 900 * mi, pid: 900}
+	s := make(sender, 64)
+	g := &grants{}
+	k := &killer{cleaned: true}
+	m, err := New(Config{
+		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
+			SoftGracePeriod: "memory.available=10s", PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Granted: g},
+	}, r, s, memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	m.housekeeping(ctx, t0.Add(10*time.Second)) // proposes besteffort
+	r.set(4 * gi)
+	m.housekeeping(ctx, t0.Add(20*time.Second)) // pressure gone
+	m.handleGrant(&agentv1.EvictionGrant{Signal: "memory.available", Pods: []*agentv1.EvictionCandidate{{Namespace: "a", Name: "besteffort", Uid: "u2"}}}, t0.Add(21*time.Second))
+	var got []string
+	for len(s) > 0 {
+		if d := describe(<-s); !strings.HasPrefix(d, "CONDITION") {
+			got = append(got, d)
+		}
+	}
+	if diff := cmp.Diff([]string{"candidates memory.available besteffort/0s", "eviction EVICTION_KIND_DECLINED a/besteffort 0s"}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if len(g.got) != 0 || len(k.kills()) != 0 {
+		t.Errorf("evicted after the pressure was gone: granted %v, killed %v", g.got, k.kills())
+	}
+}

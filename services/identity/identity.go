@@ -63,7 +63,7 @@ type Identity struct {
 // String is the identity's URI, or "any (plaintext, trusted by flag)" for Any.
 func (id Identity) String() string {
 	if id.Role == Any {
-		return "any (plaintext, trusted by --insecure-caller)"
+		return "any (plaintext, trusted by --unauthenticated-caller)"
 	}
 	return "spiffe://" + TrustDomain + "/" + string(id.Role) + "/" + id.Name
 }

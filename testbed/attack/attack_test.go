@@ -64,7 +64,8 @@ type system struct {
 
 var nodes = []string{"node-a", "node-b"}
 
-func start(t *testing.T) *system {
+// start runs the system. wrongBMC maps a node's fence method to the BMC of another machine.
+func start(t *testing.T, wrongBMC string) *system {
 	t.Helper()
 	p, err := pki.New(t.TempDir())
 	if err != nil {
@@ -78,6 +79,18 @@ func start(t *testing.T) *system {
 		}
 		t.Cleanup(func() { _ = b.Stop() })
 		s.bmcs[n] = b
+	}
+	method := map[string]*ipmisim.BMC{}
+	for n, b := range s.bmcs {
+		method[n] = b
+	}
+	if wrongBMC != "" {
+		other, err := ipmisim.Start(filepath.Join(t.TempDir(), "other"), 0, "admin", "password")
+		if err != nil {
+			t.Fatalf("ipmi_sim: %v", err)
+		}
+		t.Cleanup(func() { _ = other.Stop() })
+		s.bmcs["other-machine"], method[wrongBMC] = other, other
 	}
 
 	// The fence driver, which only the coordinator may call.
@@ -98,7 +111,7 @@ func start(t *testing.T) *system {
 	var b strings.Builder
 	fmt.Fprintf(&b, "drivers:\n  ipmi: {endpoint: %q}\ntemplates:\n  bmc: {driver: ipmi, parameters: {lanplus: \"1\", cipher: \"3\", username: admin, password: password}}\nnodes:\n", s.driverAddr)
 	for _, n := range nodes {
-		fmt.Fprintf(&b, "  %s:\n    zone: z\n    region: r\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}\n    steps:\n      power_management: [bmc]\n", n, s.bmcs[n].Port)
+		fmt.Fprintf(&b, "  %s:\n    zone: z\n    region: r\n    methods:\n      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}\n    steps:\n      power_management: [bmc]\n", n, method[n].Port)
 	}
 	cfgPath := filepath.Join(t.TempDir(), "fence.yaml")
 	if err := os.WriteFile(cfgPath, []byte(b.String()), 0o600); err != nil {
@@ -262,14 +275,15 @@ func hello(node string) *agentv1.ConnectRequest {
 }
 
 func TestAttacks(t *testing.T) {
-	s := start(t)
+	s := start(t, "")
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
 	eventually(t, 30*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
+	stopAgent := map[string]func(){}
 	for _, n := range nodes {
-		s.runAgent(t, n)
+		stopAgent[n] = s.runAgent(t, n)
 	}
 	eventually(t, 20*time.Second, "both agents connected", func() error {
 		r, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
@@ -401,9 +415,19 @@ func TestAttacks(t *testing.T) {
 			m.GetHello().Zone = "../../leader"
 			return openStream(ctx, agentA, m)
 		}},
+		{"agent moves its node to another zone", codes.InvalidArgument, func(ctx context.Context) error {
+			m := hello("node-a")
+			m.GetHello().Zone = "zone-999"
+			return openStream(ctx, agentA, m)
+		}},
 		{"unknown condition type", codes.InvalidArgument, func(ctx context.Context) error {
 			return openStream(ctx, agentA, hello("node-a"), &agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Condition{
 				Condition: &agentv1.ConditionChange{Type: 42, Status: agentv1.ConditionStatus_CONDITION_STATUS_TRUE}}})
+		}},
+		{"sequence number that goes back", codes.InvalidArgument, func(ctx context.Context) error {
+			m := hello("node-a")
+			m.Seq = 100
+			return openStream(ctx, agentA, m, &agentv1.ConnectRequest{Seq: 7, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
 		}},
 		{"negative shutdown grace period", codes.InvalidArgument, func(ctx context.Context) error {
 			return openStream(ctx, agentA, hello("node-a"), &agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Shutdown{
@@ -478,7 +502,9 @@ func TestAttacks(t *testing.T) {
 
 	// After all that, the real operator fences node-b through the coordinator: the driver accepts
 	// the coordinator's (low) epoch, so no attacker's epoch was recorded; ipmitool sees the BMC off;
-	// the record and the audit trail name the certificate's operator.
+	// the record and the audit trail name the certificate's operator. node-b's agent stops as a
+	// powered-off node's would: the right machine went dark.
+	stopAgent["node-b"]()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f, err := fc(operator).Fence(ctx, &coordv1.FenceRequest{Node: "node-b", Reason: "attack suite"})
@@ -497,13 +523,88 @@ func TestAttacks(t *testing.T) {
 		final = g.Fence
 		return nil
 	})
-	if final.RequestedBy != "spiffe://nodefence/operator/alice" || final.Epoch >= math.MaxInt64 {
-		t.Errorf("record requested_by %q epoch %d; want the operator's certificate identity", final.RequestedBy, final.Epoch)
+	if final.RequestedBy != "spiffe://nodefence/operator/alice" || final.Epoch != leader.Epoch {
+		t.Errorf("record requested_by %q epoch %d; want the operator's certificate identity and epoch %d", final.RequestedBy, final.Epoch, leader.Epoch)
 	}
 	if p, err := ipmisim.IpmitoolPower(ctx, bmcB.Port, "admin", "password"); err != nil || p != "off" {
 		t.Fatalf("ipmitool after the operator's fence: %q, %v; want off", p, err)
 	}
 	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["node-a"].Port, "admin", "password"); err != nil || p != "on" {
 		t.Fatalf("ipmitool node-a: %q, %v; want on", p, err)
+	}
+	eventually(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
+		return auditHas(ctx, viewer, "node-b", "proof", "went dark")
+	})
+	if err := auditHas(ctx, viewer, "node-b", "alarm", ""); err == nil {
+		t.Fatal("a wrong-machine alarm for a node that went dark")
+	}
+}
+
+// auditHas returns nil when node's audit trail has an entry of kind containing text.
+func auditHas(ctx context.Context, cc *grpc.ClientConn, node, kind, text string) error {
+	r, err := coordv1.NewClusterServiceClient(cc).ListAudit(ctx, &coordv1.ListAuditRequest{Node: node, Limit: 5000})
+	if err != nil {
+		return err
+	}
+	for _, e := range r.Entries {
+		if e.Kind == kind && strings.Contains(e.Text, text) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no %s entry with %q among %d", kind, text, len(r.Entries))
+}
+
+// A fence whose BMC is mapped to another machine: the driver confirms "its" BMC off (ipmitool
+// agrees: the other machine is off), but node-a's agent keeps reporting. The coordinator raises the
+// critical alarm — the record's wrong_machine_at, an audit entry — and never proves the node dark,
+// so its pods are never released.
+func TestFenceOfTheWrongMachine(t *testing.T) {
+	s := start(t, "node-a")
+	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
+	eventually(t, 30*time.Second, "leader elected", func() error {
+		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
+		return err
+	})
+	s.runAgent(t, "node-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	eventually(t, 20*time.Second, "node-a reporting", func() error {
+		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Name: "node-a"})
+		if err != nil || !r.Node.Connected {
+			return fmt.Errorf("%v %v", r, err)
+		}
+		return nil
+	})
+	f, err := coordv1.NewFenceServiceClient(operator).Fence(ctx, &coordv1.FenceRequest{Node: "node-a", Reason: "wrong machine test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var final *coordv1.NodeFence
+	eventually(t, 30*time.Second, "the wrong-machine alarm on the record", func() error {
+		g, err := coordv1.NewFenceServiceClient(operator).GetFence(ctx, &coordv1.GetFenceRequest{Id: f.Fence.Id})
+		if err != nil {
+			return err
+		}
+		if g.Fence.WrongMachineAt == nil {
+			return fmt.Errorf("status %s, confirmed off %v, no alarm", g.Fence.Status, g.Fence.ConfirmedOffAt)
+		}
+		final = g.Fence
+		return nil
+	})
+	if final.ConfirmedOffAt == nil {
+		t.Fatalf("record %v: the driver's read-back should have confirmed the (wrong) BMC off", final)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["other-machine"].Port, "admin", "password"); err != nil || p != "off" {
+		t.Fatalf("the other machine's BMC: %q, %v; want off (the fence hit it)", p, err)
+	}
+	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["node-a"].Port, "admin", "password"); err != nil || p != "on" {
+		t.Fatalf("node-a's own BMC: %q, %v; want on", p, err)
+	}
+	if err := auditHas(ctx, operator, "node-a", "alarm", "CRITICAL"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // longer than the proof window: the node is never proven dark
+	if err := auditHas(ctx, operator, "node-a", "proof", "went dark"); err == nil {
+		t.Fatal("node-a proven dark although its agent kept reporting")
 	}
 }

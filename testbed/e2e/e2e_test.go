@@ -189,6 +189,30 @@ func leaderReady(t *testing.T, cc *grpc.ClientConn) {
 
 // Fence -> confirmed off (ipmitool agrees) -> Unfence -> confirmed on; a wrong BMC password ends in
 // ERROR with a clear message and nothing reported fenced.
+// runAgent runs a node agent for name against the coordinator until the test ends, and waits until
+// the node is Ready with its agent connected.
+func runAgent(t *testing.T, cc *grpc.ClientConn, addr, name, zone string) {
+	t.Helper()
+	a, err := agent.New(agent.Config{Coordinators: []string{addr}, TLS: insecure, NodeName: name, BootID: "b-" + name, Zone: zone, Log: testLog(t)}, fixedSampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, 10*time.Second, name+" ready with its agent connected", func() error {
+		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		if r.Node.Readiness != coordv1.Readiness_READINESS_READY || !r.Node.Connected {
+			return fmt.Errorf("%s: %s (connected %v)", r.Node.Readiness, r.Node.Reason, r.Node.Connected)
+		}
+		return nil
+	})
+}
+
 func TestFenceAndUnfenceAgainstIPMISim(t *testing.T) {
 	good := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
 	badpw := node{name: "node-2", password: "wrong-password", bmc: startBMC(t, "node-2")}
@@ -519,9 +543,9 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		return nil
 	})
 	cancels["w-2"]()
-	time.Sleep(grace + 500*time.Millisecond) // the judgement must hold past the grace period
-	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY {
-		t.Fatalf("w-2 after shutdown and silence: %s (%s), want NotReady", nd.Readiness, nd.Reason)
+	time.Sleep(grace + 500*time.Millisecond) // silent past the grace period: Unknown, as kube-controller-manager marks it
+	if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN || !nd.ShuttingDown {
+		t.Fatalf("w-2 after shutdown and silence: %s (%s), want Unknown and still shutting down", nd.Readiness, nd.Reason)
 	}
 	if nd := get("w-3"); nd.Readiness != coordv1.Readiness_READINESS_READY {
 		t.Fatalf("w-3 still reporting: %s", nd.Readiness)
@@ -695,14 +719,21 @@ func TestKdumpWithRealSender(t *testing.T) {
 	eng.NodeEvictionRate = 10
 	eng.Fence.Timeout = 500 * time.Millisecond
 	eng.KdumpIdle, eng.KdumpTimeout = 2*time.Second, 20*time.Second
-	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0"})
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, driver, nodes), Engine: eng, KdumpListen: "127.0.0.1:0",
+		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond})
 	cc := conn(t, c.app.Addr())
 	leaderReady(t, cc)
+	// The other nodes report (a node that never reported counts as not ready in its zone, as in
+	// kube-controller-manager); node-2 has crashed: no agent, only its kdump kernel's messages.
+	for _, n := range []node{nodes[0], nodes[2], nodes[3]} {
+		runAgent(t, cc, c.app.Addr(), n.name, "a")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
 	sent := time.Now()
-	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "3", "-i", "1", "127.0.0.1").CombinedOutput()
+	// A dump of 8 s: longer than the guard's settle window (5 s), as real dumps are.
+	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "8", "-i", "1", "127.0.0.1").CombinedOutput()
 	if err != nil {
 		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
 	}
@@ -757,14 +788,7 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 	leaderReady(t, cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b-1", Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(actx) }()
-	defer func() { acancel(); <-done }()
+	runAgent(t, cc, c.app.Addr(), n.name, "a")
 	cl := coordv1.NewClusterServiceClient(cc)
 	ready := func() error {
 		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
@@ -776,7 +800,6 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 10*time.Second, "node-1 ready with its agent connected", ready)
 
 	_, port, _ := net.SplitHostPort(c.app.KdumpAddr())
 	out, err := exec.CommandContext(ctx, "/usr/libexec/fence-agents/fence_kdump_send", "-p", port, "-c", "12", "-i", "1", "127.0.0.1").CombinedOutput()
@@ -802,6 +825,122 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 		if e.Kind == "kdump" {
 			t.Fatalf("spoofed kdump message reached the engine: %v", e)
 		}
+	}
+}
+
+// A corrupt record forged into etcd (holding node-2's active index) is never fatal: ListFences
+// names it and lists the rest, WatchFence of another record works, a new term (the coordinator
+// restarted on its data) resumes without it, and node-2 can still be fenced.
+func TestCorruptRecordIsNeverFatal(t *testing.T) {
+	nodes := []node{{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}, {name: "node-2", password: "password", bmc: startBMC(t, "node-2")}}
+	driver := startDriver(t, t.TempDir())
+	cfg := app.Config{FenceConfig: writeConfig(t, driver, nodes), DataDir: t.TempDir(),
+		EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true}
+	first := startCoordinator(t, cfg)
+	cc := conn(t, first.app.Addr())
+	leaderReady(t, cc)
+	fc := coordv1.NewFenceServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	resp, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: "node-1", Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+
+	p := first.app.Store().Prefix()
+	for k, v := range map[string]string{
+		p + "/fences/forged": `{"node": "node-2", "status": "FENCE_STATUS_DONE", "confirmed_off_at": 7`,
+		fmt.Sprintf("%s/fences-by-time/%020d/forged", p, time.Now().UnixNano()): "",
+		p + "/active/node-2": "forged",
+	} {
+		if _, err := first.app.Etcd().Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{})
+	if err != nil || len(list.Fences) != 1 || list.Fences[0].Id != resp.Fence.Id || len(list.CorruptIds) != 1 || list.CorruptIds[0] != "forged" {
+		t.Fatalf("ListFences with a corrupt record = %v, %v", list, err)
+	}
+	if states := watchUntilFinal(t, ctx, fc, resp.Fence.Id); len(states) != 1 {
+		t.Fatalf("WatchFence of a finished record: %d states", len(states))
+	}
+
+	first.stop()
+	second := startCoordinator(t, cfg)
+	cc = conn(t, second.app.Addr())
+	leaderReady(t, cc)
+	fc = coordv1.NewFenceServiceClient(cc)
+	resp, err = fc.Fence(ctx, &coordv1.FenceRequest{Node: "node-2", Reason: "test"})
+	if err != nil {
+		t.Fatalf("Fence of node-2 whose active index names the corrupt record: %v", err)
+	}
+	states := watchUntilFinal(t, ctx, fc, resp.Fence.Id)
+	if final := states[len(states)-1]; final.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		t.Fatalf("node-2 fence ended %s: %s", final.Status, final.Error)
+	}
+	if pw, err := ipmisim.IpmitoolPower(ctx, nodes[1].bmc.Port, "admin", "password"); err != nil || pw != "off" {
+		t.Fatalf("node-2 after its fence: ipmitool = %q, %v", pw, err)
+	}
+}
+
+// The running coordinator's embedded etcd is locked: a real etcd client on this machine without the
+// client certificate, or without the nodefence password, can neither read nor write a record; the
+// coordinator itself, with both, fences as before.
+func TestEmbeddedEtcdIsLocked(t *testing.T) {
+	n := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
+	c := startCoordinator(t, app.Config{FenceConfig: writeConfig(t, startDriver(t, t.TempDir()), []node{n})})
+	cc := conn(t, c.app.Addr())
+	leaderReady(t, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	access := c.app.EtcdAccess()
+	certOnly, err := tlsfiles.Files{CAFile: access.CAFile, CertFile: access.CertFile, KeyFile: access.KeyFile}.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert, err := tlsfiles.Files{CAFile: access.CAFile}.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, err := os.ReadFile(access.PasswordFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := c.app.EtcdEndpoint()
+	key := c.app.Store().Prefix() + "/fences/forged"
+	for name, cfg := range map[string]clientv3.Config{
+		"plaintext":                     {Endpoints: []string{strings.Replace(ep, "https://", "http://", 1)}},
+		"TLS without a certificate":     {Endpoints: []string{ep}, TLS: noCert, Username: access.Username, Password: strings.TrimSpace(string(pw))},
+		"certificate without password":  {Endpoints: []string{ep}, TLS: certOnly},
+		"certificate and a wrong guess": {Endpoints: []string{ep}, TLS: certOnly, Username: "root", Password: "root"},
+	} {
+		cfg.DialTimeout = 2 * time.Second
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Logf("%s: refused at connect: %v", name, err)
+			continue
+		}
+		octx, ocancel := context.WithTimeout(ctx, 3*time.Second)
+		_, getErr := cli.Get(octx, c.app.Store().Prefix()+"/", clientv3.WithPrefix())
+		_, putErr := cli.Put(octx, key, `{"node":"node-1","status":"FENCE_STATUS_DONE"}`)
+		ocancel()
+		cli.Close()
+		if getErr == nil || putErr == nil {
+			t.Fatalf("%s: get err %v, put err %v; want both refused", name, getErr, putErr)
+		}
+		t.Logf("%s: refused: %v / %v", name, getErr, putErr)
+	}
+	if r, err := c.app.Etcd().Get(ctx, key); err != nil || len(r.Kvs) != 0 {
+		t.Fatalf("forged key present: %v, %v", r, err)
+	}
+	fc := coordv1.NewFenceServiceClient(cc)
+	resp, err := fc.Fence(ctx, &coordv1.FenceRequest{Node: n.name, Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if states := watchUntilFinal(t, ctx, fc, resp.Fence.Id); states[len(states)-1].Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		t.Fatalf("fence through the locked store: %v", states[len(states)-1])
 	}
 }
 

@@ -68,11 +68,21 @@ type BMC struct {
 
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the process has been reaped
+	netns  string        // the network namespace it runs in ("": the caller's)
 }
 
 // Start writes the BMC's files into dir and starts ipmi_sim on 127.0.0.1:port (port 0 picks a free
 // port). It returns once the process has bound the port. The power state starts on.
 func Start(dir string, port int, user, password string) (*BMC, error) {
+	return StartIn("", dir, port, user, password)
+}
+
+// StartIn is Start inside the network namespace netns (by its ip-netns name; "" is the caller's), whose
+// 127.0.0.1 it binds. port must be given when netns is set.
+func StartIn(netns, dir string, port int, user, password string) (*BMC, error) {
+	if netns != "" && port == 0 {
+		return nil, errors.New("port: required inside a network namespace")
+	}
 	if _, err := exec.LookPath("ipmi_sim"); err != nil {
 		return nil, fmt.Errorf("ipmi_sim not installed (Debian package openipmi): %w", err)
 	}
@@ -98,7 +108,7 @@ func Start(dir string, port int, user, password string) (*BMC, error) {
 				return nil, err
 			}
 		}
-		b := &BMC{Port: p, User: user, Password: password, Dir: abs}
+		b := &BMC{Port: p, User: user, Password: password, Dir: abs, netns: netns}
 		if err := b.writeFiles(); err != nil {
 			return nil, err
 		}
@@ -148,10 +158,14 @@ func (b *BMC) start() error {
 		return err
 	}
 	defer out.Close()
-	cmd := exec.Command("ipmi_sim", "-n",
+	args := []string{"ipmi_sim", "-n",
 		"-c", filepath.Join(b.Dir, "lan.conf"),
 		"-f", filepath.Join(b.Dir, "sim.emu"),
-		"-s", filepath.Join(b.Dir, "persist"))
+		"-s", filepath.Join(b.Dir, "persist")}
+	if b.netns != "" {
+		args = append([]string{"nsenter", "--net=/run/netns/" + b.netns, "--"}, args...) // nsenter execs ipmi_sim: same PID
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = b.Dir
 	cmd.Stdout, cmd.Stderr = out, out
 	// The simulator must not outlive a test binary that dies without calling Stop.
@@ -171,7 +185,7 @@ func (b *BMC) start() error {
 			return fmt.Errorf("ipmi_sim for 127.0.0.1:%d exited at start: %s", b.Port, strings.TrimSpace(string(msg)))
 		default:
 		}
-		bound, err := udpBound(b.Port)
+		bound, err := udpBound(fmt.Sprintf("/proc/%d/net/udp", cmd.Process.Pid), b.Port)
 		if err != nil {
 			_ = b.Stop()
 			return err
@@ -390,9 +404,10 @@ func freeUDPPort() (int, error) {
 	return conn.LocalAddr().(*net.UDPAddr).Port, nil
 }
 
-// udpBound reports whether some socket is bound to 127.0.0.1:port (from /proc/net/udp).
-func udpBound(port int) (bool, error) {
-	data, err := os.ReadFile("/proc/net/udp")
+// udpBound reports whether some socket is bound to 127.0.0.1:port in the network namespace whose
+// UDP table is at path (/proc/PID/net/udp).
+func udpBound(path string, port int) (bool, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return false, err
 	}

@@ -53,7 +53,7 @@ func TestStartPowerStop(t *testing.T) {
 	if err := b.Stop(); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
-	if bound, err := udpBound(b.Port); err != nil || bound {
+	if bound, err := udpBound("/proc/net/udp", b.Port); err != nil || bound {
 		t.Errorf("port %d still bound after Stop (err %v)", b.Port, err)
 	}
 	if err := b.Stop(); err != nil {

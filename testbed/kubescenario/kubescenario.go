@@ -53,7 +53,10 @@ type Options struct {
 	Grace, FenceTimeout time.Duration
 	// HealthyDelay is the coordinator's --release-healthy-delay (default 1 s here).
 	HealthyDelay time.Duration
-	Log          *slog.Logger
+	// PlainPassword puts the BMC password in the fence template instead of a Secret, so a fence
+	// needs nothing from the apiserver once its record exists.
+	PlainPassword bool
+	Log           *slog.Logger
 }
 
 // Env is a running scenario.
@@ -238,9 +241,13 @@ func (e *Env) fenceTemplate(ctx context.Context) error {
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
+	password := "password_secret=bmc-credentials/password"
+	if e.Opts.PlainPassword {
+		password = "password=password"
+	}
 	_, err := e.Admin.CoreV1().ConfigMaps("nodefence").Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "fence-method-template-bmc"},
-		Data:       map[string]string{"template.properties": "name=bmc\nagent_name=fence_ipmilan\nipaddr=127.0.0.1\nusername=admin\npassword_secret=bmc-credentials/password\nlanplus=1\ncipher=3\nmust_sucess=yes\n"},
+		Data:       map[string]string{"template.properties": "name=bmc\nagent_name=fence_ipmilan\nipaddr=127.0.0.1\nusername=admin\n" + password + "\nlanplus=1\ncipher=3\nmust_sucess=yes\n"},
 	}, metav1.CreateOptions{})
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -527,6 +528,26 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
+	var bad []string
+	for _, node := range c.NodeNames() {
+		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+			ms, _ := c.Plan(node, step)
+			for _, m := range ms {
+				for _, p := range checkMethod(m) {
+					bad = append(bad, fmt.Sprintf("nodes.%s.methods.%s (driver %s): %s", node, m.Name, m.Driver, p))
+				}
+			}
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		bad = slices.Compact(bad)
+		fmt.Fprintf(stderr, "%s: %d problem(s):\n", args[1], len(bad))
+		for _, p := range bad {
+			fmt.Fprintln(stderr, "  -", p)
+		}
+		return 1
+	}
 	for _, node := range c.NodeNames() {
 		fmt.Fprintf(stdout, "node %s\n", node)
 		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
@@ -549,7 +570,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 				sort.Strings(keys)
 				for _, k := range keys {
 					v := m.Parameters[k]
-					if isSecretName(k) {
+					if secretFor(m.Driver, k) {
 						v = "***"
 					}
 					fmt.Fprintf(stdout, "       %s=%s\n", k, v)
@@ -559,18 +580,6 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%d node(s), configuration valid\n", len(c.NodeNames()))
 	return 0
-}
-
-// isSecretName recognises secret parameters by the ClusterLabs names (password, passwd,
-// snmp-priv-passwd, community, secret keys) and by secret file references.
-func isSecretName(k string) bool {
-	k = strings.ToLower(strings.ReplaceAll(k, "-", "_"))
-	for _, s := range []string{"password", "passwd", "community", "secret", "token", "_key"} {
-		if strings.Contains(k, s) {
-			return !strings.HasSuffix(k, "_file") && !strings.HasSuffix(k, "_secret") && !strings.HasSuffix(k, "_script")
-		}
-	}
-	return false
 }
 
 func short(enum string) string { return cli.EnumWord(enum) }

@@ -13,8 +13,9 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/app"
 	"github.com/nodefence/nodefence/services/server"
-	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/hanglistener"
+	"github.com/nodefence/nodefence/testbed/pki"
 )
 
 func TestConfigCheckPrintsThePlanWithSecretsMasked(t *testing.T) {
@@ -53,6 +54,53 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// Driver parameters are checked offline with the drivers' own rules, and every secret the drivers
+// know (IPMI kg, passphrases, SNMP auth passwords) is masked.
+func TestConfigCheckDriverParameters(t *testing.T) {
+	write := func(yaml string) string {
+		p := filepath.Join(t.TempDir(), "fence.yaml")
+		if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bad := write(`drivers: {ipmi: {endpoint: "127.0.0.1:1"}, agent: {endpoint: "127.0.0.1:2"}}
+nodes:
+  n1:
+    methods:
+      bmc: {driver: ipmi, parameters: {ip: "10.0.0.1; reboot", cipher: "0", lanplus: "1"}}
+      script: {driver: agent, parameters: {agent: fence_ipmilan, ip: 10.0.0.2, ipmitool_path: /tmp/evil.sh}}
+    steps: {power_management: [bmc, script]}
+`)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"config", "check", bad}, &out, &errb); code != 1 {
+		t.Fatalf("exit %d, want 1; stdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"bmc (driver ipmi): ip:", "bmc (driver ipmi): cipher:", "script (driver agent): ipmitool_path:"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errb.String())
+		}
+	}
+	good := write(`drivers: {ipmi: {endpoint: "127.0.0.1:1"}, agent: {endpoint: "127.0.0.1:2"}}
+nodes:
+  n1:
+    methods:
+      bmc: {driver: ipmi, parameters: {ip: 10.0.0.1, cipher: "3", password: pw-one, kg: kg-two, hexadecimal_kg: hex-three,
+        snmp_auth_pass: auth-four, passphrase: phrase-five, pass: pass-six}}
+    steps: {power_management: [bmc]}
+`)
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), []string{"config", "check", good}, &out, &errb); code != 0 || !strings.Contains(out.String(), "kg=***") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, secret := range []string{"pw-one", "kg-two", "hex-three", "auth-four", "phrase-five", "pass-six"} {
+		if strings.Contains(out.String()+errb.String(), secret) {
+			t.Errorf("the secret %q is printed:\n%s%s", secret, out.String(), errb.String())
+		}
+	}
+}
+
 // A coordinator that accepts connections but never answers (cut off, or stopped) is listed first:
 // fencectl gives it its own deadline and asks the next address, a real coordinator, within the
 // overall deadline.
@@ -87,10 +135,20 @@ nodes:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	insecure := tlsfiles.Files{Insecure: true}
+	ca, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	coordTLS, err := ca.Files(identity.Coordinator, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opTLS, err := ca.Files(identity.Operator, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
 	a, err := app.New(app.Config{
-		Server: server.Config{Listen: "127.0.0.1:0", TLS: insecure, DrainTimeout: time.Second,
-			UnauthenticatedCaller: "spiffe://nodefence/viewer/test"}, DriverTLS: insecure,
+		Server: server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second}, DriverTLS: coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
 		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, KdumpListen: "",
 	}, slog.New(slog.DiscardHandler))
@@ -105,8 +163,8 @@ nodes:
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var out, errb bytes.Buffer
-		code := run(context.Background(), []string{"--insecure", "--coordinator", ln.Addr().String() + "," + a.Addr(),
-			"--timeout", "5s", "--per-address-timeout", "1s", "nodes"}, &out, &errb)
+		code := run(context.Background(), append(pki.Args("", opTLS), "--coordinator", ln.Addr().String()+","+a.Addr(),
+			"--timeout", "5s", "--per-address-timeout", "1s", "nodes"), &out, &errb)
 		if code == 0 && strings.Contains(out.String(), "node-1") {
 			return
 		}

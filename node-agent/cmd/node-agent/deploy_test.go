@@ -2,7 +2,12 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"strings"
 	"testing"
+
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	"github.com/nodefence/nodefence/testbed/manifests"
 )
@@ -13,9 +18,39 @@ func TestDeployedArgsParse(t *testing.T) {
 	for _, args := range manifests.Args(t, "../../../deploy/node-agent.yaml", "node-agent") {
 		args = manifests.Localize(t, args, map[string]string{"NODE_NAME": "worker-1"}, []string{"/host/", "/etc/nodefence/"},
 			"/host/proc/sys/kernel/random/boot_id", "/etc/nodefence/tls/tls.crt", "/etc/nodefence/tls/tls.key", "/etc/nodefence/tls/ca.crt")
+		// The agent checks that its certificate names its node: give it worker-1's.
+		installAgentCert(t, args, "worker-1")
 		var stderr bytes.Buffer
 		if _, errs, help := parse(args, &stderr); help || len(errs) > 0 || stderr.Len() > 0 {
 			t.Errorf("deploy/node-agent.yaml args %q: help=%v, problems %v\n%s", args, help, errs, stderr.String())
+		}
+	}
+}
+
+// installAgentCert writes a certificate for node where args' --tls-cert and --tls-key point.
+func installAgentCert(t *testing.T, args []string, node string) {
+	t.Helper()
+	files := map[string]string{}
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			files[k] = v
+		}
+	}
+	p, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := p.Files(identity.Agent, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for flag, src := range map[string]string{"--tls-cert": f.CertFile, "--tls-key": f.KeyFile} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(files[flag], b, 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

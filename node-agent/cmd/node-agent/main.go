@@ -40,7 +40,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -54,6 +53,8 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
 )
 
 func main() {
@@ -264,6 +265,15 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	} else if a.BootID = strings.TrimSpace(string(id)); a.BootID == "" {
 		errs.add("--boot-id-file: %s is empty", bootIDFile)
 	}
+	if a.TLS.CertFile != "" && !a.TLS.Insecure {
+		// The coordinator accepts an agent only for the node its certificate names: say so now
+		// rather than in a reconnect loop.
+		if id, err := certs.IdentityOfFile(a.TLS.CertFile); err != nil {
+			errs.add("--tls-cert: %v", err)
+		} else if id.Role != identity.Agent || id.Name != nodeName {
+			errs.add("--tls-cert: the certificate is %s, but an agent for node %q needs spiffe://%s/agent/%s", id, nodeName, identity.TrustDomain, nodeName)
+		}
+	}
 	if err := a.Validate(); err != nil {
 		var inv fault.Invalid
 		if !errors.As(err, &inv) {
@@ -434,7 +444,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
-		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, out kubepods.Outcome, err error) {
+		kube.evictor = kubepods.NewEvictor(kube.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, signal string, out kubepods.Outcome, err error) {
 			kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
 			switch {
 			case out == kubepods.Gone:
@@ -442,8 +452,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			case out != kubepods.Evicted:
 				kind, msg = agentv1.EvictionKind_EVICTION_KIND_FAILED, fmt.Sprintf("the Eviction API refused: %v", err)
 			}
-			a.Send(pressure.EvictionReport(c, "", kind, msg, time.Now()))
-			met.Eviction("", kind.String())
+			a.Send(pressure.EvictionReport(c, signal, kind, msg, time.Now()))
+			met.Eviction(signal, kind.String())
 		}})
 		opts.pressure.Actions = pressure.Actions{Killer: kube.killer, Cleanup: kube.killer, Granted: kube.evictor}
 		if runtime != nil {
@@ -577,7 +587,7 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
 // fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
-	client     kubernetes.Interface
+	client     *kubepods.Client
 	source     *kubepods.Source
 	killer     *kubepods.Killer
 	evictor    *kubepods.Evictor
@@ -595,7 +605,7 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := kubepods.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}

@@ -14,6 +14,9 @@ import (
 	"google.golang.org/grpc"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/testbed/pki"
 )
 
 func TestRunInvalidFlags(t *testing.T) {
@@ -83,6 +86,9 @@ func TestRunInvalidFlags(t *testing.T) {
 		{name: "empty boot id", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + writeFile(t, "")},
 			want: []string{"boot_id is empty", "1 invalid flag(s)"}},
 		{name: "unknown flag", args: []string{"--no-such-flag"}, want: []string{"flag provided but not defined: -no-such-flag"}},
+		{name: "certificate of another node", args: append([]string{"--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t), "--node-name=node-a"},
+			agentCert(t, "node-b")...),
+			want: []string{"--tls-cert: the certificate is spiffe://nodefence/agent/node-b, but an agent for node \"node-a\" needs spiffe://nodefence/agent/node-a", "1 invalid flag(s)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,4 +210,18 @@ func TestRunBadKubeconfig(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr.String(), "cannot start Kubernetes mode") || !strings.Contains(stderr.String(), "--kubeconfig") {
 		t.Errorf("exit %d; want 1 naming --kubeconfig:\n%s", code, stderr.String())
 	}
+}
+
+// agentCert issues a CA and an agent certificate for node and returns the --tls-* flags.
+func agentCert(t *testing.T, node string) []string {
+	t.Helper()
+	p, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := p.Files(identity.Agent, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.Args("", f)
 }

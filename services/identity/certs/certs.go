@@ -173,3 +173,20 @@ func serial() *big.Int {
 	}
 	return n
 }
+
+// IdentityOfFile reads the identity of the first certificate in a PEM file.
+func IdentityOfFile(certFile string) (identity.Identity, error) {
+	data, err := os.ReadFile(certFile)
+	if err != nil {
+		return identity.Identity{}, err
+	}
+	b, _ := pem.Decode(data)
+	if b == nil || b.Type != "CERTIFICATE" {
+		return identity.Identity{}, fmt.Errorf("%s: no PEM certificate", certFile)
+	}
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return identity.Identity{}, fmt.Errorf("%s: %w", certFile, err)
+	}
+	return identity.FromCert(c)
+}

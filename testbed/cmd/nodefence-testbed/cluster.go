@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -40,6 +41,8 @@ type sim struct {
 	bmc        *ipmisim.BMC
 	cancel     context.CancelFunc
 	done       chan struct{}
+	mu         sync.Mutex // guards cancel, done and unpowered
+	unpowered  bool       // the agent was stopped because the BMC switched the node off
 }
 
 type cluster struct {
@@ -55,6 +58,42 @@ type cluster struct {
 	pki                   *pki.PKI
 	operator              tlsfiles.Files // the testbed's own client certificate (operator/testbed)
 	host                  *ipmisim.BMC   // this host's (simulated) BMC: every node that says hello is configured
+	stopPower             context.CancelFunc
+}
+
+// followPower stops a simulated node's agent when its BMC is off and restarts it when it is on
+// again; an agent stopped by silence (the demo's "death") stays stopped.
+func (c *cluster) followPower(ctx context.Context, s *sim) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		on, err := s.bmc.Power()
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		running, unpowered := s.cancel != nil, s.unpowered
+		s.mu.Unlock()
+		switch {
+		case !on && running:
+			s.silence()
+			s.mu.Lock()
+			s.unpowered = true
+			s.mu.Unlock()
+		case on && unpowered:
+			s.mu.Lock()
+			s.unpowered = false
+			s.mu.Unlock()
+			if err := c.startSim(s); err != nil {
+				c.log.Warn("simulated agent not restarted", "node", s.name, "err", err)
+			}
+		}
+	}
 }
 
 func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
@@ -172,6 +211,13 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		}
 	}
 	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
+	// A simulated node is powered by its BMC: its agent stops when the BMC switches it off and
+	// starts again when it switches it on, as a real machine's would.
+	powerCtx, stopPower := context.WithCancel(context.Background())
+	c.stopPower = stopPower
+	for _, s := range c.sims {
+		go c.followPower(powerCtx, s)
+	}
 
 	if c.conn, err = dial.New(c.coordAddr, c.operator); err != nil {
 		return c, err
@@ -222,8 +268,11 @@ func (c *cluster) startSim(s *sim) error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel, s.done = cancel, make(chan struct{})
-	go func() { defer close(s.done); _ = a.Run(ctx) }()
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.cancel, s.done = cancel, done
+	s.mu.Unlock()
+	go func() { defer close(done); _ = a.Run(ctx) }()
 	return nil
 }
 
@@ -240,10 +289,13 @@ func (simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
 
 // silence stops a simulated node's agent, as if the node died.
 func (s *sim) silence() {
-	if s.cancel != nil {
-		s.cancel()
-		<-s.done
-		s.cancel = nil
+	s.mu.Lock()
+	cancel, done := s.cancel, s.done
+	s.cancel = nil
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
 	}
 }
 
@@ -306,6 +358,9 @@ func (c *cluster) simNames() []string {
 
 // stop stops everything this cluster started, agents first, by PID.
 func (c *cluster) stop(out io.Writer) {
+	if c.stopPower != nil {
+		c.stopPower()
+	}
 	for _, s := range c.sims {
 		s.silence()
 	}

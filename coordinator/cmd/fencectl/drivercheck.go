@@ -1,0 +1,73 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/fence-drivers/agent"
+	"github.com/nodefence/nodefence/fence-drivers/aws"
+	"github.com/nodefence/nodefence/fence-drivers/brocade"
+	"github.com/nodefence/nodefence/fence-drivers/ipmi"
+	"github.com/nodefence/nodefence/fence-drivers/kit"
+	"github.com/nodefence/nodefence/fence-drivers/pdu"
+	"github.com/nodefence/nodefence/fence-drivers/redfish"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// offlineDrivers are the drivers whose parameters `config check` validates with the drivers' own
+// code, by driver name (the names fence-driver --driver takes). The agent driver needs an agent's
+// metadata to know its parameters: offline only its allowlist is checked.
+var offlineDrivers = map[string]kit.Driver{
+	"ipmi": ipmi.New(), "pdu": pdu.New(), "brocade": brocade.New(), "redfish": redfish.New(), "aws": aws.New(),
+}
+
+// secretPlaceholder stands in for a secret reference's value, which is read only at call time.
+const secretPlaceholder = "secret"
+
+// checkMethod validates a resolved method's parameters as its driver would, without any device:
+// canonical names, types, ranges, addresses. It returns the problems, each naming the parameter.
+func checkMethod(m config.Resolved) []string {
+	if m.Driver == "agent" {
+		return problems(agent.CheckParameters(m.Parameters, nil))
+	}
+	d, ok := offlineDrivers[m.Driver]
+	if !ok {
+		return nil
+	}
+	params := map[string]string{}
+	for k, v := range m.Parameters {
+		if base, ok := strings.CutSuffix(k, "_file"); ok {
+			k, v = base, secretPlaceholder
+		} else if base, ok := strings.CutSuffix(k, "_secret"); ok {
+			k, v = base, secretPlaceholder
+		}
+		params[k] = v
+	}
+	canon, err := kit.Canonicalize(params, d.Describe())
+	if err == nil {
+		err = d.Validate(canon)
+	}
+	return problems(err)
+}
+
+func problems(err error) []string {
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimPrefix(err.Error(), "invalid: ")
+	return strings.Split(msg, "; ")
+}
+
+// secretFor reports whether a parameter is secret by the driver's own description (and the kit's
+// secret words: pass, community, secret, token, key, kg); secret references show their path.
+func secretFor(driver, k string) bool {
+	n := kit.NormalizeName(k)
+	if strings.HasSuffix(n, "_file") || strings.HasSuffix(n, "_secret") {
+		return false
+	}
+	var desc []*driverv1.Parameter
+	if d, ok := offlineDrivers[driver]; ok {
+		desc = d.Describe()
+	}
+	return kit.IsSecret(n, desc)
+}

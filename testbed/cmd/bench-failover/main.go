@@ -1,0 +1,674 @@
+// Command bench-failover measures how fast nodefence recovers from the leader's death. It starts a
+// 3-member etcd cluster, 3 coordinators with their default election lease and grace periods, an
+// IPMI fence-driver with one ipmi_sim BMC, and N simulated agents (grpc-go streams that follow the
+// coordinators' leader redirects as the real agent does) — all real processes on 127.0.0.1. Each
+// round starts a fence, kills the leader with SIGKILL while the BMC is switching off, and measures:
+// the new leader elected, the fence resumed (the driver called with the new epoch), and every agent
+// streaming to the new leader. Then it checks the fence ended with one power-off, no driver call ran
+// with a stale epoch and no other node was fenced. The LAST line of output is one JSON object.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/wire"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/procs"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+type result struct {
+	Bench           string  `json:"bench"`
+	Rounds          int     `json:"rounds"`
+	Agents          int     `json:"agents"`
+	ElectedP50      float64 `json:"elected_p50_s"`
+	ResumedP50      float64 `json:"resumed_p50_s"`
+	ResumedMax      float64 `json:"resumed_max_s"`
+	AgentsBackP50   float64 `json:"agents_back_p50_s"`
+	AgentsBackMax   float64 `json:"agents_back_max_s"`
+	LeaderRSSMB     float64 `json:"leader_rss_mb"`
+	DoubleFences    int     `json:"double_fences"`
+	StaleEpochCalls int     `json:"stale_epoch_calls"`
+	LiveNodesFenced int     `json:"live_nodes_fenced"`
+}
+
+func main() {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	exe, _ := os.Executable()
+	agents := flag.Int("agents", 10000, "simulated agents (one stream each)")
+	rounds := flag.Int("rounds", 10, "leader kills")
+	perConn := flag.Int("streams-per-conn", 100, "agent streams per gRPC connection")
+	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator and fence-driver binaries")
+	flag.Parse()
+	var problems []string
+	if *agents < 1 || *agents > 50000 {
+		problems = append(problems, "--agents: must be 1..50000")
+	}
+	if *rounds < 1 || *rounds > 100 {
+		problems = append(problems, "--rounds: must be 1..100")
+	}
+	if *perConn < 1 {
+		problems = append(problems, "--streams-per-conn: must be positive")
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, "bench-failover:", p)
+		}
+		os.Exit(2)
+	}
+	res, err := run(ctx, *binDir, *agents, *rounds, *perConn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-failover:", err)
+		os.Exit(1)
+	}
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+}
+
+// bench is the running system.
+type bench struct {
+	dir        string
+	etcd       []*procs.Proc
+	coord      []*procs.Proc
+	coordArgs  [][]string
+	coordAddr  []string
+	driver     *procs.Proc
+	bmc        *ipmisim.BMC
+	cli        *clientv3.Client
+	conns      map[string]*grpc.ClientConn
+	agentConns [][]*grpc.ClientConn // per coordinator, per group of streams
+}
+
+const victim = "victim"
+
+func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *result, err error) {
+	dir, err := os.MkdirTemp("", "bench-failover-")
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{dir: dir, conns: map[string]*grpc.ClientConn{}}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(dir)
+		} else {
+			fmt.Fprintln(os.Stderr, "logs kept in", dir)
+		}
+	}()
+	defer b.close()
+	if err := b.start(ctx, binDir, agents); err != nil {
+		return nil, err
+	}
+	leader, err := b.waitLeader(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("leader %s; connecting %d agents\n", b.coordAddr[leader.idx], agents)
+
+	// The agents: each keeps a stream to the leader, following redirects, and notes when its latest
+	// stream was answered.
+	for _, addr := range b.coordAddr {
+		var group []*grpc.ClientConn
+		for range (agents + perConn - 1) / perConn {
+			c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+			if err != nil {
+				return nil, err
+			}
+			group = append(group, c)
+		}
+		b.agentConns = append(b.agentConns, group)
+	}
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	answered := make([]atomic.Int64, agents) // unix nanos of each agent's latest answered hello
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for i := 0; i < agents; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); b.agent(actx, i, perConn, leader.idx, &answered[i]) }()
+		if i%500 == 499 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	allBack := func(after time.Time) bool {
+		for i := range answered {
+			if answered[i].Load() < after.UnixNano() {
+				return false
+			}
+		}
+		return true
+	}
+	lastReport := time.Now()
+	if err := poll(ctx, 5*time.Minute, func() bool {
+		if time.Since(lastReport) > 10*time.Second {
+			lastReport = time.Now()
+			n := 0
+			for i := range answered {
+				if answered[i].Load() > 0 {
+					n++
+				}
+			}
+			fmt.Printf("%d of %d agents connected\n", n, agents)
+		}
+		return allBack(time.Unix(0, 1))
+	}); err != nil {
+		return nil, fmt.Errorf("agents never all connected: %w", err)
+	}
+	fmt.Printf("all %d agents connected\n", agents)
+
+	var elected, resumed, back []float64
+	var rss float64
+	doubles := 0
+	for r := 1; r <= rounds; r++ {
+		if err := b.bmc.SetPower(true); err != nil {
+			return nil, err
+		}
+		if err := b.bmc.SetDelay(300 * time.Millisecond); err != nil {
+			return nil, err
+		}
+		calls0, err := b.bmc.Calls()
+		if err != nil {
+			return nil, err
+		}
+		fc := coordv1.NewFenceServiceClient(b.conn(b.coordAddr[leader.idx]))
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		fr, err := fc.Fence(cctx, &coordv1.FenceRequest{Node: victim, Reason: fmt.Sprintf("bench-failover round %d", r)})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("round %d: fence: %w", r, err)
+		}
+		if err := poll(ctx, 20*time.Second, func() bool { c, _ := b.bmc.Calls(); return len(c) > len(calls0) }); err != nil {
+			return nil, fmt.Errorf("round %d: the power-off never reached the BMC: %w", r, err)
+		}
+		killed := time.Now()
+		if err := syscall.Kill(b.coord[leader.idx].PID(), syscall.SIGKILL); err != nil {
+			return nil, err
+		}
+		old := leader
+		if leader, err = b.waitLeader(ctx, old.epoch); err != nil {
+			return nil, fmt.Errorf("round %d: %w", r, err)
+		}
+		el := time.Since(killed)
+		var res time.Duration
+		if err := poll(ctx, 60*time.Second, func() bool {
+			at, ok := b.driverCalled(leader.epoch)
+			res = at.Sub(killed)
+			return ok
+		}); err != nil {
+			return nil, fmt.Errorf("round %d: the fence was not resumed: %w", r, err)
+		}
+		if err := poll(ctx, 60*time.Second, func() bool { return allBack(killed) }); err != nil {
+			return nil, fmt.Errorf("round %d: agents not back: %w", r, err)
+		}
+		var last int64
+		for i := range answered {
+			last = max(last, answered[i].Load())
+		}
+		bk := time.Unix(0, last).Sub(killed)
+		if rss, err = rssMB(b.coord[leader.idx].PID()); err != nil {
+			return nil, err
+		}
+		rec, err := b.waitDone(ctx, leader.idx, fr.Fence.Id)
+		if err != nil {
+			return nil, fmt.Errorf("round %d: %w", r, err)
+		}
+		calls, err := b.bmc.Calls()
+		if err != nil {
+			return nil, err
+		}
+		if offs := powerOffs(calls[len(calls0):]); offs != 1 || rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+			doubles += max(0, offs-1)
+			fmt.Printf("round %d: fence %s %s with %d power-offs\n", r, rec.Id, rec.Status, offs)
+		}
+		elected, resumed, back = append(elected, el.Seconds()), append(resumed, res.Seconds()), append(back, bk.Seconds())
+		fmt.Printf("round %d: leader %d -> %d: elected %.2fs, fence resumed %.2fs, %d agents back %.2fs; leader RSS %.0f MB\n",
+			r, old.epoch, leader.epoch, el.Seconds(), res.Seconds(), agents, bk.Seconds(), rss)
+		// The killed coordinator comes back as a follower.
+		if b.coord[old.idx], err = procs.Start(fmt.Sprintf("c%d", old.idx+1), filepath.Join(dir, fmt.Sprintf("c%d-%d.log", old.idx+1, r)),
+			filepath.Join(binDir, "coordinator"), b.coordArgs[old.idx]...); err != nil {
+			return nil, err
+		}
+		if err := b.coord[old.idx].WaitTCP(b.coordAddr[old.idx], 30*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	stale, live, err := b.audit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &result{
+		Bench: "failover", Rounds: rounds, Agents: agents,
+		ElectedP50: round(quantile(elected, 0.5)), ResumedP50: round(quantile(resumed, 0.5)), ResumedMax: round(quantile(resumed, 1)),
+		AgentsBackP50: round(quantile(back, 0.5)), AgentsBackMax: round(quantile(back, 1)), LeaderRSSMB: round(rss),
+		DoubleFences: doubles, StaleEpochCalls: stale, LiveNodesFenced: live,
+	}, nil
+}
+
+func (b *bench) start(ctx context.Context, binDir string, agents int) error {
+	etcdDir, err := kubetest.AssetsDir()
+	if err != nil {
+		return err
+	}
+	etcdBin := filepath.Join(etcdDir, kubetest.EtcdBinary)
+	var clientURLs, initial []string
+	var peers []string
+	for i := 1; i <= 3; i++ {
+		cp, err := procs.FreePort()
+		if err != nil {
+			return err
+		}
+		pp, err := procs.FreePort()
+		if err != nil {
+			return err
+		}
+		clientURLs = append(clientURLs, fmt.Sprintf("http://127.0.0.1:%d", cp))
+		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", pp))
+		initial = append(initial, fmt.Sprintf("e%d=%s", i, peers[i-1]))
+	}
+	for i := 1; i <= 3; i++ {
+		p, err := procs.Start(fmt.Sprintf("e%d", i), filepath.Join(b.dir, fmt.Sprintf("e%d.log", i)), etcdBin,
+			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(b.dir, fmt.Sprintf("e%d", i)),
+			"--listen-client-urls", clientURLs[i-1], "--advertise-client-urls", clientURLs[i-1],
+			"--listen-peer-urls", peers[i-1], "--initial-advertise-peer-urls", peers[i-1],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--unsafe-no-fsync", "--log-level", "warn")
+		if err != nil {
+			return fmt.Errorf("etcd (make kube-assets builds it): %w", err)
+		}
+		b.etcd = append(b.etcd, p)
+	}
+	if b.cli, err = clientv3.New(clientv3.Config{Endpoints: clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
+		return err
+	}
+	if err := poll(ctx, 30*time.Second, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.cli.Put(cctx, "/bench/ready", "1")
+		return err == nil
+	}); err != nil {
+		return fmt.Errorf("etcd cluster: %w", err)
+	}
+	if b.bmc, err = ipmisim.Start(filepath.Join(b.dir, "bmc"), 0, "admin", "password"); err != nil {
+		return err
+	}
+	dport, err := procs.FreePort()
+	if err != nil {
+		return err
+	}
+	driverAddr := fmt.Sprintf("127.0.0.1:%d", dport)
+	if b.driver, err = procs.Start("fence-driver", filepath.Join(b.dir, "driver.log"), filepath.Join(binDir, "fence-driver"),
+		"--driver", "ipmi", "--listen", driverAddr, "--insecure", "--unauthenticated-caller", "any", "--state-dir", filepath.Join(b.dir, "driver-state")); err != nil {
+		return err
+	}
+	if err := b.driver.WaitTCP(driverAddr, 30*time.Second); err != nil {
+		return err
+	}
+	var yaml strings.Builder
+	fmt.Fprintf(&yaml, "drivers:\n  ipmi: {endpoint: %q}\ntemplates:\n  bmc: {driver: ipmi, parameters: {lanplus: \"1\", cipher: \"3\", username: admin, password: password}}\nnodes:\n", driverAddr)
+	fmt.Fprintf(&yaml, "  %s: {zone: zone-0, region: bench, methods: {bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"%d\"}}}, steps: {power_management: [bmc]}}\n", victim, b.bmc.Port)
+	for i := 0; i < agents; i++ {
+		fmt.Fprintf(&yaml, "  agent-%d: {zone: zone-%d, region: bench, methods: {bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: \"1\"}}}, steps: {power_management: [bmc]}}\n", i, i%10)
+	}
+	cfg := filepath.Join(b.dir, "fence.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml.String()), 0o600); err != nil {
+		return err
+	}
+	for i := 1; i <= 3; i++ {
+		port, err := procs.FreePort()
+		if err != nil {
+			return err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"--id", fmt.Sprintf("c%d", i), "--listen", addr, "--insecure", "--unauthenticated-caller", "any",
+			"--driver-insecure", "--config", cfg, "--etcd-endpoints", strings.Join(clientURLs, ","), "--kdump-listen=", "--log-level", "warn"}
+		p, err := procs.Start(fmt.Sprintf("c%d", i), filepath.Join(b.dir, fmt.Sprintf("c%d.log", i)), filepath.Join(binDir, "coordinator"), args...)
+		if err != nil {
+			return err
+		}
+		b.coord, b.coordArgs, b.coordAddr = append(b.coord, p), append(b.coordArgs, args), append(b.coordAddr, addr)
+	}
+	for i, p := range b.coord {
+		if err := p.WaitTCP(b.coordAddr[i], 60*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bench) close() {
+	for _, g := range b.agentConns {
+		for _, c := range g {
+			c.Close()
+		}
+	}
+	for _, c := range b.conns {
+		c.Close()
+	}
+	for _, p := range b.coord {
+		_ = p.Stop(10 * time.Second)
+	}
+	if b.driver != nil {
+		_ = b.driver.Stop(5 * time.Second)
+	}
+	if b.bmc != nil {
+		_ = b.bmc.Stop()
+	}
+	if b.cli != nil {
+		b.cli.Close()
+	}
+	for _, p := range b.etcd {
+		_ = p.Stop(5 * time.Second)
+	}
+}
+
+func (b *bench) conn(addr string) *grpc.ClientConn {
+	if c, ok := b.conns[addr]; ok {
+		return c
+	}
+	c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
+	if err != nil {
+		panic(err) // only a malformed address fails here
+	}
+	b.conns[addr] = c
+	return c
+}
+
+type leaderInfo struct {
+	idx   int
+	epoch int64
+}
+
+// waitLeader waits for an election key newer than after whose coordinator answers as leader.
+func (b *bench) waitLeader(ctx context.Context, after int64) (leaderInfo, error) {
+	var l leaderInfo
+	err := poll(ctx, 60*time.Second, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		resp, err := b.cli.Get(cctx, "/nodefence/leader/", clientv3.WithFirstCreate()...)
+		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision <= after {
+			return false
+		}
+		var info struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(resp.Kvs[0].Value, &info) != nil {
+			return false
+		}
+		i, err := strconv.Atoi(strings.TrimPrefix(info.ID, "c"))
+		if err != nil || i < 1 || i > len(b.coord) {
+			return false
+		}
+		l = leaderInfo{idx: i - 1, epoch: resp.Kvs[0].CreateRevision}
+		return true
+	})
+	return l, err
+}
+
+// agent keeps one simulated agent streaming to the leader: a hello, then a heartbeat a second;
+// after a stream ends it tries the leader a coordinator named, else the next coordinator, at once,
+// and waits briefly only after a whole round failed (as node-agent does).
+func (b *bench) agent(ctx context.Context, i, perConn, start int, answered *atomic.Int64) {
+	idx := start
+	next := -1
+	tried := 0
+	for ctx.Err() == nil {
+		c := idx
+		if next >= 0 {
+			c, next = next, -1
+		}
+		leader, worked := b.stream(ctx, b.agentConns[c][i/perConn], i, answered)
+		if worked {
+			tried = 0
+		}
+		if leader != "" {
+			for j, a := range b.coordAddr {
+				if a == leader {
+					next = j
+				}
+			}
+			if next >= 0 && next != c {
+				continue
+			}
+			next = -1
+		}
+		idx = (c + 1) % len(b.coordAddr)
+		if tried++; tried >= len(b.coordAddr) {
+			tried = 0
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(50+rand.IntN(50)) * time.Millisecond):
+			}
+		}
+	}
+}
+
+// stream runs one stream; it returns the leader a follower named, and whether the hello was answered.
+func (b *bench) stream(ctx context.Context, conn *grpc.ClientConn, i int, answered *atomic.Int64) (string, bool) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := agentv1.NewAgentServiceClient(conn).Connect(sctx, grpc.ForceCodecV2(wire.Codec()))
+	if err != nil {
+		return "", false
+	}
+	hello := &agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
+		NodeName: fmt.Sprintf("agent-%d", i), BootId: "bench", Zone: fmt.Sprintf("zone-%d", i%10), Region: "bench"}}}
+	if err := st.Send(hello); err != nil {
+		return leaderOf(st.Trailer(), err), false
+	}
+	var resp wire.Encoded
+	if err := st.RecvMsg(&resp); err != nil {
+		return leaderOf(st.Trailer(), err), false
+	}
+	answered.Store(time.Now().UnixNano())
+	recvErr := make(chan error, 1)
+	go func() {
+		var ack wire.Encoded
+		for {
+			if err := st.RecvMsg(&ack); err != nil {
+				recvErr <- err
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for seq := uint64(2); ; seq++ {
+		select {
+		case <-ctx.Done():
+			return "", true
+		case err := <-recvErr:
+			return leaderOf(st.Trailer(), err), true
+		case <-tick.C:
+		}
+		if err := st.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}}); err != nil {
+			return leaderOf(st.Trailer(), <-recvErr), true
+		}
+	}
+}
+
+func leaderOf(md metadata.MD, err error) string {
+	if status.Code(err) != codes.Unavailable {
+		return ""
+	}
+	return fault.LeaderFromTrailer(md)
+}
+
+// driverCalled reports when the driver first logged an operation with epoch (the fence resumed).
+func (b *bench) driverCalled(epoch int64) (time.Time, bool) {
+	f, err := os.Open(b.driver.Log)
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	want := fmt.Sprintf(`"epoch":%d,`, epoch)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `"msg":"fence operation`) || !strings.Contains(line, want) {
+			continue
+		}
+		var op struct {
+			Time    time.Time     `json:"time"`
+			Elapsed time.Duration `json:"elapsed"`
+		}
+		if json.Unmarshal([]byte(line), &op) == nil {
+			return op.Time.Add(-op.Elapsed), true // when the call arrived
+		}
+	}
+	return time.Time{}, false
+}
+
+// waitDone waits for the record to finish.
+func (b *bench) waitDone(ctx context.Context, idx int, id string) (*coordv1.NodeFence, error) {
+	var rec *coordv1.NodeFence
+	err := poll(ctx, 90*time.Second, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		r, err := coordv1.NewFenceServiceClient(b.conn(b.coordAddr[idx])).GetFence(cctx, &coordv1.GetFenceRequest{Id: id})
+		if err != nil {
+			return false
+		}
+		rec = r.Fence
+		return rec.FinishedAt != nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fence %s did not finish: %w", id, err)
+	}
+	return rec, nil
+}
+
+// audit counts driver operations run with an epoch below one already run on the device, and fence
+// records of nodes other than the victim.
+func (b *bench) audit(ctx context.Context) (stale, live int, err error) {
+	data, err := os.ReadFile(b.driver.Log)
+	if err != nil {
+		return 0, 0, err
+	}
+	type op struct {
+		Time    time.Time     `json:"time"`
+		Msg     string        `json:"msg"`
+		Epoch   int64         `json:"epoch"`
+		Device  string        `json:"device"`
+		Result  string        `json:"result"`
+		Elapsed time.Duration `json:"elapsed"`
+	}
+	var ops []op
+	for _, line := range strings.Split(string(data), "\n") {
+		var o op
+		if json.Unmarshal([]byte(line), &o) == nil && o.Msg == "fence operation" && o.Result != "rejected" {
+			o.Time = o.Time.Add(-o.Elapsed)
+			ops = append(ops, o)
+		}
+	}
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Time.Before(ops[j].Time) })
+	highest := map[string]int64{}
+	for _, o := range ops {
+		if o.Epoch < highest[o.Device] {
+			stale++
+		}
+		highest[o.Device] = max(highest[o.Device], o.Epoch)
+	}
+	for _, addr := range b.coordAddr {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := coordv1.NewFenceServiceClient(b.conn(addr)).ListFences(cctx, &coordv1.ListFencesRequest{Limit: 1000})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, f := range resp.Fences {
+			if f.Node != victim {
+				live++
+			}
+		}
+		return stale, live, nil
+	}
+	return stale, live, errors.New("no coordinator listed the fence records")
+}
+
+// powerOffs counts the on -> off transitions in a BMC's calls, from on.
+func powerOffs(calls []string) int {
+	on, n := true, 0
+	for _, c := range calls {
+		switch c {
+		case "set power 0":
+			if on {
+				n++
+			}
+			on = false
+		case "set power 1":
+			on = true
+		}
+	}
+	return n
+}
+
+func poll(ctx context.Context, timeout time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[min(len(s)-1, int(q*float64(len(s)-1)+0.5))]
+}
+
+func rssMB(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
