@@ -48,6 +48,8 @@ type Node struct {
 	svcProcs   map[string]*proc
 	restarts   int
 	bootErr    error
+	// kubeletHeld: KillKubelet stopped the kubelet; the watchdog leaves it stopped.
+	kubeletHeld bool
 }
 
 // Service is a program that runs on a node, started in its network namespace each time the node
@@ -89,6 +91,7 @@ func (n *Node) boot() error {
 		return err
 	}
 	n.running = true
+	n.kubeletHeld = false
 	if err := n.startContainerd(); err != nil {
 		return err
 	}
@@ -332,7 +335,7 @@ func (n *Node) Unblackhole(addr netip.Addr) error {
 func (n *Node) watchKubelet(log *slog.Logger) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if !n.running || n.kubelet == nil || !n.kubelet.exited() {
+	if !n.running || n.kubeletHeld || n.kubelet == nil || !n.kubelet.exited() {
 		return nil
 	}
 	if n.restarts >= maxKubeletRestarts {
@@ -341,4 +344,72 @@ func (n *Node) watchKubelet(log *slog.Logger) error {
 	n.restarts++
 	log.Warn("kubelet exited; restarting it", "node", n.Name, "restart", n.restarts, "tail", Tail(n.kubelet.log, 3))
 	return n.startKubelet()
+}
+
+// KillService SIGKILLs the service's process, leaving the rest of the node running, and waits
+// until it is reaped. StartService starts it again.
+func (n *Node) KillService(name string) error {
+	n.mu.Lock()
+	p := n.svcProcs[name]
+	n.mu.Unlock()
+	if p == nil || p.exited() {
+		return fmt.Errorf("%s: service %q is not running", n.Name, name)
+	}
+	return p.killWait()
+}
+
+// StartService starts a registered service whose process exited, on a running node.
+func (n *Node) StartService(name string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.running {
+		return fmt.Errorf("%s: not running", n.Name)
+	}
+	if p := n.svcProcs[name]; p != nil && !p.exited() {
+		return fmt.Errorf("%s: service %q runs", n.Name, name)
+	}
+	for _, s := range n.services {
+		if s.Name == name {
+			return n.startService(s)
+		}
+	}
+	return fmt.Errorf("%s: no service %q", n.Name, name)
+}
+
+// KillKubelet SIGKILLs the node's kubelet alone (containers and services keep running) and keeps
+// the watchdog from restarting it until StartKubelet.
+func (n *Node) KillKubelet() error {
+	n.mu.Lock()
+	p := n.kubelet
+	if p == nil || p.exited() || !n.running {
+		n.mu.Unlock()
+		return fmt.Errorf("%s: kubelet is not running", n.Name)
+	}
+	n.kubeletHeld = true
+	n.mu.Unlock()
+	return p.killWait()
+}
+
+// StartKubelet starts the kubelet KillKubelet stopped.
+func (n *Node) StartKubelet() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.kubeletHeld {
+		return fmt.Errorf("%s: kubelet was not stopped by KillKubelet", n.Name)
+	}
+	n.kubeletHeld = false
+	if !n.running {
+		return nil
+	}
+	return n.startKubelet()
+}
+
+// RestartService stops the service as a rolling update stops a pod (SIGTERM, SIGKILL after 5 s)
+// and starts it again.
+func (n *Node) RestartService(name string) error {
+	n.mu.Lock()
+	p := n.svcProcs[name]
+	n.mu.Unlock()
+	p.stop(5 * time.Second)
+	return n.StartService(name)
 }

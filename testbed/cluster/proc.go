@@ -67,6 +67,17 @@ func (p *proc) stop(grace time.Duration) {
 	}
 }
 
+// killWait SIGKILLs the process and waits up to 5 s until it is reaped.
+func (p *proc) killWait() error {
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(5 * time.Second):
+		return p.failure("not reaped 5 s after SIGKILL")
+	}
+}
+
 // failure describes why the process is not usable, with the tail of its log.
 func (p *proc) failure(what string) error {
 	state := "running"

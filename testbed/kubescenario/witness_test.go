@@ -2,9 +2,7 @@ package kubescenario
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -217,7 +215,8 @@ func hasEvent(ctx context.Context, env *Env, node, reason string) bool {
 }
 
 // checkOwnership is one owner per field, from the apiserver's own records: on every Node, the
-// coordinator's field manager owns no condition but nodefence.io/AgentReady, and no Node carries
+// coordinator's field manager owns no field but the taint list and its condition
+// nodefence.io/AgentReady (ForeignNodeFields), and no Node carries
 // the not-ready or unreachable NoExecute taints (kube-controller-manager's; none runs here, so any
 // would be the coordinator's).
 func checkOwnership(t *testing.T, ctx context.Context, env *Env) {
@@ -232,35 +231,12 @@ func checkOwnership(t *testing.T, ctx context.Context, env *Env) {
 				t.Errorf("%s carries %s:%s", n.Name, tn.Key, tn.Effect)
 			}
 		}
-		for _, mf := range n.ManagedFields {
-			if mf.Manager != kube.FieldManager || mf.FieldsV1 == nil {
-				continue
-			}
-			for _, typ := range ownedConditions(t, mf.FieldsV1.GetRawBytes()) {
-				if typ != string(kube.ConditionAgentReady) {
-					t.Errorf("%s: the coordinator's field manager owns condition %s (%s)", n.Name, typ, mf.Operation)
-				}
-			}
+		foreign, err := ForeignNodeFields(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range foreign {
+			t.Errorf("%s: the coordinator's field manager owns %s", n.Name, f)
 		}
 	}
-}
-
-// ownedConditions lists the condition types a managedFields entry owns.
-func ownedConditions(t *testing.T, raw []byte) []string {
-	var fields map[string]map[string]map[string]any
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		// Not status-shaped: nothing under f:status.f:conditions.
-		return nil
-	}
-	var out []string
-	for k := range fields["f:status"]["f:conditions"] {
-		if rest, ok := strings.CutPrefix(k, "k:"); ok {
-			var key struct{ Type string }
-			if err := json.Unmarshal([]byte(rest), &key); err != nil {
-				t.Fatalf("managedFields key %s: %v", k, err)
-			}
-			out = append(out, key.Type)
-		}
-	}
-	return out
 }
