@@ -404,12 +404,15 @@ func (n *Node) StartKubelet() error {
 	return n.startKubelet()
 }
 
-// RestartService stops the service as a rolling update stops a pod (SIGTERM, SIGKILL after 5 s)
-// and starts it again.
-func (n *Node) RestartService(name string) error {
+// StopService stops the service as a rolling update stops a pod (SIGTERM, SIGKILL after 5 s),
+// leaving the rest of the node running. StartService starts it again.
+func (n *Node) StopService(name string) error {
 	n.mu.Lock()
 	p := n.svcProcs[name]
 	n.mu.Unlock()
+	if p == nil || p.exited() {
+		return fmt.Errorf("%s: service %q is not running", n.Name, name)
+	}
 	p.stop(5 * time.Second)
-	return n.StartService(name)
+	return nil
 }

@@ -95,16 +95,24 @@ func TestWitnessKubeletKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	var unknown time.Duration
+	var unknown, kubeletDown time.Duration
 	s.watchNoFence(witnessWindow, func() {
 		if unknown == 0 && s.readyStatus(victim.Name) == corev1.ConditionUnknown {
 			unknown = time.Since(t0)
+		}
+		if kubeletDown == 0 && s.leaderNode(victim.Name).GetKubeletDown() {
+			kubeletDown = time.Since(t0)
 		}
 	})
 	if unknown == 0 {
 		t.Fatalf("kube-controller-manager never marked %s Unknown within %s: the kubelet was not silenced", victim.Name, witnessWindow)
 	}
-	t.Logf("kubelet killed: Node Unknown after %s; no fence in %s", unknown.Round(time.Millisecond), witnessWindow)
+	// Without this the scenario would pass for a coordinator that never watches kubelets.
+	if kubeletDown == 0 {
+		t.Errorf("the leader's ListNodes never showed %s kubelet_down within %s", victim.Name, witnessWindow)
+	}
+	t.Logf("kubelet killed: Node Unknown after %s, kubelet_down after %s; no fence in %s", unknown.Round(time.Millisecond),
+		kubeletDown.Round(time.Millisecond), witnessWindow)
 	s.checkUntouched(victim)
 	if s.agentDown(victim.Name) {
 		t.Errorf("%s shown agent_down although its agent runs", victim.Name)
@@ -129,8 +137,21 @@ func TestWitnessAgentRollout(t *testing.T) {
 	t0 := time.Now()
 	for _, n := range s.c.Nodes {
 		t.Cleanup(func() { s.ensureAgent(n) })
-		if err := n.RestartService(agentService); err != nil {
+		if err := n.StopService(agentService); err != nil {
 			t.Fatal(err)
+		}
+		stopped := time.Now()
+		if err := n.StartService(agentService); err != nil {
+			t.Fatal(err)
+		}
+		// The old agent is gone: contact after stopped is the new one's.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if v := s.leaderNode(n.Name); v.GetConnected() && v.GetLastSeen().AsTime().After(stopped) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the new agent did not report within 30 s", n.Name)
+			}
 		}
 		if err := s.d.WaitAgents(s.ctx, 30*time.Second); err != nil {
 			t.Fatal(err)
@@ -166,7 +187,7 @@ func TestWitnessOwnership(t *testing.T) {
 }
 
 // watchNoFence polls for window (at least once): no node may have a NodeFence or the
-// out-of-service taint, nodefence may own no foreign Node field, and observe (if set) runs each
+// out-of-service taint, the leader may have requested no fence, nodefence may own no foreign Node field, and observe (if set) runs each
 // poll.
 func (s *scenario) watchNoFence(window time.Duration, observe func()) {
 	s.t.Helper()
@@ -177,6 +198,15 @@ func (s *scenario) watchNoFence(window time.Duration, observe func()) {
 			}
 			if s.outOfService(n.Name) {
 				s.t.Fatalf("%s tainted out-of-service with a witness alive", n.Name)
+			}
+		}
+		nodes, err := s.d.Nodes(s.ctx)
+		if err != nil {
+			s.t.Fatalf("ListNodes: %v", err)
+		}
+		for _, n := range nodes {
+			if n.FenceRequested {
+				s.t.Fatalf("the leader requested a fence of %s with a witness alive (readiness %s: %s)", n.Name, n.Readiness, n.Reason)
 			}
 		}
 		s.checkOwnership()
