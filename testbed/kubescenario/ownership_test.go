@@ -13,7 +13,7 @@ import (
 func TestForeignNodeFields(t *testing.T) {
 	entry := func(manager, op, fields string) metav1.ManagedFieldsEntry {
 		return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationType(op),
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)}}
+			FieldsV1: metav1.NewFieldsV1(fields)}
 	}
 	own := `{"f:status":{"f:conditions":{"k:{\"type\":\"nodefence.io/AgentReady\"}":{".":{},"f:status":{},"f:type":{}}}}}`
 	ready := `{"f:status":{"f:conditions":{"k:{\"type\":\"Ready\"}":{".":{},"f:status":{}}},"f:capacity":{"f:cpu":{}}}}`
