@@ -19,17 +19,13 @@ package brocade
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -41,12 +37,7 @@ import (
 
 // Canonical parameter names (ClusterLabs' where fence_brocade has one).
 const (
-	ParamIP            = "ip"
-	ParamIPPort        = "ipport"
-	ParamUsername      = "username"
-	ParamPassword      = "password"
 	ParamIdentityFile  = "identity_file"
-	ParamPlug          = "plug"
 	ParamSSH           = "ssh"
 	ParamCommandPrompt = "command_prompt"
 	// ParamSSHHostKey pins the switch's SSH host key (authorized_keys format or SHA256:
@@ -73,14 +64,7 @@ type Config struct {
 // Driver is the Brocade FC switch driver. Use New or NewWith.
 type Driver struct {
 	cfg  Config
-	mu   sync.Mutex
-	idle map[string][]*idleSession // session key -> idle sessions
-}
-
-// idleSession is a session waiting for reuse; its timer closes it when unused.
-type idleSession struct {
-	s     *session
-	timer *time.Timer
+	pool *kit.Pool[*session] // logged-in sessions by session key
 }
 
 var (
@@ -101,7 +85,7 @@ func NewWith(cfg Config) *Driver {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Driver{cfg: cfg, idle: map[string][]*idleSession{}}
+	return &Driver{cfg: cfg, pool: kit.NewPool(maxIdle, cfg.IdleTimeout, (*session).close)}
 }
 
 // Name is "brocade".
@@ -120,15 +104,15 @@ func (d *Driver) Describe() []*driverv1.Parameter {
 		kh += " (default " + d.cfg.KnownHostsFile + ")"
 	}
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the switch"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Description: "TCP port (default 23, or 22 with ssh)"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Description: "TCP port (default 23, or 22 with ssh)"},
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString,
 			Description: "switch login name"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
 			Description: "switch password (required for telnet; for SSH unless identity_file is given)"},
 		{Name: ParamIdentityFile, Type: kit.TypeString, Description: "SSH private key file (PEM or OpenSSH format, unencrypted)"},
-		{Name: ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
 			Description: "switch port index (the Index column of switchshow) the node's HBA is cabled to"},
 		{Name: ParamSSH, Aliases: []string{"secure"}, Type: kit.TypeBoolean, Default: "0",
 			Description: "use SSH instead of telnet"},
@@ -161,12 +145,12 @@ func (c *config) addr() string { return net.JoinHostPort(c.host, c.port) }
 // file and prepares the host key check.
 func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
 	var inv fault.Invalid
-	c := &config{host: strings.TrimSpace(p[ParamIP]), username: p[ParamUsername], password: p[ParamPassword],
+	c := &config{host: strings.TrimSpace(p[kit.ParamIP]), username: p[kit.ParamUsername], password: p[kit.ParamPassword],
 		ssh: p[ParamSSH] == "1", prompt: p[ParamCommandPrompt]}
 	if c.host == "" || strings.ContainsAny(c.host, " /") {
-		inv.Add(ParamIP, "must be an IP address or hostname, got %q", c.host)
+		inv.Add(kit.ParamIP, "must be an IP address or hostname, got %q", c.host)
 	}
-	c.port = strings.TrimSpace(p[ParamIPPort])
+	c.port = strings.TrimSpace(p[kit.ParamIPPort])
 	if c.port == "" {
 		c.port = "23"
 		if c.ssh {
@@ -174,13 +158,13 @@ func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
 		}
 	}
 	if n, err := strconv.Atoi(c.port); err != nil || n < 1 || n > 65535 {
-		inv.Add(ParamIPPort, "must be a TCP port 1-65535, got %q", c.port)
+		inv.Add(kit.ParamIPPort, "must be a TCP port 1-65535, got %q", c.port)
 	}
 	if strings.TrimSpace(c.username) == "" {
-		inv.Add(ParamUsername, "required: switch login name")
+		inv.Add(kit.ParamUsername, "required: switch login name")
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(p[ParamPlug])); err != nil || n < 0 {
-		inv.Add(ParamPlug, "must be a port index (0, 1, ...), got %q", p[ParamPlug])
+	if n, err := strconv.Atoi(strings.TrimSpace(p[kit.ParamPlug])); err != nil || n < 0 {
+		inv.Add(kit.ParamPlug, "must be a port index (0, 1, ...), got %q", p[kit.ParamPlug])
 	} else {
 		c.plug = n
 	}
@@ -190,11 +174,11 @@ func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
 	idFile := strings.TrimSpace(p[ParamIdentityFile])
 	switch {
 	case !c.ssh && c.password == "":
-		inv.Add(ParamPassword, "required for telnet")
+		inv.Add(kit.ParamPassword, "required for telnet")
 	case !c.ssh && idFile != "":
 		inv.Add(ParamIdentityFile, "only for SSH (set ssh=1)")
 	case c.ssh && c.password == "" && idFile == "":
-		inv.Add(ParamPassword, "required for SSH unless identity_file is given")
+		inv.Add(kit.ParamPassword, "required for SSH unless identity_file is given")
 	}
 	if c.ssh {
 		d.parseSSH(p, c, idFile, load, &inv)
@@ -238,41 +222,38 @@ func (d *Driver) Validate(params map[string]string) error {
 
 // DeviceKey is the switch's address and the port index.
 func (*Driver) DeviceKey(t kit.Target) string {
-	port := t.Params[ParamIPPort]
+	port := t.Params[kit.ParamIPPort]
 	if port == "" {
 		port = "23"
 		if t.Params[ParamSSH] == "1" {
 			port = "22"
 		}
 	}
-	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), kit.KeyPart(port)) + "/" + kit.KeyPart(t.Params[ParamPlug])
+	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[kit.ParamIP])), kit.KeyPart(port)) + "/" + kit.KeyPart(t.Params[kit.ParamPlug])
 }
 
 // sessionKey identifies a session's connection parameters, secrets included (hashed, kept in
 // memory only).
 func sessionKey(c *config, p map[string]string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%t\x00%s\x00%s\x00%s", c.addr(), c.username, c.password, c.ssh, c.prompt, c.policy, p[ParamIdentityFile])
-	return hex.EncodeToString(h.Sum(nil))
+	return kit.SessionKey(c.addr(), c.username, c.password, c.ssh, c.prompt, c.policy, p[ParamIdentityFile])
 }
 
-// withSession runs fn on a logged-in session: an idle one if there is one (retried once on a fresh
-// session if the idle one turns out dead), else a new one. The session is kept for reuse when fn
-// succeeds.
-func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session) error) error {
+// maxIdle bounds the idle sessions kept per switch and credentials: switches allow few sessions.
+const maxIdle = 2
+
+// withSession parses t once and runs fn on a logged-in session: an idle one if there is one
+// (retried once on a fresh session if the idle one turns out dead), else a new one. The session
+// is kept for reuse when fn succeeds.
+func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session, *config) error) error {
 	c, err := d.parse(t.Params, true)
 	if err != nil {
 		return err
 	}
 	key := sessionKey(c, t.Params)
-	if s := d.take(key); s != nil {
-		err := fn(s)
-		if err == nil {
-			d.put(key, s)
-			return nil
-		}
-		s.close()
-		if !errors.Is(err, fault.ErrUnreachable) || ctx.Err() != nil {
+	if s, ok := d.pool.Get(key); ok {
+		err := fn(s, c)
+		d.pool.Put(key, s, err == nil)
+		if err == nil || !errors.Is(err, fault.ErrUnreachable) || ctx.Err() != nil {
 			return err
 		}
 		d.cfg.Log.Debug("brocade: reused session failed, logging in again", "switch", c.addr(), "err", err)
@@ -281,64 +262,13 @@ func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session
 	if err != nil {
 		return err
 	}
-	if err := fn(s); err != nil {
-		s.close()
-		return err
-	}
-	d.put(key, s)
-	return nil
-}
-
-func (d *Driver) take(key string) *session {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	l := d.idle[key]
-	for len(l) > 0 {
-		is := l[len(l)-1]
-		l = l[:len(l)-1]
-		d.idle[key] = l
-		if is.timer.Stop() {
-			return is.s
-		}
-	}
-	return nil
-}
-
-func (d *Driver) put(key string, s *session) {
-	if d.cfg.IdleTimeout < 0 {
-		s.close()
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.idle[key]) >= 2 { // switches allow few sessions: keep at most two idle
-		s.close()
-		return
-	}
-	is := &idleSession{s: s}
-	is.timer = time.AfterFunc(d.cfg.IdleTimeout, func() {
-		d.mu.Lock()
-		d.idle[key] = slices.DeleteFunc(d.idle[key], func(x *idleSession) bool { return x == is })
-		d.mu.Unlock()
-		s.close()
-	})
-	d.idle[key] = append(d.idle[key], is)
+	err = fn(s, c)
+	d.pool.Put(key, s, err == nil)
+	return err
 }
 
 // Close logs out of every idle session.
-func (d *Driver) Close() {
-	d.mu.Lock()
-	idle := d.idle
-	d.idle = map[string][]*idleSession{}
-	d.mu.Unlock()
-	for _, l := range idle {
-		for _, is := range l {
-			if is.timer.Stop() {
-				is.s.close()
-			}
-		}
-	}
-}
+func (d *Driver) Close() { d.pool.Close() }
 
 // ports runs switchshow on s and returns its rows.
 func ports(ctx context.Context, s *session, addr string) ([]PortRow, error) {
@@ -360,14 +290,13 @@ func port(rows []PortRow, n int, addr string) (PortRow, error) {
 			return r, nil
 		}
 	}
-	return PortRow{}, fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
+	return PortRow{}, fault.FieldError{Field: kit.ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
 }
 
 // Status reads the port's row of switchshow: OFF when it says Disabled.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
 	st := driverv1.PowerState_POWER_STATE_UNKNOWN
-	err := d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	err := d.withSession(ctx, t, func(s *session, c *config) error {
 		rows, err := ports(ctx, s, c.addr())
 		if err != nil {
 			return err
@@ -401,8 +330,7 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
 // set checks that the port exists, then sends the command unless the port is already in the
 // wanted state. The kit verifies the effect by reading switchshow again.
 func (d *Driver) set(ctx context.Context, t kit.Target, disable bool) error {
-	return d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	return d.withSession(ctx, t, func(s *session, c *config) error {
 		rows, err := ports(ctx, s, c.addr())
 		if err != nil {
 			return err
@@ -443,8 +371,7 @@ func firstLine(s string) string {
 // List returns the switch's ports, with their state.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
 	var plugs []*driverv1.Plug
-	err := d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	err := d.withSession(ctx, t, func(s *session, c *config) error {
 		rows, err := ports(ctx, s, c.addr())
 		if err != nil {
 			return err
@@ -463,8 +390,7 @@ func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, erro
 
 // Monitor logs in and runs switchshow.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	return d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	return d.withSession(ctx, t, func(s *session, c *config) error {
 		_, err := ports(ctx, s, c.addr())
 		return err
 	})

@@ -15,8 +15,6 @@ package pdu
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -36,25 +34,23 @@ import (
 
 // Canonical parameter names (ClusterLabs').
 const (
-	ParamIP           = "ip"
-	ParamIPPort       = "ipport"
 	ParamCommunity    = "community"
 	ParamVersion      = "snmp_version"
-	ParamUsername     = "username"
-	ParamPassword     = "password"
 	ParamAuthProt     = "snmp_auth_prot"
 	ParamSecLevel     = "snmp_sec_level"
 	ParamPrivProt     = "snmp_priv_prot"
 	ParamPrivPasswd   = "snmp_priv_passwd"
-	ParamPlug         = "plug"
 	ParamDeviceType   = "device_type"
 	ParamSNMPTimeout  = "snmp_timeout"
 	ParamSNMPContext  = "snmp_context"
 	defaultSNMPTimout = "1"
 )
 
-// maxIdle bounds the idle sessions kept per device and credentials.
-const maxIdle = 4
+// Idle sessions: at most maxIdle per device and credentials, each closed after idleTimeout.
+const (
+	maxIdle     = 4
+	idleTimeout = 30 * time.Second
+)
 
 var authProtocols = map[string]gosnmp.SnmpV3AuthProtocol{
 	"MD5": gosnmp.MD5, "SHA": gosnmp.SHA, "SHA224": gosnmp.SHA224, "SHA256": gosnmp.SHA256,
@@ -73,9 +69,9 @@ var secLevels = map[string]gosnmp.SnmpV3MsgFlags{
 // Driver is the SNMP PDU fence driver. Use New; it keeps sessions and detected models.
 type Driver struct {
 	mu       sync.Mutex
-	idle     map[string][]*gosnmp.GoSNMP // session key -> idle sessions
-	detected map[string]*profile         // device address -> model read from sysObjectID
-	named    map[string]int              // device address + outlet name -> plug number, re-checked on use
+	pool     *kit.Pool[*gosnmp.GoSNMP] // idle sessions by session key
+	detected map[string]*profile       // device address -> model read from sysObjectID
+	named    map[string]int            // device address + outlet name -> plug number, re-checked on use
 }
 
 var (
@@ -87,7 +83,7 @@ var (
 
 // New returns the PDU driver.
 func New() kit.Driver {
-	return &Driver{idle: map[string][]*gosnmp.GoSNMP{}, detected: map[string]*profile{}, named: map[string]int{}}
+	return &Driver{pool: kit.NewPool(maxIdle, idleTimeout, closeSNMP), detected: map[string]*profile{}, named: map[string]int{}}
 }
 
 // Name is "pdu".
@@ -106,16 +102,16 @@ func (*Driver) Description() string {
 // Describe lists the parameters, with ClusterLabs names and aliases.
 func (*Driver) Describe() []*driverv1.Parameter {
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the PDU"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Default: "161", Description: "UDP port of the PDU's SNMP agent"},
-		{Name: ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Default: "161", Description: "UDP port of the PDU's SNMP agent"},
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
 			Description: "outlet number (as printed on the PDU, from 1) or outlet name"},
 		{Name: ParamVersion, Type: kit.TypeString, Default: "1", Description: "SNMP version: 1, 2c or 3"},
 		{Name: ParamCommunity, Secret: true, Type: kit.TypeString, Default: "private",
 			Description: "SNMP v1/v2c community (needs write access)"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Type: kit.TypeString, Description: "SNMPv3 user name"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Type: kit.TypeString, Description: "SNMPv3 user name"},
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
 			Description: "SNMPv3 authentication passphrase"},
 		{Name: ParamSecLevel, Type: kit.TypeString,
 			Description: "SNMPv3 security level: noAuthNoPriv, authNoPriv or authPriv (default: from the passphrases given)"},
@@ -157,22 +153,22 @@ func (c *config) addr() string { return net.JoinHostPort(c.host, strconv.Itoa(c.
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (*config, error) {
 	var inv fault.Invalid
-	c := &config{host: strings.TrimSpace(p[ParamIP]), plug: strings.TrimSpace(p[ParamPlug])}
+	c := &config{host: strings.TrimSpace(p[kit.ParamIP]), plug: strings.TrimSpace(p[kit.ParamPlug])}
 	if c.host == "" {
-		inv.Add(ParamIP, "required: IP address or hostname of the PDU")
+		inv.Add(kit.ParamIP, "required: IP address or hostname of the PDU")
 	} else if strings.ContainsAny(c.host, " /") {
-		inv.Add(ParamIP, "%q is not an IP address or hostname", c.host)
+		inv.Add(kit.ParamIP, "%q is not an IP address or hostname", c.host)
 	}
-	if port, err := strconv.Atoi(p[ParamIPPort]); err != nil || port < 1 || port > 65535 {
-		inv.Add(ParamIPPort, "must be a UDP port 1-65535, got %q", p[ParamIPPort])
+	if port, err := strconv.Atoi(p[kit.ParamIPPort]); err != nil || port < 1 || port > 65535 {
+		inv.Add(kit.ParamIPPort, "must be a UDP port 1-65535, got %q", p[kit.ParamIPPort])
 	} else {
 		c.port = port
 	}
 	switch n, err := strconv.Atoi(c.plug); {
 	case c.plug == "":
-		inv.Add(ParamPlug, "required: outlet number or name")
+		inv.Add(kit.ParamPlug, "required: outlet number or name")
 	case err == nil && n < 1:
-		inv.Add(ParamPlug, "outlet numbers start at 1, got %d", n)
+		inv.Add(kit.ParamPlug, "outlet numbers start at 1, got %d", n)
 	case err == nil:
 		c.plugNum = n
 	}
@@ -206,14 +202,14 @@ func parse(p map[string]string) (*config, error) {
 		}
 		return c, inv.Err()
 	}
-	usm := &gosnmp.UsmSecurityParameters{UserName: p[ParamUsername]}
+	usm := &gosnmp.UsmSecurityParameters{UserName: p[kit.ParamUsername]}
 	if usm.UserName == "" {
-		inv.Add(ParamUsername, "required for SNMPv3")
+		inv.Add(kit.ParamUsername, "required for SNMPv3")
 	}
 	level := strings.ToLower(strings.TrimSpace(p[ParamSecLevel]))
 	if level == "" { // like net-snmp given -A and -X: the passphrases say the level
 		level = "noauthnopriv"
-		if p[ParamPassword] != "" {
+		if p[kit.ParamPassword] != "" {
 			level = "authnopriv"
 			if p[ParamPrivPasswd] != "" {
 				level = "authpriv"
@@ -225,9 +221,9 @@ func parse(p map[string]string) (*config, error) {
 		inv.Add(ParamSecLevel, "must be noAuthNoPriv, authNoPriv or authPriv, got %q", p[ParamSecLevel])
 	}
 	if flags != gosnmp.NoAuthNoPriv {
-		usm.AuthenticationPassphrase = p[ParamPassword]
+		usm.AuthenticationPassphrase = p[kit.ParamPassword]
 		if len(usm.AuthenticationPassphrase) < 8 {
-			inv.Add(ParamPassword, "the SNMPv3 authentication passphrase must have at least 8 characters for %s", p[ParamSecLevel])
+			inv.Add(kit.ParamPassword, "the SNMPv3 authentication passphrase must have at least 8 characters for %s", p[ParamSecLevel])
 		}
 		if usm.AuthenticationProtocol, ok = authProtocols[strings.ToUpper(strings.ReplaceAll(strings.TrimSpace(p[ParamAuthProt]), "-", ""))]; !ok {
 			inv.Add(ParamAuthProt, "must be MD5, SHA, SHA224, SHA256, SHA384 or SHA512, got %q", p[ParamAuthProt])
@@ -257,8 +253,8 @@ func (*Driver) Validate(params map[string]string) error {
 // number is keyed by its value ("07" and "7" are one outlet, locked and epoch-checked as one); an
 // outlet name is keyed as written here; mutations resolve it to its number first (ResolveTarget).
 func (*Driver) DeviceKey(t kit.Target) string {
-	host := strings.ToLower(strings.TrimSpace(t.Params[ParamIP]))
-	return "pdu/" + net.JoinHostPort(host, kit.KeyPart(t.Params[ParamIPPort])) + "/" + kit.KeyPart(t.Params[ParamPlug])
+	host := strings.ToLower(strings.TrimSpace(t.Params[kit.ParamIP]))
+	return "pdu/" + net.JoinHostPort(host, kit.KeyPart(t.Params[kit.ParamIPPort])) + "/" + kit.KeyPart(t.Params[kit.ParamPlug])
 }
 
 // ResolveTarget names an outlet given by name by its number (kit.TargetResolver), so that the
@@ -277,7 +273,7 @@ func (d *Driver) ResolveTarget(ctx context.Context, t kit.Target) (kit.Target, e
 		return kit.Target{}, err
 	}
 	r := kit.Target{Name: t.Name, Params: maps.Clone(t.Params)}
-	r.Params[ParamPlug] = strconv.Itoa(plug)
+	r.Params[kit.ParamPlug] = strconv.Itoa(plug)
 	return r, nil
 }
 
@@ -285,13 +281,11 @@ func (d *Driver) ResolveTarget(ctx context.Context, t kit.Target) (kit.Target, e
 // memory only).
 func sessionKey(c *config) string {
 	g := &c.snmp
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%s\x00%s\x00%d", c.addr(), g.Version, g.MsgFlags, g.Community, g.ContextName, c.timeout)
+	parts := []any{c.addr(), g.Version, g.MsgFlags, g.Community, g.ContextName, c.timeout}
 	if u := g.SecurityParameters; u != nil {
-		fmt.Fprintf(h, "\x00%s\x00%d\x00%s\x00%d\x00%s", u.UserName, u.AuthenticationProtocol, u.AuthenticationPassphrase,
-			u.PrivacyProtocol, u.PrivacyPassphrase)
+		parts = append(parts, u.UserName, u.AuthenticationProtocol, u.AuthenticationPassphrase, u.PrivacyProtocol, u.PrivacyPassphrase)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return kit.SessionKey(parts...)
 }
 
 // session is one SNMP client in use by one operation.
@@ -306,14 +300,8 @@ type session struct {
 // open takes an idle session for c or connects a new one, bound to ctx.
 func (d *Driver) open(ctx context.Context, c *config) (*session, error) {
 	key := sessionKey(c)
-	d.mu.Lock()
-	var g *gosnmp.GoSNMP
-	if n := len(d.idle[key]); n > 0 {
-		g = d.idle[key][n-1]
-		d.idle[key] = d.idle[key][:n-1]
-	}
-	d.mu.Unlock()
-	if g == nil {
+	g, ok := d.pool.Get(key)
+	if !ok {
 		p := &c.snmp
 		g = &gosnmp.GoSNMP{
 			Target: c.host, Port: uint16(c.port), Transport: "udp", MaxOids: gosnmp.MaxOids,
@@ -344,15 +332,13 @@ func (d *Driver) open(ctx context.Context, c *config) (*session, error) {
 // close returns a healthy session to the pool and closes a failed one.
 func (s *session) close() {
 	s.g.Context = context.Background()
-	s.d.mu.Lock()
-	if !s.bad && len(s.d.idle[s.key]) < maxIdle {
-		s.d.idle[s.key] = append(s.d.idle[s.key], s.g)
-		s.d.mu.Unlock()
-		return
-	}
-	s.d.mu.Unlock()
-	_ = s.g.Conn.Close()
+	s.d.pool.Put(s.key, s.g, !s.bad)
 }
+
+func closeSNMP(g *gosnmp.GoSNMP) { _ = g.Conn.Close() }
+
+// Close closes every idle session.
+func (d *Driver) Close() { d.pool.Close() }
 
 // get reads oids; a transport or security failure marks the session bad.
 func (s *session) get(what string, oids ...string) ([]gosnmp.SnmpPDU, error) {
@@ -507,7 +493,7 @@ func (s *session) resolve() (outlet, error) {
 	switch len(found) {
 	case 0:
 		var inv fault.Invalid
-		inv.Add(ParamPlug, "PDU %s (%s) has no outlet named %q", s.c.addr(), m.name, s.c.plug)
+		inv.Add(kit.ParamPlug, "PDU %s (%s) has no outlet named %q", s.c.addr(), m.name, s.c.plug)
 		return outlet{}, inv.Err()
 	case 1:
 		s.d.mu.Lock()
@@ -516,7 +502,7 @@ func (s *session) resolve() (outlet, error) {
 		return outlet{m, found[0], m.index(found[0])}, nil
 	}
 	var inv fault.Invalid
-	inv.Add(ParamPlug, "PDU %s has %d outlets named %q (%v): give the outlet number", s.c.addr(), len(found), s.c.plug, found)
+	inv.Add(kit.ParamPlug, "PDU %s has %d outlets named %q (%v): give the outlet number", s.c.addr(), len(found), s.c.plug, found)
 	return outlet{}, inv.Err()
 }
 
@@ -553,7 +539,7 @@ func (s *session) readState(o outlet) (driverv1.PowerState, error) {
 	switch v[0].Type {
 	case gosnmp.NoSuchInstance, gosnmp.NoSuchObject, gosnmp.EndOfMibView, gosnmp.Null:
 		var inv fault.Invalid
-		inv.Add(ParamPlug, "PDU %s (%s) has no outlet %s", s.c.addr(), o.model.name, s.c.plug)
+		inv.Add(kit.ParamPlug, "PDU %s (%s) has no outlet %s", s.c.addr(), o.model.name, s.c.plug)
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, inv.Err()
 	case gosnmp.Integer:
 		// Pending, cycling or error values map to UNKNOWN: in doubt, never off.

@@ -20,10 +20,8 @@ package redfish
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +31,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/stmcginnis/gofish"
@@ -46,11 +43,6 @@ import (
 
 // Canonical parameter names (ClusterLabs' where fence_redfish has one).
 const (
-	ParamIP          = "ip"
-	ParamIPPort      = "ipport"
-	ParamUsername    = "username"
-	ParamPassword    = "password"
-	ParamPlug        = "plug"
 	ParamSystemsURI  = "systems_uri"
 	ParamRedfishURI  = "redfish_uri"
 	ParamSSL         = "ssl"
@@ -63,16 +55,31 @@ const (
 	ParamSessionAuth = "session_auth"
 )
 
+// Idle clients: at most maxIdle per BMC and credentials, each closed after idleTimeout.
+const (
+	maxIdle     = 4
+	idleTimeout = 30 * time.Second
+)
+
 // Driver is the Redfish driver. Use New.
 type Driver struct {
-	mu      sync.Mutex
-	clients map[string]*client // by client key
+	pool *kit.Pool[*client] // idle clients by client key
 }
 
-// client is a connected gofish client and the systems it resolved.
+// client is a connected gofish client and the systems it resolved; one operation uses it at a time.
 type client struct {
 	api     *gofish.APIClient
+	session bool              // logged in with a Redfish session, to be deleted on close
 	systems map[string]string // systems_uri or plug -> system URI
+}
+
+// close deletes the Redfish session, if any, and closes the idle connections.
+func (cl *client) close() {
+	if cl.session {
+		cl.api.Logout()
+		return
+	}
+	cl.api.HTTPClient.CloseIdleConnections()
 }
 
 var (
@@ -83,7 +90,10 @@ var (
 )
 
 // New returns the Redfish driver.
-func New() kit.Driver { return &Driver{clients: map[string]*client{}} }
+func New() kit.Driver { return &Driver{pool: kit.NewPool(maxIdle, idleTimeout, (*client).close)} }
+
+// Close closes every idle client.
+func (d *Driver) Close() { d.pool.Close() }
 
 // Name is "redfish".
 func (*Driver) Name() string { return "redfish" }
@@ -96,14 +106,14 @@ func (*Driver) Description() string {
 // Describe lists the parameters, with ClusterLabs names and aliases.
 func (*Driver) Describe() []*driverv1.Parameter {
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the BMC, optionally host:port"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Default: "443", Description: "TCP port of the Redfish service"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString, Description: "BMC user name"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Required: true, Type: kit.TypeString, Description: "BMC password"},
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Default: "443", Description: "TCP port of the Redfish service"},
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString, Description: "BMC user name"},
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Required: true, Type: kit.TypeString, Description: "BMC password"},
 		{Name: ParamSystemsURI, Type: kit.TypeString,
 			Description: "URI of the ComputerSystem, e.g. /redfish/v1/Systems/1 (default: discovered; required when the service has several systems and no plug is given)"},
-		{Name: ParamPlug, Aliases: []string{"port"}, Type: kit.TypeString,
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Type: kit.TypeString,
 			Description: "Id of the ComputerSystem in the Systems collection (an alternative to systems_uri)"},
 		{Name: ParamRedfishURI, Type: kit.TypeString, Default: "/redfish/v1",
 			Description: "base URI of the Redfish service (only /redfish/v1 is supported)"},
@@ -133,19 +143,19 @@ type config struct {
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (*config, error) {
 	var inv fault.Invalid
-	c := &config{username: p[ParamUsername], password: p[ParamPassword], systemsURI: strings.TrimSpace(p[ParamSystemsURI]),
-		plug: strings.TrimSpace(p[ParamPlug]), ssl: p[ParamSSL] != "0", insecure: p[ParamSSLInsecure] == "1",
+	c := &config{username: p[kit.ParamUsername], password: p[kit.ParamPassword], systemsURI: strings.TrimSpace(p[ParamSystemsURI]),
+		plug: strings.TrimSpace(p[kit.ParamPlug]), ssl: p[ParamSSL] != "0", insecure: p[ParamSSLInsecure] == "1",
 		caFile: strings.TrimSpace(p[ParamSSLCAFile]), session: p[ParamSessionAuth] == "1"}
-	host := strings.TrimSpace(p[ParamIP])
-	port := strings.TrimSpace(p[ParamIPPort])
+	host := strings.TrimSpace(p[kit.ParamIP])
+	port := strings.TrimSpace(p[kit.ParamIPPort])
 	if h, pt, err := net.SplitHostPort(host); err == nil { // fence_redfish accepts ip=host:port
 		host, port = h, pt
 	}
 	if host == "" || strings.ContainsAny(host, " /?#@") {
-		inv.Add(ParamIP, "must be an IP address or hostname (optionally host:port), got %q", p[ParamIP])
+		inv.Add(kit.ParamIP, "must be an IP address or hostname (optionally host:port), got %q", p[kit.ParamIP])
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		inv.Add(ParamIPPort, "must be a TCP port 1-65535, got %q", port)
+		inv.Add(kit.ParamIPPort, "must be a TCP port 1-65535, got %q", port)
 	}
 	c.hostport = net.JoinHostPort(host, port)
 	c.endpoint = "https://" + c.hostport
@@ -153,16 +163,16 @@ func parse(p map[string]string) (*config, error) {
 		c.endpoint = "http://" + c.hostport
 	}
 	if strings.TrimSpace(c.username) == "" {
-		inv.Add(ParamUsername, "required: BMC user name")
+		inv.Add(kit.ParamUsername, "required: BMC user name")
 	}
 	if c.password == "" {
-		inv.Add(ParamPassword, "required: BMC password")
+		inv.Add(kit.ParamPassword, "required: BMC password")
 	}
 	if c.systemsURI != "" && (!strings.HasPrefix(c.systemsURI, "/redfish/v1/") || strings.ContainsAny(c.systemsURI, " ?#")) {
 		inv.Add(ParamSystemsURI, "must be a path under /redfish/v1/, got %q", c.systemsURI)
 	}
 	if c.systemsURI != "" && c.plug != "" {
-		inv.Add(ParamPlug, "give systems_uri or plug, not both")
+		inv.Add(kit.ParamPlug, "give systems_uri or plug, not both")
 	}
 	if u := strings.TrimSuffix(strings.TrimSpace(p[ParamRedfishURI]), "/"); u != "" && u != "/redfish/v1" {
 		inv.Add(ParamRedfishURI, "only /redfish/v1 is supported, got %q", p[ParamRedfishURI])
@@ -194,19 +204,32 @@ func (*Driver) DeviceKey(t kit.Target) string {
 
 // key identifies a client's connection parameters, secrets included (hashed, in memory only).
 func (c *config) key() string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%t\x00%s\x00%t", c.endpoint, c.username, c.password, c.insecure, c.caFile, c.session)
-	return hex.EncodeToString(h.Sum(nil))
+	return kit.SessionKey(c.endpoint, c.username, c.password, c.insecure, c.caFile, c.session)
 }
 
-// connect returns a cached client or connects one (reading the service root).
-func (d *Driver) connect(ctx context.Context, c *config) (*client, error) {
-	d.mu.Lock()
-	cl := d.clients[c.key()]
-	d.mu.Unlock()
-	if cl != nil {
-		return cl, nil
+// withClient parses t once and runs fn with an idle client for it or a newly connected one. The
+// client is kept for reuse unless fn failed for another reason than a bad target (its session may
+// have expired, its address changed).
+func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*config, *client) error) error {
+	c, err := parse(t.Params)
+	if err != nil {
+		return err
 	}
+	cl, ok := d.pool.Get(c.key())
+	if !ok {
+		if cl, err = connect(ctx, c); err != nil {
+			return err
+		}
+	}
+	err = fn(c, cl)
+	var inv fault.Invalid
+	var fe fault.FieldError
+	d.pool.Put(c.key(), cl, err == nil || errors.As(err, &inv) || errors.As(err, &fe))
+	return err
+}
+
+// connect connects a client (reading the service root).
+func connect(ctx context.Context, c *config) (*client, error) {
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.insecure} //nolint:gosec // only with the explicit ssl_insecure=1
 	if c.caFile != "" && !c.insecure {
 		pem, err := os.ReadFile(c.caFile)
@@ -233,57 +256,28 @@ func (d *Driver) connect(ctx context.Context, c *config) (*client, error) {
 	if err != nil {
 		return nil, classify(ctx, c, "connecting to the Redfish service", err)
 	}
-	cl = &client{api: api, systems: map[string]string{}}
-	d.mu.Lock()
-	if prev := d.clients[c.key()]; prev != nil {
-		cl = prev
-	} else {
-		d.clients[c.key()] = cl
-	}
-	d.mu.Unlock()
-	return cl, nil
+	return &client{api: api, session: c.session, systems: map[string]string{}}, nil
 }
 
-// drop forgets a client after a failure (its session may have expired, its address changed).
-func (d *Driver) drop(c *config, cl *client) {
-	d.mu.Lock()
-	if d.clients[c.key()] == cl {
-		delete(d.clients, c.key())
-	}
-	d.mu.Unlock()
-}
-
-// system resolves and reads the target's ComputerSystem.
-func (d *Driver) system(ctx context.Context, t kit.Target) (*config, *schemas.ComputerSystem, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, nil, err
-	}
-	cl, err := d.connect(ctx, c)
-	if err != nil {
-		return c, nil, err
-	}
-	api := cl.api.WithContext(ctx)
-	sys, err := d.read(ctx, c, cl, api)
-	if err != nil {
-		var inv fault.Invalid
-		var fe fault.FieldError
-		if !errors.As(err, &inv) && !errors.As(err, &fe) {
-			d.drop(c, cl)
+// withSystem resolves and reads the target's ComputerSystem and runs fn on it.
+func (d *Driver) withSystem(ctx context.Context, t kit.Target, fn func(*config, *schemas.ComputerSystem) error) error {
+	return d.withClient(ctx, t, func(c *config, cl *client) error {
+		sys, err := read(ctx, c, cl)
+		if err != nil {
+			return err
 		}
-		return c, nil, err
-	}
-	return c, sys, nil
+		return fn(c, sys)
+	})
 }
 
-func (d *Driver) read(ctx context.Context, c *config, cl *client, api *gofish.APIClient) (*schemas.ComputerSystem, error) {
+// read reads the target's ComputerSystem, discovering its URI on first use.
+func read(ctx context.Context, c *config, cl *client) (*schemas.ComputerSystem, error) {
+	api := cl.api.WithContext(ctx)
 	which := c.systemsURI
 	if which == "" {
 		which = "plug=" + c.plug
 	}
-	d.mu.Lock()
 	uri := cl.systems[which]
-	d.mu.Unlock()
 	if uri == "" {
 		if c.systemsURI != "" {
 			uri = c.systemsURI
@@ -298,9 +292,7 @@ func (d *Driver) read(ctx context.Context, c *config, cl *client, api *gofish.AP
 	if err != nil {
 		return nil, classify(ctx, c, "reading "+uri, err)
 	}
-	d.mu.Lock()
 	cl.systems[which] = uri
-	d.mu.Unlock()
 	return sys, nil
 }
 
@@ -320,7 +312,7 @@ func discover(ctx context.Context, c *config, api *gofish.APIClient) (string, er
 	}
 	switch {
 	case c.plug != "":
-		return "", fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("the Redfish service at %s has no system %q (systems: %s)", c.hostport, c.plug, strings.Join(ids, ", "))}
+		return "", fault.FieldError{Field: kit.ParamPlug, Problem: fmt.Sprintf("the Redfish service at %s has no system %q (systems: %s)", c.hostport, c.plug, strings.Join(ids, ", "))}
 	case len(systems) == 1:
 		return systems[0].ODataID, nil
 	case len(systems) == 0:
@@ -353,7 +345,7 @@ func classify(ctx context.Context, c *config, what string, err error) error {
 		case http.StatusNotFound:
 			field := ParamSystemsURI
 			if c.systemsURI == "" && c.plug != "" {
-				field = ParamPlug
+				field = kit.ParamPlug
 			}
 			return fault.FieldError{Field: field, Problem: fmt.Sprintf("%s at %s: not found (HTTP 404)", what, c.hostport)}
 		}
@@ -371,11 +363,15 @@ func classify(ctx context.Context, c *config, what string, err error) error {
 
 // Status reads PowerState: Off is OFF, On is ON, anything else UNKNOWN.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
-	_, sys, err := d.system(ctx, t)
+	state := driverv1.PowerState_POWER_STATE_UNKNOWN
+	err := d.withSystem(ctx, t, func(_ *config, sys *schemas.ComputerSystem) error {
+		state = powerState(sys.PowerState)
+		return nil
+	})
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
-	return powerState(sys.PowerState), nil
+	return state, nil
 }
 
 func powerState(s schemas.PowerState) driverv1.PowerState {
@@ -400,10 +396,12 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
 
 // reset posts the first allowed reset type of types, unless the system already reads want.
 func (d *Driver) reset(ctx context.Context, t kit.Target, want schemas.PowerState, types ...schemas.ResetType) error {
-	c, sys, err := d.system(ctx, t)
-	if err != nil {
-		return err
-	}
+	return d.withSystem(ctx, t, func(c *config, sys *schemas.ComputerSystem) error {
+		return resetTo(ctx, c, sys, want, types)
+	})
+}
+
+func resetTo(ctx context.Context, c *config, sys *schemas.ComputerSystem, want schemas.PowerState, types []schemas.ResetType) error {
 	if sys.PowerState == want {
 		return nil
 	}
@@ -423,28 +421,22 @@ func (d *Driver) reset(ctx context.Context, t kit.Target, want schemas.PowerStat
 
 // List returns the systems of the service, with their power states.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := d.connect(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	systems, err := cl.api.WithContext(ctx).Service.Systems()
-	if err != nil {
-		d.drop(c, cl)
-		return nil, classify(ctx, c, "reading the Systems collection", err)
-	}
-	plugs := make([]*driverv1.Plug, 0, len(systems))
-	for _, s := range systems {
-		plugs = append(plugs, &driverv1.Plug{Id: s.ID, Name: s.ODataID, State: powerState(s.PowerState)})
-	}
-	return plugs, nil
+	var plugs []*driverv1.Plug
+	err := d.withClient(ctx, t, func(c *config, cl *client) error {
+		systems, err := cl.api.WithContext(ctx).Service.Systems()
+		if err != nil {
+			return classify(ctx, c, "reading the Systems collection", err)
+		}
+		plugs = make([]*driverv1.Plug, 0, len(systems))
+		for _, s := range systems {
+			plugs = append(plugs, &driverv1.Plug{Id: s.ID, Name: s.ODataID, State: powerState(s.PowerState)})
+		}
+		return nil
+	})
+	return plugs, err
 }
 
 // Monitor connects and reads the target's system.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	_, _, err := d.system(ctx, t)
-	return err
+	return d.withSystem(ctx, t, func(*config, *schemas.ComputerSystem) error { return nil })
 }

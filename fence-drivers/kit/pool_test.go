@@ -1,0 +1,122 @@
+package kit
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+type closeLog struct {
+	mu     sync.Mutex
+	closed []int
+}
+
+func (c *closeLog) close(s int) { c.mu.Lock(); c.closed = append(c.closed, s); c.mu.Unlock() }
+func (c *closeLog) get() []int  { c.mu.Lock(); defer c.mu.Unlock(); return slices.Clone(c.closed) }
+
+func TestPoolReusesMostRecentPerKey(t *testing.T) {
+	var cl closeLog
+	p := NewPool(2, time.Minute, cl.close)
+	defer p.Close()
+	if _, ok := p.Get("a"); ok {
+		t.Fatal("empty pool gave a session")
+	}
+	p.Put("a", 1, true)
+	p.Put("a", 2, true)
+	p.Put("b", 3, true)
+	if s, ok := p.Get("a"); !ok || s != 2 {
+		t.Fatalf("Get(a) = %d, %v; want 2, true", s, ok)
+	}
+	if s, ok := p.Get("b"); !ok || s != 3 {
+		t.Fatalf("Get(b) = %d, %v; want 3, true", s, ok)
+	}
+	if len(cl.get()) != 0 {
+		t.Fatalf("closed %v, want none", cl.get())
+	}
+}
+
+func TestPoolDropsFailedAndExcess(t *testing.T) {
+	var cl closeLog
+	p := NewPool(2, time.Minute, cl.close)
+	defer p.Close()
+	p.Put("a", 1, false) // failed: closed, not kept
+	p.Put("a", 2, true)
+	p.Put("a", 3, true)
+	p.Put("a", 4, true) // beyond MaxIdle
+	if got := cl.get(); !slices.Equal(got, []int{1, 4}) {
+		t.Fatalf("closed %v, want [1 4]", got)
+	}
+	if p.Idle() != 2 {
+		t.Fatalf("Idle() = %d, want 2", p.Idle())
+	}
+}
+
+func TestPoolEvictsIdleSessions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cl closeLog
+		p := NewPool(4, 10*time.Second, cl.close)
+		p.Put("a", 1, true)
+		time.Sleep(5 * time.Second)
+		p.Put("a", 2, true)
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if got := cl.get(); !slices.Equal(got, []int{1}) {
+			t.Fatalf("after 11 s closed %v, want [1]", got)
+		}
+		if s, ok := p.Get("a"); !ok || s != 2 {
+			t.Fatalf("Get(a) = %d, %v; want 2, true", s, ok)
+		}
+		p.Put("a", 2, true) // its idle time starts again
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		if p.Idle() != 1 {
+			t.Fatalf("Idle() = %d, want 1", p.Idle())
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got := cl.get(); !slices.Equal(got, []int{1, 2}) || p.Idle() != 0 {
+			t.Fatalf("closed %v, idle %d; want [1 2], 0", got, p.Idle())
+		}
+	})
+}
+
+func TestPoolCloseClosesIdleAndLaterPuts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cl closeLog
+		p := NewPool(4, time.Minute, cl.close)
+		p.Put("a", 1, true)
+		p.Put("b", 2, true)
+		p.Close()
+		p.Put("a", 3, true)
+		got := cl.get()
+		slices.Sort(got)
+		if !slices.Equal(got, []int{1, 2, 3}) {
+			t.Fatalf("closed %v, want [1 2 3]", got)
+		}
+		time.Sleep(2 * time.Minute) // no timer closes a session twice
+		synctest.Wait()
+		if n := len(cl.get()); n != 3 {
+			t.Fatalf("closed %d times, want 3", n)
+		}
+	})
+}
+
+func TestPoolWithoutReuseClosesEverything(t *testing.T) {
+	var cl closeLog
+	p := NewPool(2, -1, cl.close)
+	p.Put("a", 1, true)
+	if _, ok := p.Get("a"); ok || !slices.Equal(cl.get(), []int{1}) {
+		t.Fatalf("a pool without idle time kept a session (closed %v)", cl.get())
+	}
+}
+
+func TestSessionKeySeparatesParts(t *testing.T) {
+	if SessionKey("ab", "c") == SessionKey("a", "bc") {
+		t.Fatal("parts run together")
+	}
+	if SessionKey("a", 1) != SessionKey("a", 1) {
+		t.Fatal("not deterministic")
+	}
+}
