@@ -255,11 +255,8 @@ func (d *Driver) prepare(params map[string]string) (*call, error) {
 	return c, nil
 }
 
-// Validate checks the parameters against the agent's metadata.
-func (d *Driver) Validate(params map[string]string) error {
-	_, err := d.prepare(params)
-	return err
-}
+// Parse checks the parameters against the agent's metadata and returns the call they make.
+func (d *Driver) Parse(params map[string]string) (any, error) { return d.prepare(params) }
 
 // DeviceKey is the agent and the device address and plug it is given.
 func (d *Driver) DeviceKey(t kit.Target) string {
@@ -408,7 +405,7 @@ func (c *call) list(ctx context.Context) ([]*driverv1.Plug, error) {
 }
 
 func (d *Driver) act(ctx context.Context, t kit.Target, action string) error {
-	c, err := d.prepare(t.Params)
+	c, err := kit.ParsedAs(t, d.prepare)
 	if err != nil {
 		return err
 	}
@@ -433,7 +430,7 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error { return d.act
 
 // Status runs the agent's status action: exit 0 is on, 2 is off, anything else an error.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
-	c, err := d.prepare(t.Params)
+	c, err := kit.ParsedAs(t, d.prepare)
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
@@ -455,7 +452,7 @@ func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState,
 
 // List runs the agent's list action.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
-	c, err := d.prepare(t.Params)
+	c, err := kit.ParsedAs(t, d.prepare)
 	if err != nil {
 		return nil, err
 	}
@@ -467,7 +464,7 @@ func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, erro
 
 // Monitor runs the agent's monitor action.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	c, err := d.prepare(t.Params)
+	c, err := kit.ParsedAs(t, d.prepare)
 	if err != nil {
 		return err
 	}

@@ -140,11 +140,8 @@ func parse(p map[string]string) (*params, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (*Driver) Validate(p map[string]string) error {
-	_, err := parse(p)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (*Driver) Parse(p map[string]string) (any, error) { return parse(p) }
 
 // DeviceKey is the region, endpoint and instance.
 func (*Driver) DeviceKey(t kit.Target) string {
@@ -158,7 +155,7 @@ func (c *params) key() string {
 // withClient parses t once and runs fn with an idle client for it or a new one. The client is
 // kept for reuse unless fn failed for another reason than a bad target.
 func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*params, *ec2.Client) error) error {
-	c, err := parse(t.Params)
+	c, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return err
 	}

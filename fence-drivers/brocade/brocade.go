@@ -134,16 +134,16 @@ type config struct {
 	plug       int
 	ssh        bool
 	prompt     string
-	signer     ssh.Signer
+	idFile     string     // SSH identity file, read by withSession for every login
+	signer     ssh.Signer // from idFile
 	hostKeys   ssh.HostKeyCallback
 	policy     string // host key policy, for the session key
 }
 
 func (c *config) addr() string { return net.JoinHostPort(c.host, c.port) }
 
-// parse reads canonical parameters, naming every bad one. With load, it also reads the identity
-// file and prepares the host key check.
-func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
+// parse reads canonical parameters, naming every bad one, and prepares the host key check.
+func (d *Driver) parse(p map[string]string) (*config, error) {
 	var inv fault.Invalid
 	c := &config{host: strings.TrimSpace(p[kit.ParamIP]), username: p[kit.ParamUsername], password: p[kit.ParamPassword],
 		ssh: p[ParamSSH] == "1", prompt: p[ParamCommandPrompt]}
@@ -172,6 +172,7 @@ func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
 		inv.Add(ParamCommandPrompt, "must not be empty")
 	}
 	idFile := strings.TrimSpace(p[ParamIdentityFile])
+	c.idFile = idFile
 	switch {
 	case !c.ssh && c.password == "":
 		inv.Add(kit.ParamPassword, "required for telnet")
@@ -181,12 +182,12 @@ func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
 		inv.Add(kit.ParamPassword, "required for SSH unless identity_file is given")
 	}
 	if c.ssh {
-		d.parseSSH(p, c, idFile, load, &inv)
+		d.parseSSH(p, c, &inv)
 	}
 	return c, inv.Err()
 }
 
-func (d *Driver) parseSSH(p map[string]string, c *config, idFile string, load bool, inv *fault.Invalid) {
+func (d *Driver) parseSSH(p map[string]string, c *config, inv *fault.Invalid) {
 	pinned, known, insecure := strings.TrimSpace(p[ParamSSHHostKey]), strings.TrimSpace(p[ParamSSHKnownHosts]), p[ParamSSHInsecure] == "1"
 	switch {
 	case pinned != "":
@@ -202,22 +203,29 @@ func (d *Driver) parseSSH(p map[string]string, c *config, idFile string, load bo
 	default:
 		inv.Add(ParamSSHHostKey, "SSH needs a host key policy: ssh_host_key (pinned), ssh_known_hosts (accept-new) or, for tests only, ssh_insecure=1")
 	}
-	if idFile != "" && load {
-		pem, err := os.ReadFile(idFile)
-		if err != nil {
-			inv.Add(ParamIdentityFile, "cannot read: %v", err)
-			return
-		}
-		if c.signer, err = ssh.ParsePrivateKey(pem); err != nil {
-			inv.Add(ParamIdentityFile, "not a usable private key: %v", err)
-		}
-	}
 }
 
-// Validate checks canonical parameters.
-func (d *Driver) Validate(params map[string]string) error {
-	_, err := d.parse(params, false)
-	return err
+// Parse checks canonical parameters and returns them typed. It reads no file: the SSH identity
+// file is read at each login (withSession), so that checking a configuration offline touches nothing.
+func (d *Driver) Parse(params map[string]string) (any, error) { return d.parse(params) }
+
+// withIdentity returns c with the signer of its SSH identity file, if it names one.
+func withIdentity(c *config) (*config, error) {
+	if c.idFile == "" {
+		return c, nil
+	}
+	var inv fault.Invalid
+	pem, err := os.ReadFile(c.idFile)
+	if err != nil {
+		inv.Add(ParamIdentityFile, "cannot read: %v", err)
+		return nil, inv.Err()
+	}
+	withKey := *c
+	if withKey.signer, err = ssh.ParsePrivateKey(pem); err != nil {
+		inv.Add(ParamIdentityFile, "not a usable private key: %v", err)
+		return nil, inv.Err()
+	}
+	return &withKey, nil
 }
 
 // DeviceKey is the switch's address and the port index.
@@ -245,8 +253,11 @@ const maxIdle = 2
 // (retried once on a fresh session if the idle one turns out dead), else a new one. The session
 // is kept for reuse when fn succeeds.
 func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session, *config) error) error {
-	c, err := d.parse(t.Params, true)
+	c, err := kit.ParsedAs(t, d.parse)
 	if err != nil {
+		return err
+	}
+	if c, err = withIdentity(c); err != nil {
 		return err
 	}
 	key := sessionKey(c, t.Params)

@@ -152,11 +152,8 @@ func parse(p map[string]string) (config, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (Driver) Validate(params map[string]string) error {
-	_, err := parse(params)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (Driver) Parse(params map[string]string) (any, error) { return parse(params) }
 
 // DeviceKey is the BMC's address: one BMC controls one machine.
 func (Driver) DeviceKey(t kit.Target) string {
@@ -212,7 +209,7 @@ func (d Driver) Monitor(ctx context.Context, t kit.Target) error {
 
 // withSession opens an RMCP+ session for t, runs fn and closes the session.
 func withSession(ctx context.Context, t kit.Target, fn func(*client.Client, config) error) error {
-	cfg, err := parse(t.Params)
+	cfg, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return err
 	}

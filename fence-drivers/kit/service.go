@@ -484,14 +484,15 @@ func (s *Service) target(pt *driverv1.Target, inv *fault.Invalid) (Target, strin
 		return t, ""
 	}
 	params, err := Canonicalize(pt.GetParameters(), s.desc)
+	var parsed any
 	if err == nil {
-		err = s.d.Validate(params)
+		parsed, err = s.d.Parse(params)
 	}
 	if err != nil {
 		addPrefixed(inv, "target.parameters.", err)
 		return t, ""
 	}
-	t.Params = params
+	t.Params, t.Parsed = params, parsed
 	return t, s.d.DeviceKey(t)
 }
 

@@ -243,11 +243,8 @@ func parse(p map[string]string) (*config, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (*Driver) Validate(params map[string]string) error {
-	_, err := parse(params)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (*Driver) Parse(params map[string]string) (any, error) { return parse(params) }
 
 // DeviceKey is the PDU's address and the plug: one outlet is one fenceable thing. An outlet
 // number is keyed by its value ("07" and "7" are one outlet, locked and epoch-checked as one); an
@@ -261,7 +258,7 @@ func (*Driver) DeviceKey(t kit.Target) string {
 // epoch and lock of outlet 7 are one whether a caller writes "7" or the outlet's name, and the
 // outlet switched is the one locked even if it is renamed meanwhile.
 func (d *Driver) ResolveTarget(ctx context.Context, t kit.Target) (kit.Target, error) {
-	c, err := parse(t.Params)
+	c, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return kit.Target{}, err
 	}
@@ -274,6 +271,9 @@ func (d *Driver) ResolveTarget(ctx context.Context, t kit.Target) (kit.Target, e
 	}
 	r := kit.Target{Name: t.Name, Params: maps.Clone(t.Params)}
 	r.Params[kit.ParamPlug] = strconv.Itoa(plug)
+	if r.Parsed, err = parse(r.Params); err != nil {
+		return kit.Target{}, err
+	}
 	return r, nil
 }
 
@@ -548,9 +548,9 @@ func (s *session) readState(o outlet) (driverv1.PowerState, error) {
 	return driverv1.PowerState_POWER_STATE_UNKNOWN, fmt.Errorf("%w: PDU %s answered the outlet status with a %s", fault.ErrDevice, s.c.addr(), v[0].Type)
 }
 
-// withSession parses t, opens a session bound to ctx, resolves the outlet and runs fn.
-func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session, outlet) error) error {
-	c, err := parse(t.Params)
+// withDevice opens a session for t bound to ctx, runs fn and gives the session back.
+func (d *Driver) withDevice(ctx context.Context, t kit.Target, fn func(*session) error) error {
+	c, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return err
 	}
@@ -559,11 +559,18 @@ func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session
 		return err
 	}
 	defer s.close()
-	o, err := s.resolve()
-	if err != nil {
-		return err
-	}
-	return fn(s, o)
+	return fn(s)
+}
+
+// withSession opens a session for t bound to ctx, resolves the outlet and runs fn.
+func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session, outlet) error) error {
+	return d.withDevice(ctx, t, func(s *session) error {
+		o, err := s.resolve()
+		if err != nil {
+			return err
+		}
+		return fn(s, o)
+	})
 }
 
 func (d *Driver) switchTo(ctx context.Context, t kit.Target, want driverv1.PowerState) error {
@@ -604,33 +611,30 @@ func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState,
 
 // List returns the PDU's outlets with their names and states.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, err
-	}
-	s, err := d.open(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	m, err := s.model()
-	if err != nil {
-		return nil, err
-	}
-	plugs, err := s.walkNames(m)
-	if err != nil {
-		return nil, err
-	}
-	// One try per outlet: an outlet that does not answer is listed as unknown rather than
-	// holding the whole list until the deadline.
-	s.g.Retries = 0
-	for _, p := range plugs {
-		n, _ := strconv.Atoi(p.GetId())
-		st, err := s.readState(outlet{m, n, m.index(n)})
+	var plugs []*driverv1.Plug
+	err := d.withDevice(ctx, t, func(s *session) error {
+		m, err := s.model()
 		if err != nil {
-			st = driverv1.PowerState_POWER_STATE_UNKNOWN
+			return err
 		}
-		p.State = st
+		if plugs, err = s.walkNames(m); err != nil {
+			return err
+		}
+		// One try per outlet: an outlet that does not answer is listed as unknown rather than
+		// holding the whole list until the deadline.
+		s.g.Retries = 0
+		for _, p := range plugs {
+			n, _ := strconv.Atoi(p.GetId())
+			st, err := s.readState(outlet{m, n, m.index(n)})
+			if err != nil {
+				st = driverv1.PowerState_POWER_STATE_UNKNOWN
+			}
+			p.State = st
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(plugs, func(a, b *driverv1.Plug) int {
 		x, _ := strconv.Atoi(a.GetId())
@@ -642,18 +646,11 @@ func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, erro
 
 // Monitor reads sysObjectID (and detects the model) without changing power.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	c, err := parse(t.Params)
-	if err != nil {
+	return d.withDevice(ctx, t, func(s *session) error {
+		if _, err := s.get("sysObjectID", ".1.3.6.1.2.1.1.2.0"); err != nil {
+			return err
+		}
+		_, err := s.model()
 		return err
-	}
-	s, err := d.open(ctx, c)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	if _, err := s.get("sysObjectID", ".1.3.6.1.2.1.1.2.0"); err != nil {
-		return err
-	}
-	_, err = s.model()
-	return err
+	})
 }

@@ -186,15 +186,12 @@ func parse(p map[string]string) (*config, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (*Driver) Validate(params map[string]string) error {
-	_, err := parse(params)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (*Driver) Parse(params map[string]string) (any, error) { return parse(params) }
 
 // DeviceKey is the BMC's address and the system.
 func (*Driver) DeviceKey(t kit.Target) string {
-	c, _ := parse(t.Params)
+	c, _ := kit.ParsedAs(t, parse) // the kit asks only for parsed targets
 	sys := c.systemsURI
 	if sys == "" {
 		sys = "plug=" + c.plug
@@ -211,7 +208,7 @@ func (c *config) key() string {
 // client is kept for reuse unless fn failed for another reason than a bad target (its session may
 // have expired, its address changed).
 func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*config, *client) error) error {
-	c, err := parse(t.Params)
+	c, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return err
 	}
