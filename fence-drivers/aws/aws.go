@@ -159,17 +159,8 @@ func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*params, 
 	if err != nil {
 		return err
 	}
-	cl, ok := d.pool.Get(c.key())
-	if !ok {
-		if cl, err = newClient(ctx, c); err != nil {
-			return err
-		}
-	}
-	err = fn(c, cl)
-	var inv fault.Invalid
-	var fe fault.FieldError
-	d.pool.Put(c.key(), cl, err == nil || errors.As(err, &inv) || errors.As(err, &fe))
-	return err
+	dial := func() (*ec2.Client, error) { return newClient(ctx, c) }
+	return d.pool.Use(c.key(), dial, func(cl *ec2.Client) error { return fn(c, cl) })
 }
 
 // retryBackoff caps the SDK's wait between attempts.

@@ -203,15 +203,20 @@ func port(rows []PortRow, n int, addr string) (PortRow, error) {
 	return PortRow{}, fault.FieldError{Field: kit.ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
 }
 
+// targetPort reads switchshow and returns the target port's row.
+func targetPort(ctx context.Context, s *session, c *config) (PortRow, error) {
+	rows, err := ports(ctx, s, c.addr())
+	if err != nil {
+		return PortRow{}, err
+	}
+	return port(rows, c.plug, c.addr())
+}
+
 // Status reads the port's row of switchshow: OFF when it says Disabled.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
 	st := driverv1.PowerState_POWER_STATE_UNKNOWN
 	err := d.withSession(ctx, t, func(s *session, c *config) error {
-		rows, err := ports(ctx, s, c.addr())
-		if err != nil {
-			return err
-		}
-		r, err := port(rows, c.plug, c.addr())
+		r, err := targetPort(ctx, s, c)
 		if err != nil {
 			return err
 		}
@@ -241,11 +246,7 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
 // wanted state. The kit verifies the effect by reading switchshow again.
 func (d *Driver) set(ctx context.Context, t kit.Target, disable bool) error {
 	return d.withSession(ctx, t, func(s *session, c *config) error {
-		rows, err := ports(ctx, s, c.addr())
-		if err != nil {
-			return err
-		}
-		r, err := port(rows, c.plug, c.addr())
+		r, err := targetPort(ctx, s, c)
 		if err != nil {
 			return err
 		}

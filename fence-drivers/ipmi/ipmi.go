@@ -106,17 +106,8 @@ func (c config) addr() string { return net.JoinHostPort(c.host, strconv.Itoa(c.p
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (config, error) {
 	var inv fault.Invalid
-	c := config{host: strings.TrimSpace(p[kit.ParamIP]), user: p[kit.ParamUsername], pass: p[kit.ParamPassword]}
-	if c.host == "" {
-		inv.Add(kit.ParamIP, "required: IP address or hostname of the BMC")
-	} else if strings.ContainsAny(c.host, " /") {
-		inv.Add(kit.ParamIP, "%q is not an IP address or hostname", c.host)
-	}
-	if port, err := strconv.Atoi(p[kit.ParamIPPort]); err != nil || port < 1 || port > 65535 {
-		inv.Add(kit.ParamIPPort, "must be a UDP port 1-65535, got %q", p[kit.ParamIPPort])
-	} else {
-		c.port = port
-	}
+	c := config{user: p[kit.ParamUsername], pass: p[kit.ParamPassword]}
+	c.host, c.port = kit.ParseAddress(p, &inv, "BMC", "UDP")
 	if len(c.user) > 16 {
 		inv.Add(kit.ParamUsername, "at most 16 bytes in IPMI, got %d", len(c.user))
 	}

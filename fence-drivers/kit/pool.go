@@ -3,10 +3,13 @@ package kit
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/nodefence/nodefence/services/fault"
 )
 
 // Pool keeps idle device sessions for reuse, so that a login, an SNMPv3 engine discovery or a TLS
@@ -121,4 +124,22 @@ func SessionKey(parts ...any) string {
 		fmt.Fprintf(h, "%v\x00", p)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Use runs fn with an idle session of key, or with a new one from dial, and gives the session
+// back: kept for reuse when fn succeeded or failed only because the target is bad (a
+// fault.Invalid or fault.FieldError says nothing about the session), closed otherwise.
+func (p *Pool[S]) Use(key string, dial func() (S, error), fn func(S) error) error {
+	s, ok := p.Get(key)
+	if !ok {
+		var err error
+		if s, err = dial(); err != nil {
+			return err
+		}
+	}
+	err := fn(s)
+	var inv fault.Invalid
+	var fe fault.FieldError
+	p.Put(key, s, err == nil || errors.As(err, &inv) || errors.As(err, &fe))
+	return err
 }

@@ -1,11 +1,15 @@
 package kit
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/nodefence/nodefence/services/fault"
 )
 
 type closeLog struct {
@@ -118,5 +122,39 @@ func TestSessionKeySeparatesParts(t *testing.T) {
 	}
 	if SessionKey("a", 1) != SessionKey("a", 1) {
 		t.Fatal("not deterministic")
+	}
+}
+
+func TestPoolUseKeepsOnlyHealthySessions(t *testing.T) {
+	var cl closeLog
+	p := NewPool(4, time.Minute, cl.close)
+	defer p.Close()
+	next := 0
+	dial := func() (int, error) { next++; return next, nil }
+	var used []int
+	use := func(err error) error {
+		return p.Use("a", dial, func(s int) error { used = append(used, s); return err })
+	}
+	if err := use(nil); err != nil { // dials 1, keeps it
+		t.Fatal(err)
+	}
+	bad := fault.FieldError{Field: "plug", Problem: "no such outlet"}
+	if err := use(bad); !errors.Is(err, bad) { // reuses 1: a bad target says nothing about the session
+		t.Fatalf("Use = %v, want the FieldError", err)
+	}
+	down := fmt.Errorf("%w: no answer", fault.ErrUnreachable)
+	if err := use(down); !errors.Is(err, fault.ErrUnreachable) { // reuses 1, then drops it
+		t.Fatalf("Use = %v, want ErrUnreachable", err)
+	}
+	if err := use(nil); err != nil { // dials 2
+		t.Fatal(err)
+	}
+	if !slices.Equal(used, []int{1, 1, 1, 2}) || !slices.Equal(cl.get(), []int{1}) {
+		t.Fatalf("used %v, closed %v; want [1 1 1 2], [1]", used, cl.get())
+	}
+	dialErr := errors.New("refused")
+	p2 := NewPool(4, time.Minute, cl.close)
+	if err := p2.Use("a", func() (int, error) { return 0, dialErr }, func(int) error { t.Fatal("fn ran without a session"); return nil }); !errors.Is(err, dialErr) {
+		t.Fatalf("Use with a failing dial = %v", err)
 	}
 }

@@ -153,17 +153,8 @@ func (c *config) addr() string { return net.JoinHostPort(c.host, strconv.Itoa(c.
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (*config, error) {
 	var inv fault.Invalid
-	c := &config{host: strings.TrimSpace(p[kit.ParamIP]), plug: strings.TrimSpace(p[kit.ParamPlug])}
-	if c.host == "" {
-		inv.Add(kit.ParamIP, "required: IP address or hostname of the PDU")
-	} else if strings.ContainsAny(c.host, " /") {
-		inv.Add(kit.ParamIP, "%q is not an IP address or hostname", c.host)
-	}
-	if port, err := strconv.Atoi(p[kit.ParamIPPort]); err != nil || port < 1 || port > 65535 {
-		inv.Add(kit.ParamIPPort, "must be a UDP port 1-65535, got %q", p[kit.ParamIPPort])
-	} else {
-		c.port = port
-	}
+	c := &config{plug: strings.TrimSpace(p[kit.ParamPlug])}
+	c.host, c.port = kit.ParseAddress(p, &inv, "PDU", "UDP")
 	switch n, err := strconv.Atoi(c.plug); {
 	case c.plug == "":
 		inv.Add(kit.ParamPlug, "required: outlet number or name")

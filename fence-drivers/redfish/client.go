@@ -49,17 +49,8 @@ func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*config, 
 	if err != nil {
 		return err
 	}
-	cl, ok := d.pool.Get(c.key())
-	if !ok {
-		if cl, err = connect(ctx, c); err != nil {
-			return err
-		}
-	}
-	err = fn(c, cl)
-	var inv fault.Invalid
-	var fe fault.FieldError
-	d.pool.Put(c.key(), cl, err == nil || errors.As(err, &inv) || errors.As(err, &fe))
-	return err
+	dial := func() (*client, error) { return connect(ctx, c) }
+	return d.pool.Use(c.key(), dial, func(cl *client) error { return fn(c, cl) })
 }
 
 // connect connects a client (reading the service root).
