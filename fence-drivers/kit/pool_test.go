@@ -120,7 +120,7 @@ func TestSessionKeySeparatesParts(t *testing.T) {
 	if SessionKey("ab", "c") == SessionKey("a", "bc") {
 		t.Fatal("parts run together")
 	}
-	if SessionKey("a", 1) != SessionKey("a", 1) {
+	if a, b := SessionKey("a", 1), SessionKey("a", 1); a != b {
 		t.Fatal("not deterministic")
 	}
 }
