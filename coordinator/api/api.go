@@ -320,6 +320,9 @@ func (s *FenceServer) ListFences(ctx context.Context, req *coordv1.ListFencesReq
 		return nil, err
 	}
 	limit := int(req.GetLimit())
+	if ps := int(req.GetPageSize()); ps != 0 {
+		limit = ps // Validate checked it agrees with limit
+	}
 	if limit == 0 {
 		limit = 100
 	}

@@ -47,6 +47,11 @@ func Validate(req proto.Message) error {
 		if r.GetLimit() < 0 || r.GetLimit() > maxListFences {
 			v.Add("limit", "must be between 0 and %d", maxListFences)
 		}
+		if r.GetPageSize() < 0 || r.GetPageSize() > maxListFences {
+			v.Add("page_size", "must be between 0 and %d", maxListFences)
+		} else if r.GetPageSize() != 0 && r.GetLimit() != 0 && r.GetPageSize() != r.GetLimit() {
+			v.Add("page_size", "differs from limit; set one of them")
+		}
 		if _, ok := coordv1.FenceStatus_name[int32(r.GetStatus())]; !ok {
 			v.Add("status", "unknown status %d", r.GetStatus())
 		}

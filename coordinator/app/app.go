@@ -85,6 +85,9 @@ type Config struct {
 	ElectionTTL time.Duration
 	// FenceOpTimeout bounds one driver call including its read-back.
 	FenceOpTimeout time.Duration
+	// DeviceCheckInterval is how often the leader checks every fence method's device with the
+	// driver's Monitor (non-destructive); 0 turns the checks off.
+	DeviceCheckInterval time.Duration
 	// Fencing is the fence flow's retry, wait and polling policy.
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
@@ -178,6 +181,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReleaseHealthyDelay, "release-healthy-delay", DefaultReleaseHealthyDelay, "how long a fenced node must be back and Ready before its out-of-service taint is removed (Kubernetes mode)")
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", 5*time.Second, "leader lease TTL (whole seconds)")
 	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", 30*time.Second, "deadline of one driver call including read-back")
+	fs.DurationVar(&c.DeviceCheckInterval, "device-check-interval", 5*time.Minute, "how often the leader checks every fence device with the driver's Monitor (0: never)")
 	def := fencing.DefaultPolicy()
 	fs.IntVar(&c.Fencing.Retries, "fence-retries", def.Retries, "retries of a failed fence record before it is escalated")
 	fs.DurationVar(&c.Fencing.Backoff, "fence-retry-backoff", def.Backoff, "delay before the first retry; doubles each retry")
@@ -317,6 +321,9 @@ func (c *Config) Validate() []error {
 	if c.ElectionTTL < time.Second || c.ElectionTTL%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("--election-ttl: %s must be a whole number of seconds, at least 1s", c.ElectionTTL))
 	}
+	if c.DeviceCheckInterval < 0 {
+		errs = append(errs, errors.New("--device-check-interval: must not be negative"))
+	}
 	if c.FenceOpTimeout <= 0 {
 		errs = append(errs, errors.New("--fence-op-timeout: must be positive"))
 	}
@@ -369,6 +376,7 @@ type App struct {
 	mu        sync.Mutex
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
+	devices   *deviceChecks
 	closeOnce sync.Once
 }
 
@@ -467,6 +475,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
+	a.devices = newDeviceChecks(srv.Registry)
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
@@ -753,6 +762,7 @@ func (a *App) lead(term *leader.Term) {
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: runner, Loop: lp}
 	a.mu.Unlock()
+	go a.devices.run(term.Context(), a, secrets, a.cfg.DeviceCheckInterval)
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
 		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
 	} else if n > 0 {

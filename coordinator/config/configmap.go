@@ -128,7 +128,7 @@ func parseConfigMaps(data []byte, source string) ([]ConfigMap, error) {
 			} else {
 				if _, ok := v["kind"]; !ok {
 					return nil, fmt.Errorf("document %d is neither a Kubernetes object (no kind:) nor the standalone fence configuration (no nodes:); "+
-						"expected fence ConfigMaps (fence-config-*, fence-method-*, fence-method-template-*) or one YAML document with drivers:, templates: and nodes:", i+1)
+						"expected fence ConfigMaps (fence-config-*, fence-method-*, fence-method-template-*) or one YAML document with keys drivers, templates and nodes", i+1)
 				}
 				var cm ConfigMap
 				if err := yaml.Unmarshal(doc, &cm); err != nil {

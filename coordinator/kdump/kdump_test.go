@@ -103,7 +103,7 @@ func TestBucket(t *testing.T) {
 
 // harness runs a listener on 127.0.0.1 that knows 127.0.0.1 as node-1; it returns the listener,
 // its log, the accepted nodes and a UDP sender.
-func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncBuffer, chan string, *net.UDPConn) {
+func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncBuffer, chan string, *net.UDPConn, *prometheus.Registry) {
 	t.Helper()
 	l, err := Listen("127.0.0.1:0")
 	if err != nil {
@@ -120,7 +120,6 @@ func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncBuffer, ch
 	l.Limits = limits
 	reg := prometheus.NewRegistry()
 	l.Messages = NewMessageCounter(reg)
-	registries[l] = reg
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); l.Run(ctx) }()
@@ -130,19 +129,16 @@ func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncBuffer, ch
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return l, logs, seen, c
+	return l, logs, seen, c, reg
 }
 
-// registries holds each test listener's metrics registry.
-var registries = map[*Listener]*prometheus.Registry{}
-
 // waitCounted polls until the listener has counted n datagrams.
-func waitCounted(t *testing.T, l *Listener, n int) map[string]int {
+func waitCounted(t *testing.T, reg *prometheus.Registry, n int) map[string]int {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, total := map[string]int{}, 0
-		mfs, err := registries[l].Gather()
+		mfs, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +163,7 @@ var valid = []byte{0x40, 0x2a, 0x30, 0x1b, 1, 0, 0, 0}
 // 2,000 junk datagrams are counted in the metric and give at most one log line (the issue saw
 // 1,858 WARN lines).
 func TestJunkIsCountedNotLogged(t *testing.T) {
-	l, logs, seen, c := harness(t, false, Limits{PerSource: 1, PerSourceBurst: 3, Global: 1e6, GlobalBurst: 1e6})
+	_, logs, seen, c, reg := harness(t, false, Limits{PerSource: 1, PerSourceBurst: 3, Global: 1e6, GlobalBurst: 1e6})
 	const n = 2000
 	for i := range n {
 		junk := []byte{byte(i), 2, 3, 4, 5, 6, 7, 8}
@@ -181,7 +177,7 @@ func TestJunkIsCountedNotLogged(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // stay under the socket's receive buffer
 		}
 	}
-	got := waitCounted(t, l, n)
+	got := waitCounted(t, reg, n)
 	if got[Malformed] != n {
 		t.Fatalf("results %v, want %d malformed", got, n)
 	}
@@ -197,17 +193,17 @@ func TestJunkIsCountedNotLogged(t *testing.T) {
 // all sources is cut by the global limit before any other work.
 func TestRateLimits(t *testing.T) {
 	t.Run("per source", func(t *testing.T) {
-		l, _, seen, c := harness(t, false, Limits{PerSource: 0.001, PerSourceBurst: 3, Global: 1e6, GlobalBurst: 1e6})
+		_, _, seen, c, reg := harness(t, false, Limits{PerSource: 0.001, PerSourceBurst: 3, Global: 1e6, GlobalBurst: 1e6})
 		for range 50 {
 			c.Write(valid)
 		}
-		got := waitCounted(t, l, 50)
+		got := waitCounted(t, reg, 50)
 		if got[Accepted] != 3 || got[RateLimited] != 47 || len(seen) != 3 {
 			t.Fatalf("results %v, %d passed on; want 3 accepted", got, len(seen))
 		}
 	})
 	t.Run("global", func(t *testing.T) {
-		l, _, _, c := harness(t, false, Limits{PerSource: 1e6, PerSourceBurst: 1e6, Global: 0.001, GlobalBurst: 10})
+		_, _, _, c, reg := harness(t, false, Limits{PerSource: 1e6, PerSourceBurst: 1e6, Global: 0.001, GlobalBurst: 10})
 		for i := range 50 {
 			if i%2 == 0 {
 				c.Write(valid)
@@ -215,7 +211,7 @@ func TestRateLimits(t *testing.T) {
 				c.Write([]byte("junk"))
 			}
 		}
-		got := waitCounted(t, l, 50)
+		got := waitCounted(t, reg, 50)
 		if got[RateLimited] != 40 || got[Accepted]+got[Malformed] != 10 {
 			t.Fatalf("results %v; want 40 rate limited", got)
 		}
@@ -224,7 +220,7 @@ func TestRateLimits(t *testing.T) {
 
 // The real fence_kdump_send from the address of a node whose agent is live passes nothing on.
 func TestLiveWitnessWins(t *testing.T) {
-	l, _, seen, _ := harness(t, true, DefaultLimits())
+	l, _, seen, _, reg := harness(t, true, DefaultLimits())
 	_, p, _ := net.SplitHostPort(l.Addr())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -232,7 +228,7 @@ func TestLiveWitnessWins(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fence_kdump_send: %v\n%s", err, out)
 	}
-	if got := waitCounted(t, l, 3); got[LiveWitness] != 3 || len(seen) != 0 {
+	if got := waitCounted(t, reg, 3); got[LiveWitness] != 3 || len(seen) != 0 {
 		t.Fatalf("results %v, %d passed on; want 3 dropped for the live witness", got, len(seen))
 	}
 }

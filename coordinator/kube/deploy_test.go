@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -134,4 +136,65 @@ func TestDryRunRejects(t *testing.T) {
 			t.Logf("%s: %v", name, err)
 		}
 	}
+}
+
+// TestTestbedOverlay renders testbed/overlays/cluster (nodefence as pods on the testbed cluster,
+// locally imported images) with kustomize and dry-run applies every object to the real apiserver.
+func TestTestbedOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl (for kustomize) is not installed")
+	}
+	out, err := exec.Command(kubectl, "kustomize", "../../testbed/overlays/cluster").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "overlay.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.ReadObjects(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	a, err := kubetest.NewApplier(cluster.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	workloads := 0
+	for _, o := range objs {
+		if _, err := a.Apply(ctx, o, true); err != nil {
+			t.Errorf("%s/%s: %v", o.GetKind(), o.GetName(), err)
+		}
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			workloads++
+			m := c.(map[string]any)
+			if m["imagePullPolicy"] != "Never" {
+				t.Errorf("%s/%s: imagePullPolicy %v, want Never (no registry)", o.GetKind(), o.GetName(), m["imagePullPolicy"])
+			}
+			if img, _ := m["image"].(string); !strings.HasSuffix(img, ":testbed") && img != "nodefence/etcd:v3.6.16" {
+				t.Errorf("%s/%s: image %q is not the testbed build", o.GetKind(), o.GetName(), img)
+			}
+			if o.GetName() == "nodefence-coordinator" && !slices.Contains(toStrings(m["args"]), "--metrics-listen=0.0.0.0:9101") {
+				t.Errorf("coordinator args %v: the metrics patch missed", m["args"])
+			}
+		}
+	}
+	if workloads < 6 {
+		t.Fatalf("only %d containers rendered", workloads)
+	}
+	t.Logf("%d objects dry-run applied", len(objs))
+}
+
+func toStrings(v any) []string {
+	var out []string
+	s, _ := v.([]any)
+	for _, x := range s {
+		if str, ok := x.(string); ok {
+			out = append(out, str)
+		}
+	}
+	return out
 }

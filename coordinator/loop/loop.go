@@ -11,6 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"log/slog"
 	"sync"
 	"time"
@@ -408,12 +411,56 @@ func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engi
 	}
 	for len(ops) > 0 {
 		n := min(len(ops), maxOps)
-		if _, err := l.cfg.Term.Txn(ctx, nil, ops[:n]...); err != nil {
-			return fmt.Errorf("persist engine state: %w", err)
+		if err := l.persistOps(ctx, ops[:n]); err != nil {
+			return err
 		}
 		ops = ops[n:]
 	}
 	return nil
+}
+
+// persistOps writes one batch under the term. One failed save never ends the term by itself: a
+// failure etcd may get over (slow, briefly away) is retried with a growing pause for as long as the
+// term lasts — the batch's decisions wait for their writes, and a leader that cannot reach etcd
+// steps down through its lease, not here. A batch etcd refuses outright (a record over its request
+// size) is written one operation at a time, and an operation refused alone is logged and left out:
+// the engine's state of one node is then not durable (a new leader re-learns it from the agent),
+// and everything else is.
+func (l *Loop) persistOps(ctx context.Context, ops []clientv3.Op) error {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := l.cfg.Term.Txn(ctx, nil, ops...)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, leader.ErrDeposed) || ctx.Err() != nil:
+			return fmt.Errorf("persist engine state: %w", err)
+		case refused(err) && len(ops) > 1:
+			for _, op := range ops {
+				if err := l.persistOps(ctx, []clientv3.Op{op}); err != nil {
+					return err
+				}
+			}
+			return nil
+		case refused(err):
+			l.cfg.Log.Error("etcd refused an engine state write; left out", "key", string(ops[0].KeyBytes()), "err", err)
+			return nil
+		}
+		l.cfg.Log.Warn("cannot persist the engine's decisions; retrying before acting on them", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("persist engine state: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// refused reports an error etcd gives the same request every time.
+func refused(err error) bool {
+	return errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) ||
+		errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
+		status.Code(err) == codes.ResourceExhausted || status.Code(err) == codes.InvalidArgument
 }
 
 // PausedKey is where the operator's pause flag lives.
@@ -468,6 +515,9 @@ type Metrics struct {
 	// PodEvictionsLocal counts pod evictions agents carried out on their own (hard thresholds and
 	// fallbacks when no grant came), by zone.
 	PodEvictionsLocal *prometheus.GaugeVec
+	// PodEvictionFallbacks counts the local evictions that were candidates no grant came for, by
+	// zone.
+	PodEvictionFallbacks *prometheus.GaugeVec
 	// seen remembers which records' stages were observed (bounded: cleared when large).
 	seen map[string]bool
 	mu   sync.Mutex
@@ -543,8 +593,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Nodes whose pod-eviction candidate is held back by the zone's budget."}, []string{"zone"})
 	m.PodEvictionsLocal = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_evictions_local",
 		Help: "Pod evictions agents carried out on their own in this leader's term: hard thresholds and fallbacks when no grant came."}, []string{"zone"})
+	m.PodEvictionFallbacks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_eviction_fallbacks",
+		Help: "Pod evictions agents carried out on their own in this leader's term because no grant came in time."}, []string{"zone"})
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
+	reg.MustRegister(m.PodEvictionFallbacks,
+		m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
 		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m
 }
@@ -560,6 +613,7 @@ func (m *Metrics) observeZones(e *engine.Engine) {
 		m.ZoneHealth.WithLabelValues(z.Key).Set(health)
 		m.PodCandidatesHeld.WithLabelValues(z.Key).Set(float64(z.PodCandidatesHeld))
 		m.PodEvictionsLocal.WithLabelValues(z.Key).Set(float64(z.PodEvictionsLocal))
+		m.PodEvictionFallbacks.WithLabelValues(z.Key).Set(float64(z.PodEvictionFallbacks))
 	}
 	agent, kubelet := e.Witnesses()
 	m.WitnessDown.WithLabelValues("agent").Set(float64(agent))

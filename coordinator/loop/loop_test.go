@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -212,5 +215,34 @@ func TestRemovedNodeRecordIsDeleted(t *testing.T) {
 	}
 	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("record of gone after removal: %v, %v", resp.Kvs, err)
+	}
+}
+
+// One node's failed save never ends the term: a record etcd refuses (over its request size) is left
+// out and logged, the batch's other writes are saved, and the loop goes on leading.
+func TestRefusedWriteDoesNotEndTheTerm(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, "/r/leader", leader.Info{ID: "one"}, 5, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/r", TickInterval: time.Second, Log: log})
+	huge := &engine.NodeRecord{Name: "huge", Reason: strings.Repeat("x", 3<<20)}
+	fine := &engine.NodeRecord{Name: "fine", Zone: "z"}
+	if err := l.persist(ctx, []engine.Write{{Node: huge}, {Node: fine}}, nil); err != nil {
+		t.Fatalf("persist with one refused record: %v", err)
+	}
+	got, err := cli.Get(ctx, "/r/state/nodes/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Kvs) != 1 || string(got.Kvs[0].Key) != "/r/state/nodes/fine" {
+		t.Fatalf("saved %v, want only the fine record", got.Kvs)
+	}
+	if term.Context().Err() != nil {
+		t.Fatal("the term ended")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 )
 
 var testDesc = []*driverv1.Parameter{
@@ -271,5 +273,30 @@ func TestEpochStoreBounded(t *testing.T) {
 	}
 	if err := s2.check("new", 11); err != nil {
 		t.Errorf("a new device at the floor: %v", err)
+	}
+}
+
+// Only the coordinator's calls reach a device or record an epoch: a call authorized as anyone else
+// (the server's policy refuses it first; this is the kit's own guarantee) with a huge epoch is
+// refused, the device is untouched, and the coordinator's low epoch still works afterwards.
+func TestOnlyTheCoordinatorRecordsEpochs(t *testing.T) {
+	d := &fakeDriver{on: true}
+	s := newTestService(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evil := offReq("evil", time.Second)
+	evil.Epoch = math.MaxInt64
+	for _, role := range []identity.Role{identity.Operator, identity.Agent, identity.Viewer, identity.Driver} {
+		_, err := s.PowerOff(identity.With(ctx, identity.Identity{Role: role, Name: "x"}), evil)
+		if !errors.Is(err, fault.ErrPermissionDenied) {
+			t.Fatalf("%s: %v, want ErrPermissionDenied", role, err)
+		}
+	}
+	if d.offs != 0 {
+		t.Fatalf("device asked %d times by refused callers", d.offs)
+	}
+	resp, err := s.PowerOff(identity.With(ctx, identity.Identity{Role: identity.Coordinator, Name: "c1"}), offReq("good", time.Second))
+	if err != nil || resp.GetState() != driverv1.PowerState_POWER_STATE_OFF {
+		t.Fatalf("the coordinator's PowerOff with epoch 1: %v, %v (an attacker's epoch was recorded?)", resp, err)
 	}
 }

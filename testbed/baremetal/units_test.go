@@ -27,7 +27,7 @@ import (
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/tlsfiles"
-	"github.com/nodefence/nodefence/testbed/etcdtest"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/procs"
 )
 
@@ -151,7 +151,6 @@ func TestUnitsStartHealthy(t *testing.T) {
 		t.Skip("builds and starts three binaries")
 	}
 	bin := buildBinaries(t, "coordinator", "fence-driver", "node-agent")
-	etcdEndpoint, _ := etcdtest.Start(t)
 	base := t.TempDir()
 	hosts := map[string]host{}
 	for _, n := range []string{"h01", "h02", "h03", "h04"} {
@@ -164,6 +163,7 @@ func TestUnitsStartHealthy(t *testing.T) {
 		ca.issue(t, h.path("/etc/nodefence/tls/agent"), "agent/"+h.name, false)
 		writeFile(t, h.path("/etc/nodefence/tls/ca.crt"), ca.pem)
 	}
+	etcdEndpoint := startEtcdCluster(t, ca, filepath.Join(base, "etcd"))
 	operator := filepath.Join(base, "operator")
 	ca.issue(t, operator, "operator/admin", false)
 	writeFile(t, filepath.Join(base, "ca.crt"), ca.pem)
@@ -211,8 +211,8 @@ nodes:
 			"NODEFENCE_METRICS_LISTEN": metrics,
 			"NODEFENCE_KDUMP_LISTEN":   "127.0.0.1:" + port(),
 			"NODEFENCE_ETCD_ENDPOINTS": etcdEndpoint,
-			// The embedded test etcd speaks plain HTTP; a real one gets the etcd TLS flags here.
-			"NODEFENCE_ETCD_ARGS": "",
+			// As deploy/baremetal.md: the coordinator's own certificate is its etcd client certificate.
+			"NODEFENCE_ETCD_ARGS": "--etcd-tls-ca /etc/nodefence/tls/ca.crt --etcd-tls-cert /etc/nodefence/tls/coordinator.crt --etcd-tls-key /etc/nodefence/tls/coordinator.key",
 			"NODEFENCE_ARGS":      "--election-ttl 2s",
 		}, bin)
 	}
@@ -294,6 +294,51 @@ nodes:
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("connected agents at the leader %s (-want +got):\n%s", leader, d)
 	}
+}
+
+// startEtcdCluster runs three etcd members on 127.0.0.1 (the etcd v3.6 the Kubernetes tests use)
+// with TLS between members and to clients and client certificates required, as deploy/baremetal.md
+// sets it up, and returns the client URLs.
+func startEtcdCluster(t *testing.T, ca *testCA, dir string) string {
+	t.Helper()
+	_, etcd, err := kubetest.Binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "ca.crt"), ca.pem)
+	ca.issue(t, filepath.Join(dir, "server"), "viewer/etcd", true)
+	type member struct{ name, client, peer string }
+	var ms []member
+	var cluster, clients []string
+	for i := 1; i <= 3; i++ {
+		c, err1 := procs.FreePort()
+		p, err2 := procs.FreePort()
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		m := member{fmt.Sprintf("m%d", i), fmt.Sprintf("https://127.0.0.1:%d", c), fmt.Sprintf("https://127.0.0.1:%d", p)}
+		ms = append(ms, m)
+		cluster = append(cluster, m.name+"="+m.peer)
+		clients = append(clients, m.client)
+	}
+	tls := func(prefix string) []string {
+		return []string{"--" + prefix + "trusted-ca-file", filepath.Join(dir, "ca.crt"),
+			"--" + prefix + "cert-file", filepath.Join(dir, "server.crt"), "--" + prefix + "key-file", filepath.Join(dir, "server.key")}
+	}
+	for _, m := range ms {
+		args := []string{"--name", m.name, "--data-dir", filepath.Join(dir, m.name),
+			"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
+			"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
+			"--initial-cluster", strings.Join(cluster, ","), "--initial-cluster-state", "new",
+			"--client-cert-auth", "--peer-client-cert-auth", "--unsafe-no-fsync", "--log-level", "warn"}
+		args = append(append(args, tls("")...), tls("peer-")...)
+		p, err := procs.Start("etcd-"+m.name, filepath.Join(dir, m.name+".log"), etcd, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Stop(5 * time.Second) })
+	}
+	return strings.Join(clients, ",")
 }
 
 func waitServing(ctx context.Context, t *testing.T, addr string, files tlsfiles.Files) {

@@ -103,7 +103,7 @@ func Closure(installed map[string]*Package, roots []string, exclude map[string]s
 	}
 	for _, r := range roots {
 		if installed[r] == nil {
-			return nil, fmt.Errorf("Debian package %s is not installed (make deps installs it)", r)
+			return nil, fmt.Errorf("the Debian package %s is not installed (make deps installs it)", r)
 		}
 		walk(r)
 	}

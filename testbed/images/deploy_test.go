@@ -78,8 +78,9 @@ func TestManifestsNameBuiltImages(t *testing.T) {
 	}
 }
 
-// TestDeployCertificatePaths: every Secret a workload mounts exists on both certificate paths,
-// cert-manager (deploy/cert-manager) and without it (deploy/examples/secrets-template.yaml).
+// TestDeployCertificatePaths: every Secret a workload mounts is in the templates of
+// deploy/examples/secrets-template.yaml, and every TLS one (*-tls) is also issued by cert-manager
+// (deploy/cert-manager): both certificate paths are complete.
 func TestDeployCertificatePaths(t *testing.T) {
 	fromCertManager := map[string]bool{}
 	cm, _, err := kubetest.ReadKustomization(filepath.Join(deployDir, "cert-manager"))
@@ -117,9 +118,7 @@ func TestDeployCertificatePaths(t *testing.T) {
 			if !fromTemplate[n] {
 				t.Errorf("%s mounts Secret %s, which secrets-template.yaml does not provide", w, n)
 			}
-			// Credentials the operator provides (device passwords, the etcd user's password) are no
-			// certificates.
-			if !fromCertManager[n] && n != "nodefence-fence-credentials" && n != "nodefence-etcd-client" {
+			if strings.HasSuffix(n, "-tls") && !fromCertManager[n] {
 				t.Errorf("%s mounts Secret %s, which no cert-manager Certificate issues", w, n)
 			}
 		}

@@ -225,7 +225,7 @@ nodes:
 		"--driver-tls-cert", coordTLS.CertFile, "--driver-tls-key", coordTLS.KeyFile, "--driver-tls-ca", caFile,
 		"--metrics-listen", coordMetrics, "--data-dir", filepath.Join(work, "coord"),
 		"--etcd-client-listen", port(), "--etcd-peer-listen", port(), "--kdump-listen", port(),
-		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false"}, tlsFlags["coordinator/c1"]...)...)
+		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false", "--device-check-interval", "1s"}, tlsFlags["coordinator/c1"]...)...)
 	start(t, work, bin, "node-agent", append([]string{"--coordinator", coordAddr, "--node-name", "n1",
 		"--zone", "z1", "--region", "r1", "--metrics-listen", agentMetrics, "--manage-inhibit-delay=false"}, tlsFlags["agent/n1"]...)...)
 
@@ -269,6 +269,11 @@ nodes:
 		t.Fatalf("Monitor: %v", err)
 	}
 
+	poll(ctx, t, "the leader's first device check", func() bool {
+		s, err := promscrape.Get("http://" + coordMetrics + "/metrics")
+		_, ok := s[`nodefence_fence_device_check_ok{driver="ipmi",method="bmc",node="n1"}`]
+		return err == nil && ok
+	})
 	exported := map[string]bool{}
 	scrapes := map[string]promscrape.Scrape{}
 	for name, addr := range map[string]string{"coordinator": coordMetrics, "driver": driverMetrics, "agent": agentMetrics} {

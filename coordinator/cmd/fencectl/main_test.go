@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/app"
-	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/testbed/hanglistener"
 	"github.com/nodefence/nodefence/testbed/pki"
 )

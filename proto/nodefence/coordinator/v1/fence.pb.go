@@ -1064,7 +1064,10 @@ type ListFencesRequest struct {
 	// Limit is the page size: the most records to return (0 = 100, at most 1000).
 	Limit int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// PageToken continues a listing: the next_page_token of the previous page (empty: newest first).
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// PageSize is the page size under its usual name; limit is its older name. Set either one; when
+	// both are set they must be equal.
+	PageSize      int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1125,6 +1128,13 @@ func (x *ListFencesRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListFencesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
 }
 
 // ListFencesResponse returns records, newest first, a page at a time. A page may hold fewer than
@@ -1366,13 +1376,14 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0fGetFenceRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"M\n" +
 	"\x10GetFenceResponse\x129\n" +
-	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"\x9b\x01\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"\xb8\x01\n" +
 	"\x11ListFencesRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12=\n" +
 	"\x06status\x18\x02 \x01(\x0e2%.nodefence.coordinator.v1.FenceStatusR\x06status\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9a\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x1b\n" +
+	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\"\x9a\x01\n" +
 	"\x12ListFencesResponse\x12;\n" +
 	"\x06fences\x18\x01 \x03(\v2#.nodefence.coordinator.v1.NodeFenceR\x06fences\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1f\n" +

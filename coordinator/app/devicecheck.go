@@ -1,0 +1,116 @@
+package app
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/nodefence/nodefence/coordinator/config"
+
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+)
+
+// deviceChecks is the leader's periodic, non-destructive check of every fence method: the
+// driver's Monitor (device reachable, credentials accepted), so that a BMC that stopped answering
+// or a password that was changed raises an alert before the node it fences dies, not after.
+type deviceChecks struct {
+	ok *prometheus.GaugeVec
+}
+
+func newDeviceChecks(reg prometheus.Registerer) *deviceChecks {
+	d := &deviceChecks{ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_fence_device_check_ok",
+		Help: "1 when the last check of a node's fence method found its device reachable with the credentials accepted, else 0."},
+		[]string{"node", "method", "driver"})}
+	reg.MustRegister(d.ok)
+	return d
+}
+
+// run checks every configured method each interval until ctx (the leadership term) ends.
+func (d *deviceChecks) run(ctx context.Context, a *App, secrets config.SecretReader, every time.Duration) {
+	if every <= 0 {
+		return
+	}
+	defer d.ok.Reset() // a follower reports nothing: the next leader checks
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.checkAll(ctx, a, secrets)
+		t.Reset(every)
+	}
+}
+
+func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets config.SecretReader) {
+	cfg := a.fences()
+	if cfg == nil {
+		return
+	}
+	d.ok.Reset()
+	eachMethod(cfg, func(node string, m config.Resolved) {
+		if ctx.Err() != nil {
+			return
+		}
+		v := 0.0
+		if d.check(ctx, a, secrets, node, m) {
+			v = 1
+		}
+		d.ok.WithLabelValues(node, m.Name, m.Driver).Set(v)
+	})
+}
+
+// eachMethod calls f once for every fence method of every configured node, in the order of the
+// node's steps.
+func eachMethod(cfg *config.Config, f func(node string, m config.Resolved)) {
+	for _, node := range cfg.NodeNames() {
+		seen := map[string]bool{}
+		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+			methods, err := cfg.Plan(node, step)
+			if err != nil {
+				continue
+			}
+			for _, m := range methods {
+				if !seen[m.Name] {
+					seen[m.Name] = true
+					f(node, m)
+				}
+			}
+		}
+	}
+}
+
+// warmSecrets reads every Secret a fence method refers to, so that their values are at hand if the
+// apiserver goes away before the first fence (kubeMode.secret keeps the last value read).
+func warmSecrets(cfg *config.Config, secrets config.SecretReader) {
+	if cfg == nil || secrets == nil {
+		return
+	}
+	eachMethod(cfg, func(_ string, m config.Resolved) { _, _ = config.ResolveSecrets(m.Parameters, secrets) })
+}
+
+func (d *deviceChecks) check(ctx context.Context, a *App, secrets config.SecretReader, node string, m config.Resolved) bool {
+	params, err := config.ResolveSecrets(m.Parameters, secrets)
+	if err != nil {
+		a.log.Warn("fence device check: secret not readable", "node", node, "method", m.Name, "err", err)
+		return false
+	}
+	cli, err := a.drivers.Client(m.Endpoint)
+	if err != nil {
+		a.log.Warn("fence device check: no driver client", "node", node, "method", m.Name, "err", err)
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.FenceOpTimeout+2*time.Second)
+	defer cancel()
+	resp, err := cli.Monitor(cctx, &driverv1.MonitorRequest{Target: &driverv1.Target{Name: node, Parameters: params}, Timeout: durationpb.New(a.cfg.FenceOpTimeout)})
+	if err != nil || !resp.GetReachable() || !resp.GetCredentialsOk() {
+		a.log.Warn("fence device check failed", "node", node, "method", m.Name, "driver", m.Driver,
+			"reachable", resp.GetReachable(), "credentials_ok", resp.GetCredentialsOk(), "detail", resp.GetDetail(), "err", err)
+		return false
+	}
+	return true
+}
