@@ -3,7 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +45,12 @@ type kubeMode struct {
 	witness  *kube.Witness
 	recorder record.EventRecorder
 	rec      atomic.Pointer[kube.Reconciler] // the current term's, nil when not leading
+
+	// secrets keeps the last value read of every Secret key a fence method refers to, so that a
+	// fence still has its device credentials while the apiserver is away (a node failure and an
+	// apiserver outage often come together). Bounded by the fence configuration's references.
+	secretsMu sync.Mutex
+	secrets   map[string]string
 }
 
 func kubeRESTConfig(cfg Config) (*rest.Config, error) {
@@ -294,14 +302,28 @@ func (k *kubeMode) secret(namespace, name, key string) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	id := namespace + "/" + name + "/" + key
 	s, err := k.core.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	k.secretsMu.Lock()
+	defer k.secretsMu.Unlock()
 	if err != nil {
+		// A Secret that is gone or forbidden is gone; an apiserver that does not answer leaves
+		// the last value read in force.
+		if v, ok := k.secrets[id]; ok && !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
+			return v, nil
+		}
+		delete(k.secrets, id)
 		return "", fmt.Errorf("secret %s/%s: %w", namespace, name, err)
 	}
 	v, ok := s.Data[key]
 	if !ok {
+		delete(k.secrets, id)
 		return "", fmt.Errorf("secret %s/%s has no key %q", namespace, name, key)
 	}
+	if k.secrets == nil {
+		k.secrets = map[string]string{}
+	}
+	k.secrets[id] = string(v)
 	return string(v), nil
 }
 

@@ -140,6 +140,9 @@ func (e *Engine) Step(in Input) {
 		}
 	case Kubelet:
 		n := e.node(in.Node, "", "", in.At)
+		if in.Heartbeat.IsZero() {
+			return // the kubelet never posted: the startup grace period runs from the node's registration
+		}
 		if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
 			n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
 		}
@@ -491,11 +494,11 @@ func (e *Engine) Zones() []*coordv1.Zone {
 		if e.halted || e.paused {
 			r = 0
 		}
-		podRate, inFlight, held, granted, local := e.podZoneView(k)
+		podRate, inFlight, held, granted, local, fallbacks := e.podZoneView(k)
 		out = append(out, &coordv1.Zone{Key: k, State: z.state, Size: int32(z.size), Ready: int32(z.ready),
 			NotReady: int32(z.size - z.ready), EvictionRate: r, QueueLength: int32(len(z.queue)), FencesInWindow: int32(len(z.fences)),
 			PodEvictionRate: podRate, PodEvictionsInFlight: inFlight, PodEvictionsMaxInFlight: int32(e.cfg.PodEviction.MaxInFlight),
-			PodCandidatesHeld: held, PodEvictionsGranted: granted, PodEvictionsLocal: local})
+			PodCandidatesHeld: held, PodEvictionsGranted: granted, PodEvictionsLocal: local, PodEvictionFallbacks: fallbacks})
 	}
 	return out
 }

@@ -70,10 +70,11 @@ type candidate struct {
 
 // podZone is a zone's pod-eviction budget and counters.
 type podZone struct {
-	limiter  *rate.Limiter
-	inFlight map[string]time.Time // podKey -> when its grant stops counting
-	granted  int64
-	local    int64
+	limiter   *rate.Limiter
+	inFlight  map[string]time.Time // podKey -> when its grant stops counting
+	granted   int64
+	local     int64
+	fallbacks int64
 }
 
 func (e *Engine) podZone(key string) *podZone {
@@ -147,6 +148,9 @@ func (e *Engine) onEvictionReport(n *node, r *agentv1.EvictionReport, at time.Ti
 	switch r.GetKind() {
 	case agentv1.EvictionKind_EVICTION_KIND_HARD, agentv1.EvictionKind_EVICTION_KIND_FALLBACK:
 		z.local++
+		if r.GetKind() == agentv1.EvictionKind_EVICTION_KIND_FALLBACK {
+			z.fallbacks++
+		}
 		if n.candidate != nil && podKey(n.name, n.candidate.pod.GetNamespace(), n.candidate.pod.GetName(), n.candidate.pod.GetUid()) == key {
 			e.dropCandidate(n)
 		}
@@ -233,18 +237,18 @@ func compareNames(a, b string) int {
 }
 
 // podZoneView fills a zone's pod-eviction fields for the API.
-func (e *Engine) podZoneView(key string) (rate float64, inFlight, held int32, granted, local int64) {
+func (e *Engine) podZoneView(key string) (rate float64, inFlight, held int32, granted, local, fallbacks int64) {
 	rate = e.cfg.PodEviction.Rate
 	if e.halted || e.paused {
 		rate = 0
 	}
 	if z, ok := e.podZones[key]; ok {
-		inFlight, granted, local = int32(len(z.inFlight)), z.granted, z.local
+		inFlight, granted, local, fallbacks = int32(len(z.inFlight)), z.granted, z.local, z.fallbacks
 	}
 	for _, n := range e.pending {
 		if n.zoneKey == key {
 			held++
 		}
 	}
-	return rate, inFlight, held, granted, local
+	return rate, inFlight, held, granted, local, fallbacks
 }

@@ -49,8 +49,8 @@ func (h *harness) handleReport(pos []string, args map[string]string) []string {
 func (h *harness) handlePodZones() []string {
 	var out []string
 	for _, z := range h.e.Zones() {
-		out = append(out, fmt.Sprintf("zone %s: pod-rate=%g in-flight=%d/%d held=%d granted=%d local=%d",
-			z.Key, z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal))
+		out = append(out, fmt.Sprintf("zone %s: pod-rate=%g in-flight=%d/%d held=%d granted=%d local=%d fallbacks=%d",
+			z.Key, z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal, z.PodEvictionFallbacks))
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -11,10 +12,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -288,4 +291,70 @@ func TestWitness(t *testing.T) {
 		r, ok := in.(engine.Removed)
 		return ok && r.Node == "wit-cp"
 	})
+}
+
+// flakyFacts fails its first reads, as etcd or the engine might while a leader starts.
+type flakyFacts struct {
+	facts
+	failures int
+}
+
+func (f *flakyFacts) Fence(ctx context.Context, node string) (*coordv1.NodeFence, bool, error) {
+	f.mu.Lock()
+	if f.failures > 0 {
+		f.failures--
+		f.mu.Unlock()
+		return nil, false, errors.New("etcd unavailable")
+	}
+	f.mu.Unlock()
+	return f.facts.Fence(ctx, node)
+}
+
+// A new term's reconciler knows nothing but the Nodes: one pass over every Node (EnqueueAll)
+// finishes a release a previous leader left undone, and a pass that fails is retried by the queue
+// until it succeeds.
+func TestReconcilerFinishesAfterRestartAndRetries(t *testing.T) {
+	ctx := testContext(t)
+	const node = "rec-2"
+	createNode(t, ctx, node)
+	createNamespace(t, ctx, "rec2")
+	createPods(t, ctx, testPod("rec2", "db-0", node, withPVC("data")))
+	w, err := New(coordCfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wit := NewWitness(kubernetes.NewForConfigOrDie(coordCfg), WitnessOptions{})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go wit.Run(wctx)
+	cache.WaitForCacheSync(ctx.Done(), wit.Informer().HasSynced)
+	now := time.Now()
+	f := &flakyFacts{failures: 3, facts: facts{
+		fence: &coordv1.NodeFence{Id: node + "-20261124T120000.000000000", Node: node, Action: coordv1.FenceAction_FENCE_ACTION_OFF,
+			Status: coordv1.FenceStatus_FENCE_STATUS_DONE, Epoch: 1, CreatedAt: timestamppb.New(now), UpdatedAt: timestamppb.New(now),
+			ConfirmedOffAt: timestamppb.New(now), FinishedAt: timestamppb.New(now)},
+		view: &coordv1.Node{Name: node, Readiness: coordv1.Readiness_READINESS_UNKNOWN},
+	}}
+	r := NewReconciler(w, wit.Nodes, f, ReconcilerOptions{HealthyDelay: time.Minute,
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, 100*time.Millisecond)})
+	go r.Run(wctx, 0)
+	r.EnqueueAll()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := admin.CoreV1().Pods("rec2").Get(ctx, "db-0", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod never released (%v)", err)
+		}
+	}
+	f.mu.Lock()
+	left := f.failures
+	f.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d failures left: the release did not go through the retries", left)
+	}
+	if !hasOutOfService(getNode(t, ctx, node)) {
+		t.Fatal("no out-of-service taint")
+	}
 }

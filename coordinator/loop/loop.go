@@ -515,6 +515,9 @@ type Metrics struct {
 	// PodEvictionsLocal counts pod evictions agents carried out on their own (hard thresholds and
 	// fallbacks when no grant came), by zone.
 	PodEvictionsLocal *prometheus.GaugeVec
+	// PodEvictionFallbacks counts the local evictions that were candidates no grant came for, by
+	// zone.
+	PodEvictionFallbacks *prometheus.GaugeVec
 	// seen remembers which records' stages were observed (bounded: cleared when large).
 	seen map[string]bool
 	mu   sync.Mutex
@@ -590,8 +593,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Nodes whose pod-eviction candidate is held back by the zone's budget."}, []string{"zone"})
 	m.PodEvictionsLocal = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_evictions_local",
 		Help: "Pod evictions agents carried out on their own in this leader's term: hard thresholds and fallbacks when no grant came."}, []string{"zone"})
+	m.PodEvictionFallbacks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_eviction_fallbacks",
+		Help: "Pod evictions agents carried out on their own in this leader's term because no grant came in time."}, []string{"zone"})
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
+	reg.MustRegister(m.PodEvictionFallbacks,
+		m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
 		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m
 }
@@ -607,6 +613,7 @@ func (m *Metrics) observeZones(e *engine.Engine) {
 		m.ZoneHealth.WithLabelValues(z.Key).Set(health)
 		m.PodCandidatesHeld.WithLabelValues(z.Key).Set(float64(z.PodCandidatesHeld))
 		m.PodEvictionsLocal.WithLabelValues(z.Key).Set(float64(z.PodEvictionsLocal))
+		m.PodEvictionFallbacks.WithLabelValues(z.Key).Set(float64(z.PodEvictionFallbacks))
 	}
 	agent, kubelet := e.Witnesses()
 	m.WitnessDown.WithLabelValues("agent").Set(float64(agent))

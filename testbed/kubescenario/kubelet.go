@@ -3,8 +3,6 @@ package kubescenario
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"sync"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // KubeletManager is the field manager of the kubelet stand-in, as a real kubelet's is "kubelet".
@@ -23,21 +22,26 @@ const KubeletManager = "kubelet"
 // stopped. (The real kubelet runs in the multi-node cluster harness; this stand-in speaks the same
 // API objects and nothing more.)
 func (e *Env) startKubelet(ctx context.Context, n *Node, renew time.Duration) error {
-	node, err := e.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-		Reason: "KubeletReady", Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
-	conds := []corev1.NodeCondition{ready}
-	for _, c := range node.Status.Conditions {
-		if c.Type != corev1.NodeReady {
-			conds = append(conds, c)
+	// The coordinator writes its own condition on the same Node: re-read on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		node, err := e.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-	}
-	node.Status.Conditions = conds
-	if _, err := e.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{FieldManager: KubeletManager}); err != nil {
+		now := metav1.Now()
+		ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
+		conds := []corev1.NodeCondition{ready}
+		for _, c := range node.Status.Conditions {
+			if c.Type != corev1.NodeReady {
+				conds = append(conds, c)
+			}
+		}
+		node.Status.Conditions = conds
+		_, err = e.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{FieldManager: KubeletManager})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("kubelet %s: post Ready: %w", n.Name, err)
 	}
 	leases := e.Admin.CoordinationV1().Leases(corev1.NamespaceNodeLease)
@@ -71,91 +75,4 @@ func (e *Env) startKubelet(ctx context.Context, n *Node, renew time.Duration) er
 	n.stopKubelet = func() { once.Do(func() { cancel(); <-done }) }
 	e.stops = append(e.stops, n.stopKubelet)
 	return nil
-}
-
-// Proxy is a TCP proxy in front of the apiserver for the coordinator: Cut makes the apiserver
-// unreachable (open connections closed, new ones refused) until Restore.
-type Proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-}
-
-func startProxy(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	return p, nil
-}
-
-// Addr is the proxy's address.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *Proxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.mu.Unlock()
-		go p.pipe(c)
-	}
-}
-
-func (p *Proxy) pipe(c net.Conn) {
-	u, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	p.mu.Lock()
-	if p.cut {
-		p.mu.Unlock()
-		c.Close()
-		u.Close()
-		return
-	}
-	p.conns[c], p.conns[u] = true, true
-	p.mu.Unlock()
-	go func() { _, _ = io.Copy(u, c); u.Close() }()
-	_, _ = io.Copy(c, u)
-	c.Close()
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, u)
-	p.mu.Unlock()
-}
-
-// Cut makes the apiserver unreachable through the proxy.
-func (p *Proxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-// Restore lets connections through again.
-func (p *Proxy) Restore() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
-
-// Close stops the proxy.
-func (p *Proxy) Close() {
-	p.ln.Close()
-	p.Cut()
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/testbed/tcpproxy"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -67,7 +68,7 @@ type Env struct {
 	Coord   *app.App
 	Nodes   []*Node
 	// Proxy stands between the coordinator and the apiserver, to cut it off.
-	Proxy *Proxy
+	Proxy *tcpproxy.Proxy
 	dir   string
 	stops []func()
 }
@@ -153,7 +154,7 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 			return nil, err
 		}
 	}
-	if e.Proxy, err = startProxy(strings.TrimPrefix(coordCfg.Host, "https://")); err != nil {
+	if e.Proxy, err = tcpproxy.Start(strings.TrimPrefix(coordCfg.Host, "https://")); err != nil {
 		return nil, err
 	}
 	e.stops = append(e.stops, e.Proxy.Close)

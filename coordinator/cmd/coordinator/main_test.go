@@ -18,7 +18,8 @@ func TestRefusesToStartListingEveryProblem(t *testing.T) {
 	code := run(context.Background(), []string{
 		"--listen", "nohostport", "--election-ttl", "1500ms", "--unhealthy-zone-threshold", "1.5",
 		"--fence-policy", "bogus", "--driver-endpoint", "ipmi=nohostport", "--config", bad, "--etcd-prefix", "nodefence/",
-		"--gc-percent", "20",
+		"--gc-percent", "20", "--control-plane-selector", "role in (", "--fence-guard-settle", "-1s", "--release-healthy-delay", "-1s",
+		"--pod-eviction-timeout", "5m",
 	}, &stderr)
 	if code != 2 {
 		t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr.String())
@@ -27,15 +28,19 @@ func TestRefusesToStartListingEveryProblem(t *testing.T) {
 		"--listen", "--election-ttl", "--unhealthy-zone-threshold", "--fence-policy", "--driver-endpoint ipmi", "--etcd-prefix",
 		"--gc-percent: 20 is not in 50..1000", "--tls-cert: required unless --insecure", "--driver-tls-ca",
 		"drivers.ipmi.endpoint", "nodes.n1.methods.m.driver", "nodes.n1.steps.power_management[1]",
+		"--control-plane-selector", "--fence-guard-settle", "--release-healthy-delay",
 	} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr does not mention %q:\n%s", want, stderr.String())
 		}
 	}
+	if strings.Contains(stderr.String(), "--pod-eviction-timeout:") {
+		t.Errorf("the deprecated --pod-eviction-timeout was refused:\n%s", stderr.String())
+	}
 }
 
 func TestRejectsUnknownFlagsAndArguments(t *testing.T) {
-	for _, args := range [][]string{{"--no-such-flag"}, {"--insecure", "extra"}} {
+	for _, args := range [][]string{{"--no-such-flag"}, {"--insecure", "extra"}, {"--kubelet-down-policy", "maybe"}} {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), args, &stderr); code != 2 {
 			t.Errorf("run(%q) = %d, want 2", args, code)

@@ -306,10 +306,10 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string, stderr io
 				return c.print(r)
 			}
 			tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\tPOD RATE\tIN FLIGHT\tHELD\tGRANTED\tLOCAL\t(evictions paused: %v)\n", r.EvictionsPaused)
+			fmt.Fprintf(tw, "ZONE\tSTATE\tSIZE\tREADY\tNOT READY\tPOD RATE\tIN FLIGHT\tHELD\tGRANTED\tLOCAL\tFALLBACKS\t(evictions paused: %v)\n", r.EvictionsPaused)
 			for _, z := range r.Zones {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%g/s\t%d/%d\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady,
-					z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%g/s\t%d/%d\t%d\t%d\t%d\t%d\n", z.Key, short(z.State.String()), z.Size, z.Ready, z.NotReady,
+					z.PodEvictionRate, z.PodEvictionsInFlight, z.PodEvictionsMaxInFlight, z.PodCandidatesHeld, z.PodEvictionsGranted, z.PodEvictionsLocal, z.PodEvictionFallbacks)
 			}
 			return tw.Flush()
 		})

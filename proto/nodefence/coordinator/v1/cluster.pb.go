@@ -659,8 +659,12 @@ type Zone struct {
 	// PodEvictionsLocal counts pod evictions agents in the zone carried out on their own since this
 	// leader's term began: hard thresholds and fallbacks after no grant came.
 	PodEvictionsLocal int64 `protobuf:"varint,14,opt,name=pod_evictions_local,json=podEvictionsLocal,proto3" json:"pod_evictions_local,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// PodEvictionFallbacks counts the local evictions of PodEvictionsLocal that were soft-threshold
+	// candidates for which no grant came in time (the coordinator unreachable, or the budget held them
+	// back past the agent's grant timeout).
+	PodEvictionFallbacks int64 `protobuf:"varint,15,opt,name=pod_eviction_fallbacks,json=podEvictionFallbacks,proto3" json:"pod_eviction_fallbacks,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Zone) Reset() {
@@ -787,6 +791,13 @@ func (x *Zone) GetPodEvictionsGranted() int64 {
 func (x *Zone) GetPodEvictionsLocal() int64 {
 	if x != nil {
 		return x.PodEvictionsLocal
+	}
+	return 0
+}
+
+func (x *Zone) GetPodEvictionFallbacks() int64 {
+	if x != nil {
+		return x.PodEvictionFallbacks
 	}
 	return 0
 }
@@ -1375,7 +1386,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12C\n" +
-	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\xc1\x04\n" +
+	"\x0ftransition_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"\xf7\x04\n" +
 	"\x04Zone\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ZoneStateR\x05state\x12\x12\n" +
@@ -1391,7 +1402,8 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x1bpod_evictions_max_in_flight\x18\v \x01(\x05R\x17podEvictionsMaxInFlight\x12.\n" +
 	"\x13pod_candidates_held\x18\f \x01(\x05R\x11podCandidatesHeld\x122\n" +
 	"\x15pod_evictions_granted\x18\r \x01(\x03R\x13podEvictionsGranted\x12.\n" +
-	"\x13pod_evictions_local\x18\x0e \x01(\x03R\x11podEvictionsLocal\"\x12\n" +
+	"\x13pod_evictions_local\x18\x0e \x01(\x03R\x11podEvictionsLocal\x124\n" +
+	"\x16pod_eviction_fallbacks\x18\x0f \x01(\x03R\x14podEvictionFallbacks\"\x12\n" +
 	"\x10ListNodesRequest\"I\n" +
 	"\x11ListNodesResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.nodefence.coordinator.v1.NodeR\x05nodes\"$\n" +
