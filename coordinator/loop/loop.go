@@ -5,7 +5,8 @@
 // persists its writes under the leader's epoch BEFORE anything else leaves the engine, then queues
 // the eviction grants on their nodes' agent streams (Subscribe), passes the other decisions to
 // OnReady, and keeps the Prometheus zone metrics current. A save etcd is slow to take is retried and
-// one it refuses is left out (persistOps); only the term's end or a deposed write stops the loop.
+// one it refuses is left out (persistOps): after its first read of etcd, only the end of the term (or
+// of its context) or a deposed write stops the loop.
 package loop
 
 import (
