@@ -157,6 +157,8 @@ var foreign = map[codes.Code]mapped{
 	codes.DeadlineExceeded:  {codes.DeadlineExceeded, "a backend did not answer in time (see the server log)"},
 	codes.Canceled:          {codes.Canceled, "canceled"},
 	codes.ResourceExhausted: {codes.Unavailable, "a backend is overloaded, retry (see the server log)"},
+	// What grpc-go's generated Unimplemented*Server answers for a method a server does not offer.
+	codes.Unimplemented: {codes.Unimplemented, "not implemented by this server"},
 }
 
 // internal is what the client sees of anything else.

@@ -32,7 +32,8 @@ func TestStatusMapping(t *testing.T) {
 		{fmt.Errorf("%w: no peer", ErrCallerUnauthenticated), codes.Unauthenticated, "caller not authenticated: no peer"},
 		// A status from elsewhere (the etcd client, a driver) never passes through with its own code
 		// and message: the code is translated, the message fixed.
-		{status.Error(codes.Unimplemented, "no"), codes.Internal, "internal error (see the server log)"},
+		{status.Error(codes.Unimplemented, "method Pause not implemented"), codes.Unimplemented, "not implemented by this server"},
+		{status.Error(codes.Unknown, "no"), codes.Internal, "internal error (see the server log)"},
 		{status.Error(codes.FailedPrecondition, "etcdserver: revision compacted"), codes.Internal, "internal error (see the server log)"},
 		{status.Error(codes.PermissionDenied, "etcdserver: permission denied"), codes.Internal, "internal error (see the server log)"},
 		{fmt.Errorf("put node: %w", status.Error(codes.Unavailable, "etcdserver: leader changed")), codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
@@ -50,7 +51,8 @@ func TestStatusMapping(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{status.Error(codes.Unimplemented, "no"), codes.Internal},
+		{status.Error(codes.Unknown, "no"), codes.Internal},
+		{status.Error(codes.Unimplemented, "no"), codes.Unimplemented},
 		{fmt.Errorf("x: %w", ErrConflict), codes.Aborted},
 		{fmt.Errorf("x: %w", ErrStaleEpoch), codes.FailedPrecondition},
 		{nil, codes.OK},
