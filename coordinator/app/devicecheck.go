@@ -52,6 +52,21 @@ func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets config.Secr
 		return
 	}
 	d.ok.Reset()
+	eachMethod(cfg, func(node string, m config.Resolved) {
+		if ctx.Err() != nil {
+			return
+		}
+		v := 0.0
+		if d.check(ctx, a, secrets, node, m) {
+			v = 1
+		}
+		d.ok.WithLabelValues(node, m.Name, m.Driver).Set(v)
+	})
+}
+
+// eachMethod calls f once for every fence method of every configured node, in the order of the
+// node's steps.
+func eachMethod(cfg *config.Config, f func(node string, m config.Resolved)) {
 	for _, node := range cfg.NodeNames() {
 		seen := map[string]bool{}
 		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
@@ -60,19 +75,22 @@ func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets config.Secr
 				continue
 			}
 			for _, m := range methods {
-				if seen[m.Name] || ctx.Err() != nil {
-					continue
+				if !seen[m.Name] {
+					seen[m.Name] = true
+					f(node, m)
 				}
-				seen[m.Name] = true
-				ok := d.check(ctx, a, secrets, node, m)
-				v := 0.0
-				if ok {
-					v = 1
-				}
-				d.ok.WithLabelValues(node, m.Name, m.Driver).Set(v)
 			}
 		}
 	}
+}
+
+// warmSecrets reads every Secret a fence method refers to, so that their values are at hand if the
+// apiserver goes away before the first fence (kubeMode.secret keeps the last value read).
+func warmSecrets(cfg *config.Config, secrets config.SecretReader) {
+	if cfg == nil || secrets == nil {
+		return
+	}
+	eachMethod(cfg, func(_ string, m config.Resolved) { _, _ = config.ResolveSecrets(m.Parameters, secrets) })
 }
 
 func (d *deviceChecks) check(ctx context.Context, a *App, secrets config.SecretReader, node string, m config.Resolved) bool {

@@ -173,6 +173,7 @@ func (k *kubeMode) reload(ctx context.Context) {
 // reconciler runs for the term's lifetime.
 func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 	ctx := term.Context()
+	go warmSecrets(k.a.fences(), k.secret)
 	sink := k.witness.SetSink(func(in engine.Input) {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

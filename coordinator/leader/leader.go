@@ -181,19 +181,29 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	return t, nil
 }
 
-// keyLive reads the election key within timeout: is it still this term's?
+// keyLive reads the election key within timeout: is it still this term's? Reachability is judged by
+// a serializable read: any reachable member answers from its own state, without a round of the etcd
+// cluster's consensus, so a busy cluster (thousands of agents saying hello at once) is not taken for
+// an unreachable one. A member that lags may not have the key yet, so "gone" is confirmed by a
+// linearizable read before the term ends; if that read cannot be made, nothing is concluded (the
+// watch, the lease and every guarded write still end a deposed term).
 func (t *Term) keyLive(ctx context.Context, timeout time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	// Serializable: any reachable member answers from its own state, without a round of the etcd
-	// cluster's consensus, so a busy cluster (thousands of agents saying hello at once) is not taken
-	// for an unreachable one. A member cut off from its quorum answers too; the lease, which only the
-	// quorum renews, ends the term in that case.
+	mine := func(resp *clientv3.GetResponse) bool {
+		return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == t.Epoch
+	}
 	resp, err := t.cli.Get(ctx, t.Key, clientv3.WithSerializable())
 	if err != nil {
 		return false, err
 	}
-	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == t.Epoch, nil
+	if mine(resp) {
+		return true, nil
+	}
+	if resp, err = t.cli.Get(ctx, t.Key); err != nil {
+		return true, nil
+	}
+	return mine(resp), nil
 }
 
 // Context is cancelled when the term ends; run leader-only work under it.

@@ -47,6 +47,12 @@ type Store struct {
 	corruptMu   sync.Mutex
 	corruptSeen map[string]int64 // key -> mod revision already reported
 	corrupt     atomic.Int64
+
+	// nodesMu guards nodes: the node registrations as stored, read once per term, so that the
+	// hellos of every agent after a failover write only the registrations that changed.
+	nodesMu    sync.Mutex
+	nodesEpoch int64
+	nodes      map[string]string
 }
 
 // New returns a store under prefix (for example "/nodefence").
@@ -453,16 +459,48 @@ type NodeRecord struct {
 }
 
 // PutNodeIfChanged writes the node's registration when it differs from what is stored.
+// Registrations are read once per term (one range read) and compared in memory: after a failover
+// every agent says hello again, and a write for each would be thousands of etcd proposals for
+// nothing.
 func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n NodeRecord) error {
 	raw, err := json.Marshal(n)
 	if err != nil {
 		return err
 	}
 	data, k := string(raw), s.nodeKey(n.Name)
+	if same, err := s.storedNode(ctx, t, n.Name, data); err != nil || same {
+		return err
+	}
 	_, err = t.Txn(ctx, nil, clientv3.OpTxn(
 		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", data)}, nil,
 		[]clientv3.Op{clientv3.OpPut(k, data)}))
+	if err == nil {
+		s.nodesMu.Lock()
+		if s.nodesEpoch == t.Epoch {
+			s.nodes[n.Name] = data
+		}
+		s.nodesMu.Unlock()
+	}
 	return err
+}
+
+// storedNode reports whether the registration stored for node is data, reading every
+// registration once per term.
+func (s *Store) storedNode(ctx context.Context, t *leader.Term, node, data string) (bool, error) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.nodesEpoch != t.Epoch {
+		resp, err := s.cli.Get(ctx, s.prefix+"/nodes/", clientv3.WithPrefix())
+		if err != nil {
+			return false, fmt.Errorf("read node registrations: %w", err)
+		}
+		s.nodes = make(map[string]string, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			s.nodes[strings.TrimPrefix(string(kv.Key), s.prefix+"/nodes/")] = string(kv.Value)
+		}
+		s.nodesEpoch = t.Epoch
+	}
+	return s.nodes[node] == data, nil
 }
 
 func decode(data []byte) (*coordv1.NodeFence, error) {

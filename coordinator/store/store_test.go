@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -278,5 +279,66 @@ func TestPruneHistory(t *testing.T) {
 	entries, err := st.ListAudit(ctx, "", 0, 1000)
 	if err != nil || len(entries) != 60 || entries[0].Text != "entry 340" {
 		t.Fatalf("audit left: %d entries, first %v, %v", len(entries), entries[0], err)
+	}
+}
+
+// After a failover every agent says hello again: a registration that did not change costs no etcd
+// proposal (the raft index stays put: an unchanged guarded Txn would still be one), a changed one is
+// written, and a new term reads what is stored again rather than trusting the previous term's
+// memory.
+func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := store.New(cli, "/reg")
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, st.LeaderPrefix(), leader.Info{ID: "one"}, 5, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := func() uint64 {
+		r, err := cli.Status(ctx, cli.Endpoints()[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.RaftIndex
+	}
+	a := store.NodeRecord{Name: "a", BootID: "boot-1", Zone: "z"}
+	if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+		t.Fatal(err)
+	}
+	before := rev()
+	for range 3 {
+		if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := rev(); after != before {
+		t.Fatalf("raft index %d -> %d: an unchanged registration went to etcd", before, after)
+	}
+	a.BootID = "boot-2"
+	if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+		t.Fatal(err)
+	}
+	if after := rev(); after == before {
+		t.Fatal("a changed registration was not written")
+	}
+	// Someone else changes the record; the next term must not trust its memory of it.
+	if _, err := cli.Put(ctx, "/reg/nodes/a", `{"Name":"a"}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := term.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	term2, err := leader.NewElector(cli, st.LeaderPrefix(), leader.Info{ID: "two"}, 5, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutNodeIfChanged(ctx, term2, a); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cli.Get(ctx, "/reg/nodes/a")
+	if err != nil || len(got.Kvs) != 1 || !strings.Contains(string(got.Kvs[0].Value), "boot-2") {
+		t.Fatalf("after the new term: %v %v", got, err)
 	}
 }

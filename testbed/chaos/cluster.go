@@ -75,9 +75,10 @@ type Cluster struct {
 	Nodes      []string
 	BMCs       map[string]*ipmisim.BMC
 
-	cli   *clientv3.Client
-	conns map[string]*grpc.ClientConn
-	pki   *pki.PKI
+	cli     *clientv3.Client
+	connsMu sync.Mutex
+	conns   map[string]*grpc.ClientConn
+	pki     *pki.PKI
 	// operator is the harness's own client identity.
 	operator tlsfiles.Files
 }
@@ -351,9 +352,11 @@ func (c *Cluster) Close() {
 	for _, b := range c.BMCs {
 		_ = b.Stop()
 	}
+	c.connsMu.Lock()
 	for _, cc := range c.conns {
 		cc.Close()
 	}
+	c.connsMu.Unlock()
 	if c.cli != nil {
 		c.cli.Close()
 	}
@@ -365,6 +368,8 @@ func (c *Cluster) EtcdClient() *clientv3.Client { return c.cli }
 
 // Conn returns a client connection to addr from the harness's namespace.
 func (c *Cluster) Conn(addr string) *grpc.ClientConn {
+	c.connsMu.Lock()
+	defer c.connsMu.Unlock()
 	if cc, ok := c.conns[addr]; ok {
 		return cc
 	}

@@ -130,3 +130,58 @@ func TestBlackholeNeverAnswers(t *testing.T) {
 		t.Errorf("read from the blackhole = %v, want a timeout", err)
 	}
 }
+
+// TestExternalPower checks that with an external supply a power command waits for the supply:
+// the state changes only when the supply completes the request, and the command answers then.
+func TestExternalPower(t *testing.T) {
+	b := startBMC(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.SetExternalPower(true); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- IpmitoolChassisPower(ctx, b.Port, b.User, b.Password, "off") }()
+	var req PowerRequest
+	for deadline := time.Now().Add(10 * time.Second); req == RequestNone; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if req, err = b.PendingPower(); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no power request within 10 s")
+		}
+	}
+	if req != RequestOff {
+		t.Fatalf("request %q, want %q", req, RequestOff)
+	}
+	if on, err := b.Power(); err != nil || !on {
+		t.Fatalf("power before the supply answered = %v, %v; want still on", on, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("ipmitool answered before the supply: %v", err)
+	default:
+	}
+	if err := b.CompletePower(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := IpmitoolPower(ctx, b.Port, b.User, b.Password); err != nil || got != "off" {
+		t.Fatalf("ipmitool after the supply switched off = %q, %v; want off", got, err)
+	}
+	if req, err := b.PendingPower(); err != nil || req != RequestNone {
+		t.Fatalf("pending after completion = %q, %v", req, err)
+	}
+	if err := b.SetExternalPower(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := IpmitoolChassisPower(ctx, b.Port, b.User, b.Password, "on"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := IpmitoolPower(ctx, b.Port, b.User, b.Password); err != nil || got != "on" {
+		t.Fatalf("ipmitool with the built-in supply again = %q, %v; want on", got, err)
+	}
+}

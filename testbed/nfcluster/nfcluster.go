@@ -1,0 +1,631 @@
+// Package nfcluster runs nodefence on the testbed's multi-node Kubernetes (testbed/cluster) as it
+// runs on bare metal: an etcd of its own, one or more coordinators in Kubernetes mode with a
+// client certificate whose user is the ServiceAccount that deploy/'s RBAC binds (not
+// system:masters), the IPMI fence-driver driving the nodes' BMCs, and one node-agent per node,
+// started inside that node's network namespace as one of its services. Everything speaks mutual
+// TLS with a certificate per component carrying its nodefence identity (services/identity) (so it dies with the node
+// and starts again when the node boots). Every part is a real process of the binaries `make
+// build` produces; BuildBinaries builds them for tests.
+package nfcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
+	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/cluster"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/pki"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Namespace is where the coordinator's ConfigMaps and Secrets live (deploy/namespace.yaml).
+const Namespace = "nodefence"
+
+// CoordinatorUser is the user of the coordinator's client certificate: the ServiceAccount that
+// deploy/rbac-coordinator.yaml binds.
+const CoordinatorUser = "system:serviceaccount:nodefence:nodefence-coordinator"
+
+// AccessLog marks the gRPC servers' access-log lines, left out of log tails.
+const AccessLog = `msg="finished call"`
+
+// Binaries the deployment runs, from Options.BinDir.
+var Binaries = []string{"coordinator", "node-agent", "fence-driver", "fencectl"}
+
+// Options configure a deployment.
+type Options struct {
+	// BinDir holds Binaries. Required.
+	BinDir string
+	// Dir holds the deployment's data and logs. Required.
+	Dir string
+	// Coordinators is the number of coordinator replicas (default 1).
+	Coordinators int
+	// Grace is the coordinator's --node-monitor-grace-period (default 20s).
+	Grace time.Duration
+	// FenceTimeout is --fence-timeout (default 2s).
+	FenceTimeout time.Duration
+	// FenceOpTimeout, Retries and Backoff are --fence-op-timeout (default 10s), --fence-retries
+	// (default 1) and --fence-retry-backoff (default 2s).
+	FenceOpTimeout time.Duration
+	Retries        int
+	Backoff        time.Duration
+	// Log receives progress (nil: discarded).
+	Log *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.Coordinators == 0 {
+		o.Coordinators = 1
+	}
+	if o.Grace == 0 {
+		o.Grace = 20 * time.Second
+	}
+	if o.FenceTimeout == 0 {
+		o.FenceTimeout = 2 * time.Second
+	}
+	if o.FenceOpTimeout == 0 {
+		o.FenceOpTimeout = 10 * time.Second
+	}
+	if o.Retries == 0 {
+		o.Retries = 1
+	}
+	if o.Backoff == 0 {
+		o.Backoff = 2 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Deployment is nodefence running on a cluster.
+type Deployment struct {
+	Opts    Options
+	Cluster *cluster.Cluster
+	// Coordinators are the replicas, in start order.
+	Coordinators []*Coordinator
+	// DriverAddr is the IPMI fence-driver's address.
+	DriverAddr string
+
+	// OperatorTLS is the client certificate of an operator (operator/e2e), for fencectl and
+	// the API calls of tests.
+	OperatorTLS tlsfiles.Files
+
+	etcd, driver *process
+	etcdURL      string
+	ca           *certs.CA
+	caFile       string
+}
+
+// Coordinator is one coordinator replica.
+type Coordinator struct {
+	ID   string
+	Addr string // on the cluster's host address, reachable from the nodes
+	p    *process
+}
+
+// Log is the replica's log file.
+func (c *Coordinator) Log() string { return c.p.log }
+
+// Kill SIGKILLs the replica and waits for it.
+func (c *Coordinator) Kill() { c.p.kill() }
+
+// Alive reports whether the replica's process runs.
+func (c *Coordinator) Alive() bool { return !c.p.exited() }
+
+// DeployDir locates deploy/ from this source file.
+func DeployDir() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(f), "..", "..", "deploy")
+}
+
+// BuildBinaries builds Binaries into dir with the go command, from the module this file is in.
+func BuildBinaries(ctx context.Context, dir string) error {
+	_, f, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(f), "..", "..")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/",
+		"./coordinator/cmd/coordinator", "./node-agent/cmd/node-agent", "./fence-drivers/cmd/fence-driver", "./coordinator/cmd/fencectl")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build nodefence binaries: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Deploy starts nodefence on c and returns once a leader runs and every node's agent is connected
+// and the node ready in its view.
+func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, error) {
+	o.setDefaults()
+	var errs []error
+	if o.BinDir == "" || o.Dir == "" {
+		errs = append(errs, errors.New("nfcluster options: BinDir and Dir are required"))
+	}
+	for _, b := range Binaries {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			errs = append(errs, fmt.Errorf("nfcluster options: BinDir: %s missing (make build)", b))
+		}
+	}
+	if o.Coordinators < 1 || o.Coordinators > 3 {
+		errs = append(errs, fmt.Errorf("nfcluster options: Coordinators: 1 to 3, got %d", o.Coordinators))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "log"), 0o755); err != nil {
+		return nil, err
+	}
+	d := &Deployment{Opts: o, Cluster: c}
+	if err := d.newCA(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Stop()
+		}
+	}()
+	admin, err := c.Admin()
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := d.setupKube(ctx, admin)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.startEtcd(); err != nil {
+		return nil, err
+	}
+	if err := d.startDriver(); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= o.Coordinators; i++ {
+		co, err := d.startCoordinator(i, kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		d.Coordinators = append(d.Coordinators, co)
+	}
+	var addrs []string
+	for _, co := range d.Coordinators {
+		addrs = append(addrs, co.Addr)
+	}
+	for _, n := range c.Nodes {
+		tls, err := d.issue(identity.Agent, n.Name)
+		if err != nil {
+			return nil, err
+		}
+		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(pki.Args("", tls),
+			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
+			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
+			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
+		)}); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.WaitAgents(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	ok = true
+	return d, nil
+}
+
+// newCA makes the deployment's certificate authority and the operator's certificate.
+func (d *Deployment) newCA() error {
+	ca, err := certs.NewCA("nodefence testbed cluster CA", 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(d.Opts.Dir, "pki")
+	if d.caFile, _, err = ca.WriteCA(dir); err != nil {
+		return err
+	}
+	d.ca = ca
+	d.OperatorTLS, err = d.issue(identity.Operator, "e2e")
+	return err
+}
+
+// issue writes a certificate for role/name, valid for 127.0.0.1 and the cluster's host address.
+func (d *Deployment) issue(role identity.Role, name string) (tlsfiles.Files, error) {
+	pair, err := d.ca.Issue(identity.Identity{Role: role, Name: name}, []string{"127.0.0.1", d.Cluster.HostIP().String()}, 24*time.Hour)
+	if err != nil {
+		return tlsfiles.Files{}, err
+	}
+	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), string(role)+"-"+name)
+	if err != nil {
+		return tlsfiles.Files{}, err
+	}
+	return tlsfiles.Files{CertFile: cert, KeyFile: key, CAFile: d.caFile}, nil
+}
+
+// setupKube applies deploy/'s namespace, CRD and coordinator RBAC, issues the coordinator's
+// client certificate, and writes the seed-format fence ConfigMaps of every node (BMC password in
+// a Secret). It returns the coordinator's kubeconfig.
+func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset) (string, error) {
+	c := d.Cluster
+	rc, err := cluster.RESTConfig(c.AdminKubeconfig())
+	if err != nil {
+		return "", err
+	}
+	a, err := kubetest.NewApplier(rc)
+	if err != nil {
+		return "", err
+	}
+	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml"); err != nil {
+		return "", err
+	}
+	if err := a.WaitForResource(ctx, kube.FenceResource); err != nil {
+		return "", err
+	}
+	kc, err := c.IssueClient("nodefence-coordinator", CoordinatorUser, "system:serviceaccounts", "system:serviceaccounts:"+Namespace)
+	if err != nil {
+		return "", err
+	}
+	objs := []any{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bmc-credentials", Namespace: Namespace},
+			StringData: map[string]string{"password": c.BMCPassword()}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-method-template-bmc", Namespace: Namespace},
+			Data: map[string]string{"template.properties": "name=bmc\nagent_name=fence_ipmilan\nipaddr=127.0.0.1\nusername=" + cluster.BMCUser +
+				"\npassword_secret=bmc-credentials/password\nlanplus=1\ncipher=3\nmust_sucess=yes\n"}},
+	}
+	for _, n := range c.Nodes {
+		objs = append(objs,
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-method-bmc-" + n.Name, Namespace: Namespace},
+				Data: map[string]string{"method.properties": "template=fence-method-template-bmc\nipport=" + strconv.Itoa(n.BMC.Port) + "\n"}},
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-config-" + n.Name, Namespace: Namespace},
+				Data: map[string]string{"config.properties": "node_name=" + n.Name + "\npower_management=bmc\n"}})
+	}
+	for _, obj := range objs {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.Secret:
+			if _, err = admin.CoreV1().Secrets(Namespace).Update(ctx, o, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+				_, err = admin.CoreV1().Secrets(Namespace).Create(ctx, o, metav1.CreateOptions{})
+			}
+		case *corev1.ConfigMap:
+			if _, err = admin.CoreV1().ConfigMaps(Namespace).Update(ctx, o, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+				_, err = admin.CoreV1().ConfigMaps(Namespace).Create(ctx, o, metav1.CreateOptions{})
+			}
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+	return kc, nil
+}
+
+func (d *Deployment) startEtcd() error {
+	assets, err := kubetest.AssetsDir()
+	if err != nil {
+		return err
+	}
+	ports, err := freePorts("127.0.0.1", 2)
+	if err != nil {
+		return err
+	}
+	// The store is locked: clients need a certificate of the deployment's CA.
+	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
+	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
+	if err != nil {
+		return err
+	}
+	data := filepath.Join(d.Opts.Dir, "etcd")
+	_ = os.RemoveAll(data)
+	d.etcd, err = start("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
+		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
+		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
+	if err != nil {
+		return err
+	}
+	d.etcdURL = client
+	tlsConf, err := d.OperatorTLS.Client()
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
+	return waitFor(time.Now().Add(30*time.Second), d.etcd, func() bool {
+		resp, err := hc.Get(client + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+func (d *Deployment) logPath(name string) string {
+	return filepath.Join(d.Opts.Dir, "log", name+".log")
+}
+
+func (d *Deployment) startDriver() error {
+	ports, err := freePorts("127.0.0.1", 1)
+	if err != nil {
+		return err
+	}
+	d.DriverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
+	tls, err := d.issue(identity.Driver, "ipmi")
+	if err != nil {
+		return err
+	}
+	d.driver, err = start("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
+		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
+		"--poll-interval=100ms", "--default-timeout=20s")...)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(d.Opts.Dir, "driver"), 0o700); err != nil {
+		return err
+	}
+	return waitFor(time.Now().Add(30*time.Second), d.driver, func() bool { return dialable(d.DriverAddr) })
+}
+
+func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
+	host := d.Cluster.HostIP().String()
+	ports, err := freePorts(host, 1)
+	if err != nil {
+		return nil, err
+	}
+	o := d.Opts
+	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
+	tls, err := d.issue(identity.Coordinator, co.ID)
+	if err != nil {
+		return nil, err
+	}
+	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
+	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
+		"--id="+co.ID, "--listen="+co.Addr,
+		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
+		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
+		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
+		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
+		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
+		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
+		"--power-management-polls=3", "--power-management-poll-interval=1s",
+		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitFor(time.Now().Add(30*time.Second), co.p, func() bool { return dialable(co.Addr) }); err != nil {
+		return nil, err
+	}
+	return co, nil
+}
+
+// Conn dials a coordinator replica as the operator.
+func (d *Deployment) Conn(addr string) (coordv1.ClusterServiceClient, coordv1.FenceServiceClient, func(), error) {
+	conn, err := dial.New(addr, d.OperatorTLS)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return coordv1.NewClusterServiceClient(conn), coordv1.NewFenceServiceClient(conn), func() { conn.Close() }, nil
+}
+
+// Leader returns the live replica that answers ListNodes (followers refuse it), or nil.
+func (d *Deployment) Leader(ctx context.Context) *Coordinator {
+	for _, co := range d.Coordinators {
+		if !co.Alive() {
+			continue
+		}
+		cl, _, closeConn, err := d.Conn(co.Addr)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = cl.ListNodes(cctx, &coordv1.ListNodesRequest{})
+		cancel()
+		closeConn()
+		if err == nil {
+			return co
+		}
+	}
+	return nil
+}
+
+// Nodes is the leader's view of the nodes.
+func (d *Deployment) Nodes(ctx context.Context) ([]*coordv1.Node, error) {
+	co := d.Leader(ctx)
+	if co == nil {
+		return nil, errors.New("no coordinator leads")
+	}
+	cl, _, closeConn, err := d.Conn(co.Addr)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	r, err := cl.ListNodes(ctx, &coordv1.ListNodesRequest{})
+	return r.GetNodes(), err
+}
+
+// WaitAgents waits until a leader sees every running node's agent connected and the node ready.
+func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) error {
+	var last string
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := d.checkAlive(); err != nil {
+			return err
+		}
+		nodes, err := d.Nodes(ctx)
+		ready := map[string]bool{}
+		for _, n := range nodes {
+			ready[n.Name] = n.Connected && n.Readiness == coordv1.Readiness_READINESS_READY
+		}
+		var missing []string
+		for _, n := range d.Cluster.Nodes {
+			if n.Running() && !ready[n.Name] {
+				missing = append(missing, n.Name)
+			}
+		}
+		if err == nil && len(missing) == 0 {
+			return nil
+		}
+		last = fmt.Sprintf("not connected and ready: %v (%v)", missing, err)
+		if time.Now().After(deadline) {
+			var tails []string
+			for _, name := range missing {
+				tails = append(tails, name+" node-agent log:\n"+cluster.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
+			}
+			for _, co := range d.Coordinators {
+				tails = append(tails, co.ID+" log:\n"+cluster.TailWithout(co.Log(), 15, AccessLog))
+			}
+			return fmt.Errorf("agents within %s: %s\n%s", timeout, last, strings.Join(tails, "\n"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// checkAlive fails with the log tail of the driver or etcd if either exited.
+func (d *Deployment) checkAlive() error {
+	for _, p := range []*process{d.etcd, d.driver} {
+		if p != nil && p.exited() {
+			return p.failure("exited")
+		}
+	}
+	return nil
+}
+
+// Fencectl runs the fencectl binary against every replica (it finds the leader) with args.
+func (d *Deployment) Fencectl(ctx context.Context, args ...string) (string, error) {
+	var addrs []string
+	for _, co := range d.Coordinators {
+		addrs = append(addrs, co.Addr)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(d.Opts.BinDir, "fencectl"),
+		append(append(pki.Args("", d.OperatorTLS), "--coordinator="+strings.Join(addrs, ","), "--timeout=20s"), args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Stop stops the agents (as node services), the coordinators, the driver and etcd.
+func (d *Deployment) Stop() {
+	for _, n := range d.Cluster.Nodes {
+		n.RemoveService("node-agent")
+	}
+	for _, co := range d.Coordinators {
+		co.p.stop(5 * time.Second)
+	}
+	d.driver.stop(5 * time.Second)
+	d.etcd.stop(5 * time.Second)
+}
+
+// process is a started child process with its log.
+type process struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+func start(name, logPath, bin string, args ...string) (*process, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *process) stop(grace time.Duration) {
+	if p == nil || p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.kill()
+	}
+}
+
+func (p *process) kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *process) failure(what string) error {
+	return fmt.Errorf("%s %s (pid %d); last lines of %s:\n%s", p.name, what, p.cmd.Process.Pid, p.log, cluster.Tail(p.log, 25))
+}
+
+// waitFor polls ok until it holds, p exits or deadline passes.
+func waitFor(deadline time.Time, p *process, ok func() bool) error {
+	for !ok() {
+		if p.exited() {
+			return p.failure("exited at start")
+		}
+		if time.Now().After(deadline) {
+			return p.failure("not ready in time")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func freePorts(host string, n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
