@@ -164,13 +164,23 @@ var foreign = map[codes.Code]mapped{
 // internal is what the client sees of anything else.
 var internal = mapped{codes.Internal, "internal error (see the server log)"}
 
-// foreignStatus reports how the gRPC status err carries maps; ok is false when it carries none.
+// coder is an error that names its gRPC code without carrying a status: the etcd client's
+// rpctypes.EtcdError ("etcdserver: no leader" and the like) is one.
+type coder interface{ Code() codes.Code }
+
+// foreignStatus reports how the gRPC code err carries (in a status, or as a coder) maps; ok is false
+// when it carries none.
 func foreignStatus(err error) (m mapped, ok bool) {
-	s, ok := status.FromError(err)
-	if !ok {
+	var code codes.Code
+	var c coder
+	if s, isStatus := status.FromError(err); isStatus {
+		code = s.Code()
+	} else if errors.As(err, &c) {
+		code = c.Code()
+	} else {
 		return internal, false
 	}
-	if m, known := foreign[s.Code()]; known {
+	if m, known := foreign[code]; known {
 		return m, true
 	}
 	return internal, true

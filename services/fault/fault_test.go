@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -39,6 +40,9 @@ func TestStatusMapping(t *testing.T) {
 		{fmt.Errorf("put node: %w", status.Error(codes.Unavailable, "etcdserver: leader changed")), codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
 		{status.Error(codes.ResourceExhausted, "etcdserver: too many requests"), codes.Unavailable, "a backend is overloaded, retry (see the server log)"},
 		{status.Error(codes.DeadlineExceeded, "etcdserver: request timed out"), codes.DeadlineExceeded, "a backend did not answer in time (see the server log)"},
+		// The etcd client's own errors name their code without carrying a status.
+		{fmt.Errorf("put: %w", rpctypes.ErrNoLeader), codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
+		{rpctypes.ErrDuplicateKey, codes.Internal, "internal error (see the server log)"},
 		// A domain error that also wraps a foreign status keeps its own code and message.
 		{fmt.Errorf("bmc: %w (%w)", ErrUnreachable, status.Error(codes.Internal, "x")), codes.Unavailable, "bmc: device unreachable (rpc error: code = Internal desc = x)"},
 	} {
