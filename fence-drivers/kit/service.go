@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -190,7 +188,7 @@ func (s *Service) Status(ctx context.Context, req *driverv1.StatusRequest) (*dri
 func (s *Service) List(ctx context.Context, req *driverv1.ListRequest) (*driverv1.ListResponse, error) {
 	l, ok := s.d.(Lister)
 	if !ok {
-		return nil, status.Errorf(codes.Unimplemented, "driver %s has no plugs to list", s.d.Name())
+		return nil, fmt.Errorf("driver %s has no plugs to list: %w", s.d.Name(), fault.ErrUnimplemented)
 	}
 	start := time.Now()
 	t, key, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
@@ -221,7 +219,7 @@ func (s *Service) List(ctx context.Context, req *driverv1.ListRequest) (*driverv
 func (s *Service) Monitor(ctx context.Context, req *driverv1.MonitorRequest) (*driverv1.MonitorResponse, error) {
 	mon, ok := s.d.(Monitorer)
 	if !ok {
-		return nil, status.Errorf(codes.Unimplemented, "driver %s cannot monitor", s.d.Name())
+		return nil, fmt.Errorf("driver %s cannot monitor: %w", s.d.Name(), fault.ErrUnimplemented)
 	}
 	start := time.Now()
 	t, key, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
