@@ -542,7 +542,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 			}
 		}
 	}()
-	lastAck := time.Now()
+	lastAck := s.now()   // one clock: the acknowledgement pacing reads the same clock as the engine
 	lastSeq := first.Seq // seqs strictly increase on a stream (agentv1.ConnectRequest.seq)
 	for {
 		m, reused, err := in.recv()
@@ -586,11 +586,11 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 			}
 			return err
 		}
-		if event || time.Since(lastAck) >= ackEvery {
+		if event || at.Sub(lastAck) >= ackEvery {
 			if err := in.ack(m.Seq); err != nil {
 				return err
 			}
-			lastAck = time.Now()
+			lastAck = at
 		}
 	}
 }
@@ -603,17 +603,22 @@ const helloWait = 2 * time.Second
 // awaitLeader returns this replica's term, or the error naming the leader, waiting up to helloWait
 // while no leader is verified.
 func (s *AgentServer) awaitLeader(ctx context.Context) (*Leading, error) {
-	deadline := time.Now().Add(helloWait)
+	wait := time.NewTimer(helloWait) // a bound on waiting, not a reading of the clock
+	defer wait.Stop()
+	poll := time.NewTicker(100 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		l, err := s.Leadership.Leading(ctx)
 		var nl *fault.NotLeaderError
-		if err == nil || (errors.As(err, &nl) && nl.LeaderAddress != "") || time.Now().After(deadline) {
+		if err == nil || (errors.As(err, &nl) && nl.LeaderAddress != "") {
 			return l, err
 		}
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(100 * time.Millisecond):
+		case <-wait.C:
+			return l, err
+		case <-poll.C:
 		}
 	}
 }

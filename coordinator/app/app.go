@@ -1,5 +1,6 @@
 // Package app wires the coordinator: etcd (embedded or external), the gRPC server, the election loop,
-// and per term the node registry and fence runner. main and the tests both run it.
+// and per term the engine loop, the fence runner, the device checks, the fence history's upkeep and,
+// in Kubernetes mode, the Kubernetes mirror. main and the tests both run it.
 package app
 
 import (
@@ -711,7 +712,8 @@ func (a *App) reachable(ctx context.Context) error {
 }
 
 // lead sets up one term: an engine loop (every node gets a fresh grace period; persisted state is
-// restored) and a runner that resumes every active fence record.
+// restored), a runner that resumes every active fence record, the device checks, the history's
+// index and pruning, and in Kubernetes mode the mirror's term.
 func (a *App) lead(term *leader.Term) {
 	var initial []engine.Input
 	now := time.Now()
@@ -819,7 +821,8 @@ func (a *App) audit(term *leader.Term, node, kind, text string) {
 }
 
 // autoFence starts the engine's automatic fence request: a record with the engine's evidence and
-// the node's configured delay. It runs on the loop goroutine, after the request was persisted.
+// the node's configured delay. It runs on a goroutine of its own, started from the loop's OnReady
+// after the request was persisted.
 func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
 	if a.kube != nil {
 		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)

@@ -25,8 +25,9 @@ import (
 // ErrDeposed is returned by a guarded write whose epoch is no longer the leader's.
 var ErrDeposed = fmt.Errorf("%w: this replica is no longer the leader", fault.ErrStaleEpoch)
 
-// ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change).
-var ErrConflict = fmt.Errorf("%w: concurrent modification", fault.ErrFailedPrecondition)
+// ErrConflict is returned by a guarded write whose extra comparisons failed (a concurrent change);
+// it maps to Aborted: the caller may retry its whole read-modify-write.
+var ErrConflict = fmt.Errorf("%w: the guarded keys changed", fault.ErrConflict)
 
 // ErrKeyLost is returned by a campaign whose election key vanished (its lease expired) while it
 // waited for the older keys: no term is started, the caller campaigns again.

@@ -3,13 +3,16 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/testbed/etcdtest"
 )
 
@@ -160,5 +163,16 @@ func TestCampaignChecksItsKeyAfterWinning(t *testing.T) {
 	}
 	if err := <-result; !errors.Is(err, leader.ErrKeyLost) {
 		t.Fatalf("b's campaign after its key vanished: %v, want ErrKeyLost", err)
+	}
+}
+
+// A lost compare-and-swap is a conflict the caller may retry (Aborted); a deposed leader's write is
+// a stale epoch (FailedPrecondition).
+func TestErrorCodes(t *testing.T) {
+	if got := fault.Code(fmt.Errorf("put: %w", leader.ErrConflict)); got != codes.Aborted {
+		t.Errorf("ErrConflict maps to %s, want Aborted", got)
+	}
+	if got := fault.Code(fmt.Errorf("put: %w", leader.ErrDeposed)); got != codes.FailedPrecondition {
+		t.Errorf("ErrDeposed maps to %s, want FailedPrecondition", got)
 	}
 }

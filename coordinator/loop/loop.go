@@ -2,8 +2,11 @@
 // hand inputs and queries to the loop goroutine; the one exception is the hot path (Observe), where a
 // stream records a heartbeat or signal sample of a known node itself, under the loop's engine lock,
 // instead of waiting for the loop goroutine to be scheduled. The loop ticks the engine,
-// persists its writes under the leader's epoch BEFORE anything else leaves the engine, passes the
-// remaining decisions to consumers, and keeps the Prometheus zone metrics current.
+// persists its writes under the leader's epoch BEFORE anything else leaves the engine, then queues
+// the eviction grants on their nodes' agent streams (Subscribe), passes the other decisions to
+// OnReady, and keeps the Prometheus zone metrics current. A save etcd is slow to take is retried and
+// one it refuses is left out (persistOps): after its first read of etcd, only the end of the term (or
+// of its context) or a deposed write stops the loop.
 package loop
 
 import (

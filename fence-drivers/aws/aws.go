@@ -16,14 +16,11 @@ package aws
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -41,7 +38,6 @@ import (
 
 // Canonical parameter names (ClusterLabs' where fence_aws has one).
 const (
-	ParamPlug      = "plug"
 	ParamRegion    = "region"
 	ParamAccessKey = "access_key"
 	ParamSecretKey = "secret_key"
@@ -60,10 +56,15 @@ var (
 	regionName = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
 )
 
+// Idle clients: at most maxIdle per region, credentials and endpoint, each dropped after idleTimeout.
+const (
+	maxIdle     = 4
+	idleTimeout = time.Minute
+)
+
 // Driver is the EC2 driver. Use New.
 type Driver struct {
-	mu      sync.Mutex
-	clients map[string]*ec2.Client
+	pool *kit.Pool[*ec2.Client] // idle clients by client key
 }
 
 var (
@@ -74,7 +75,12 @@ var (
 )
 
 // New returns the EC2 driver.
-func New() kit.Driver { return &Driver{clients: map[string]*ec2.Client{}} }
+func New() kit.Driver {
+	return &Driver{pool: kit.NewPool(maxIdle, idleTimeout, func(*ec2.Client) {})} // an EC2 client holds nothing to close
+}
+
+// Close drops every idle client.
+func (d *Driver) Close() { d.pool.Close() }
 
 // Name is "aws".
 func (*Driver) Name() string { return "aws" }
@@ -87,7 +93,7 @@ func (*Driver) Description() string {
 // Describe lists the parameters, with ClusterLabs names and aliases.
 func (*Driver) Describe() []*driverv1.Parameter {
 	return []*driverv1.Parameter{
-		{Name: ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString, Description: "EC2 instance id (i-...)"},
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString, Description: "EC2 instance id (i-...)"},
 		{Name: ParamRegion, Type: kit.TypeString, Description: "AWS region (default: from the environment or shared config)"},
 		{Name: ParamAccessKey, Type: kit.TypeString, Description: "AWS access key id (default: the SDK's credential chain)"},
 		{Name: ParamSecretKey, Secret: true, Type: kit.TypeString, Description: "AWS secret access key"},
@@ -106,11 +112,11 @@ type params struct {
 
 func parse(p map[string]string) (*params, error) {
 	var inv fault.Invalid
-	c := &params{id: strings.TrimSpace(p[ParamPlug]), region: strings.TrimSpace(p[ParamRegion]), access: strings.TrimSpace(p[ParamAccessKey]),
+	c := &params{id: strings.TrimSpace(p[kit.ParamPlug]), region: strings.TrimSpace(p[ParamRegion]), access: strings.TrimSpace(p[ParamAccessKey]),
 		secret: p[ParamSecretKey], token: p[ParamSessionToken], profile: strings.TrimSpace(p[ParamProfile]),
 		endpoint: strings.TrimSpace(p[ParamEndpointURL])}
 	if !instanceID.MatchString(c.id) {
-		inv.Add(ParamPlug, "must be an EC2 instance id (i- and 8 or 17 hex digits), got %q", c.id)
+		inv.Add(kit.ParamPlug, "must be an EC2 instance id (i- and 8 or 17 hex digits), got %q", c.id)
 	}
 	if c.region != "" && !regionName.MatchString(c.region) {
 		inv.Add(ParamRegion, "must be a region name like eu-west-1, got %q", c.region)
@@ -134,34 +140,34 @@ func parse(p map[string]string) (*params, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (*Driver) Validate(p map[string]string) error {
-	_, err := parse(p)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (*Driver) Parse(p map[string]string) (any, error) { return parse(p) }
 
 // DeviceKey is the region, endpoint and instance.
 func (*Driver) DeviceKey(t kit.Target) string {
-	return "aws/" + strings.TrimSpace(t.Params[ParamRegion]) + "/" + strings.TrimSpace(t.Params[ParamEndpointURL]) + "/" + strings.TrimSpace(t.Params[ParamPlug])
+	return "aws/" + strings.TrimSpace(t.Params[ParamRegion]) + "/" + strings.TrimSpace(t.Params[ParamEndpointURL]) + "/" + strings.TrimSpace(t.Params[kit.ParamPlug])
 }
 
 func (c *params) key() string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%s", c.region, c.access, c.secret, c.token, c.profile, c.endpoint)
-	return hex.EncodeToString(h.Sum(nil))
+	return kit.SessionKey(c.region, c.access, c.secret, c.token, c.profile, c.endpoint)
+}
+
+// withClient parses t once and runs fn with an idle client for it or a new one. The client is
+// kept for reuse unless fn failed for another reason than a bad target.
+func (d *Driver) withClient(ctx context.Context, t kit.Target, fn func(*params, *ec2.Client) error) error {
+	c, err := kit.ParsedAs(t, parse)
+	if err != nil {
+		return err
+	}
+	dial := func() (*ec2.Client, error) { return newClient(ctx, c) }
+	return d.pool.Use(c.key(), dial, func(cl *ec2.Client) error { return fn(c, cl) })
 }
 
 // retryBackoff caps the SDK's wait between attempts.
 const retryBackoff = 500 * time.Millisecond
 
-// client returns a cached EC2 client for c's region, credentials and endpoint.
-func (d *Driver) client(ctx context.Context, c *params) (*ec2.Client, error) {
-	d.mu.Lock()
-	cl := d.clients[c.key()]
-	d.mu.Unlock()
-	if cl != nil {
-		return cl, nil
-	}
+// newClient makes an EC2 client for c's region, credentials and endpoint.
+func newClient(ctx context.Context, c *params) (*ec2.Client, error) {
 	// Three attempts with at most retryBackoff between them: a refused
 	// connection is reported as Unavailable well inside a fence timeout
 	// instead of being hidden behind the SDK's 20 s default backoff.
@@ -184,15 +190,11 @@ func (d *Driver) client(ctx context.Context, c *params) (*ec2.Client, error) {
 	if cfg.Region == "" {
 		return nil, fault.FieldError{Field: ParamRegion, Problem: "required: no region given and none in the environment or shared config"}
 	}
-	cl = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 		if c.endpoint != "" {
 			o.BaseEndpoint = aws.String(c.endpoint)
 		}
-	})
-	d.mu.Lock()
-	d.clients[c.key()] = cl
-	d.mu.Unlock()
-	return cl, nil
+	}), nil
 }
 
 // classify maps SDK errors to the fault sentinels.
@@ -208,7 +210,7 @@ func classify(ctx context.Context, c *params, what string, err error) error {
 			code == "ExpiredToken", code == "RequestExpired", code == "OptInRequired":
 			return fmt.Errorf("%w: %s %s: %s: %s", fault.ErrUnauthenticated, what, c.id, code, msg)
 		case strings.HasPrefix(code, "InvalidInstanceID"):
-			return fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("%s: %s", code, msg)}
+			return fault.FieldError{Field: kit.ParamPlug, Problem: fmt.Sprintf("%s: %s", code, msg)}
 		}
 		return fmt.Errorf("%w: %s %s: %s: %s", fault.ErrDevice, what, c.id, code, msg)
 	}
@@ -234,94 +236,81 @@ func stateOf(s *types.InstanceState) driverv1.PowerState {
 
 // Status describes the instance: running is ON, stopped OFF, anything else UNKNOWN.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
-	}
-	cl, err := d.client(ctx, c)
-	if err != nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
-	}
-	out, err := cl.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{c.id}})
-	if err != nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, classify(ctx, c, "DescribeInstances", err)
-	}
-	for _, r := range out.Reservations {
-		for _, in := range r.Instances {
-			if aws.ToString(in.InstanceId) == c.id {
-				return stateOf(in.State), nil
+	state := driverv1.PowerState_POWER_STATE_UNKNOWN
+	err := d.withClient(ctx, t, func(c *params, cl *ec2.Client) error {
+		out, err := cl.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{c.id}})
+		if err != nil {
+			return classify(ctx, c, "DescribeInstances", err)
+		}
+		for _, r := range out.Reservations {
+			for _, in := range r.Instances {
+				if aws.ToString(in.InstanceId) == c.id {
+					state = stateOf(in.State)
+					return nil
+				}
 			}
 		}
+		return fault.FieldError{Field: kit.ParamPlug, Problem: "DescribeInstances does not list instance " + c.id}
+	})
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
-	return driverv1.PowerState_POWER_STATE_UNKNOWN, fault.FieldError{Field: ParamPlug, Problem: "DescribeInstances does not list instance " + c.id}
+	return state, nil
 }
 
 // PowerOff force-stops the instance.
 func (d *Driver) PowerOff(ctx context.Context, t kit.Target) error {
-	c, err := parse(t.Params)
-	if err != nil {
-		return err
-	}
-	cl, err := d.client(ctx, c)
-	if err != nil {
-		return err
-	}
-	if _, err := cl.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{c.id}, Force: aws.Bool(true)}); err != nil {
-		return classify(ctx, c, "StopInstances", err)
-	}
-	return nil
+	return d.withClient(ctx, t, func(c *params, cl *ec2.Client) error {
+		if _, err := cl.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{c.id}, Force: aws.Bool(true)}); err != nil {
+			return classify(ctx, c, "StopInstances", err)
+		}
+		return nil
+	})
 }
 
 // PowerOn starts the instance.
 func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
-	c, err := parse(t.Params)
-	if err != nil {
-		return err
-	}
-	cl, err := d.client(ctx, c)
-	if err != nil {
-		return err
-	}
-	if _, err := cl.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{c.id}}); err != nil {
-		return classify(ctx, c, "StartInstances", err)
-	}
-	return nil
+	return d.withClient(ctx, t, func(c *params, cl *ec2.Client) error {
+		if _, err := cl.StartInstances(ctx, &ec2.StartInstancesInput{InstanceIds: []string{c.id}}); err != nil {
+			return classify(ctx, c, "StartInstances", err)
+		}
+		return nil
+	})
 }
 
 // List describes the instances (all, or those matching filter) with their Name tags and states.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := d.client(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	in := &ec2.DescribeInstancesInput{}
-	if c.filterKey != "" {
-		in.Filters = []types.Filter{{Name: aws.String(c.filterKey), Values: []string{c.filterValue}}}
-	}
 	var plugs []*driverv1.Plug
-	p := ec2.NewDescribeInstancesPaginator(cl, in)
-	for p.HasMorePages() {
-		out, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, classify(ctx, c, "DescribeInstances", err)
+	err := d.withClient(ctx, t, func(c *params, cl *ec2.Client) error {
+		in := &ec2.DescribeInstancesInput{}
+		if c.filterKey != "" {
+			in.Filters = []types.Filter{{Name: aws.String(c.filterKey), Values: []string{c.filterValue}}}
 		}
-		for _, r := range out.Reservations {
-			for _, i := range r.Instances {
-				name := ""
-				for _, tag := range i.Tags {
-					if aws.ToString(tag.Key) == "Name" {
-						name = aws.ToString(tag.Value)
-					}
+		p := ec2.NewDescribeInstancesPaginator(cl, in)
+		for p.HasMorePages() {
+			out, err := p.NextPage(ctx)
+			if err != nil {
+				return classify(ctx, c, "DescribeInstances", err)
+			}
+			for _, r := range out.Reservations {
+				for _, i := range r.Instances {
+					plugs = append(plugs, &driverv1.Plug{Id: aws.ToString(i.InstanceId), Name: nameTag(i.Tags), State: stateOf(i.State)})
 				}
-				plugs = append(plugs, &driverv1.Plug{Id: aws.ToString(i.InstanceId), Name: name, State: stateOf(i.State)})
 			}
 		}
+		return nil
+	})
+	return plugs, err
+}
+
+// nameTag is the value of the Name tag, or "".
+func nameTag(tags []types.Tag) string {
+	for _, tag := range tags {
+		if aws.ToString(tag.Key) == "Name" {
+			return aws.ToString(tag.Value)
+		}
 	}
-	return plugs, nil
+	return ""
 }
 
 // Monitor describes the target instance.

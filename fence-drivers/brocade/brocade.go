@@ -19,20 +19,13 @@ package brocade
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -41,12 +34,7 @@ import (
 
 // Canonical parameter names (ClusterLabs' where fence_brocade has one).
 const (
-	ParamIP            = "ip"
-	ParamIPPort        = "ipport"
-	ParamUsername      = "username"
-	ParamPassword      = "password"
 	ParamIdentityFile  = "identity_file"
-	ParamPlug          = "plug"
 	ParamSSH           = "ssh"
 	ParamCommandPrompt = "command_prompt"
 	// ParamSSHHostKey pins the switch's SSH host key (authorized_keys format or SHA256:
@@ -73,14 +61,7 @@ type Config struct {
 // Driver is the Brocade FC switch driver. Use New or NewWith.
 type Driver struct {
 	cfg  Config
-	mu   sync.Mutex
-	idle map[string][]*idleSession // session key -> idle sessions
-}
-
-// idleSession is a session waiting for reuse; its timer closes it when unused.
-type idleSession struct {
-	s     *session
-	timer *time.Timer
+	pool *kit.Pool[*session] // logged-in sessions by session key
 }
 
 var (
@@ -101,7 +82,7 @@ func NewWith(cfg Config) *Driver {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Driver{cfg: cfg, idle: map[string][]*idleSession{}}
+	return &Driver{cfg: cfg, pool: kit.NewPool(maxIdle, cfg.IdleTimeout, (*session).close)}
 }
 
 // Name is "brocade".
@@ -120,15 +101,15 @@ func (d *Driver) Describe() []*driverv1.Parameter {
 		kh += " (default " + d.cfg.KnownHostsFile + ")"
 	}
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the switch"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Description: "TCP port (default 23, or 22 with ssh)"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Description: "TCP port (default 23, or 22 with ssh)"},
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString,
 			Description: "switch login name"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
 			Description: "switch password (required for telnet; for SSH unless identity_file is given)"},
 		{Name: ParamIdentityFile, Type: kit.TypeString, Description: "SSH private key file (PEM or OpenSSH format, unencrypted)"},
-		{Name: ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Required: true, Type: kit.TypeString,
 			Description: "switch port index (the Index column of switchshow) the node's HBA is cabled to"},
 		{Name: ParamSSH, Aliases: []string{"secure"}, Type: kit.TypeBoolean, Default: "0",
 			Description: "use SSH instead of telnet"},
@@ -142,137 +123,47 @@ func (d *Driver) Describe() []*driverv1.Parameter {
 	}
 }
 
-// config is a parsed target.
-type config struct {
-	host, port string
-	username   string
-	password   string
-	plug       int
-	ssh        bool
-	prompt     string
-	signer     ssh.Signer
-	hostKeys   ssh.HostKeyCallback
-	policy     string // host key policy, for the session key
-}
-
-func (c *config) addr() string { return net.JoinHostPort(c.host, c.port) }
-
-// parse reads canonical parameters, naming every bad one. With load, it also reads the identity
-// file and prepares the host key check.
-func (d *Driver) parse(p map[string]string, load bool) (*config, error) {
-	var inv fault.Invalid
-	c := &config{host: strings.TrimSpace(p[ParamIP]), username: p[ParamUsername], password: p[ParamPassword],
-		ssh: p[ParamSSH] == "1", prompt: p[ParamCommandPrompt]}
-	if c.host == "" || strings.ContainsAny(c.host, " /") {
-		inv.Add(ParamIP, "must be an IP address or hostname, got %q", c.host)
-	}
-	c.port = strings.TrimSpace(p[ParamIPPort])
-	if c.port == "" {
-		c.port = "23"
-		if c.ssh {
-			c.port = "22"
-		}
-	}
-	if n, err := strconv.Atoi(c.port); err != nil || n < 1 || n > 65535 {
-		inv.Add(ParamIPPort, "must be a TCP port 1-65535, got %q", c.port)
-	}
-	if strings.TrimSpace(c.username) == "" {
-		inv.Add(ParamUsername, "required: switch login name")
-	}
-	if n, err := strconv.Atoi(strings.TrimSpace(p[ParamPlug])); err != nil || n < 0 {
-		inv.Add(ParamPlug, "must be a port index (0, 1, ...), got %q", p[ParamPlug])
-	} else {
-		c.plug = n
-	}
-	if strings.TrimSpace(c.prompt) == "" {
-		inv.Add(ParamCommandPrompt, "must not be empty")
-	}
-	idFile := strings.TrimSpace(p[ParamIdentityFile])
-	switch {
-	case !c.ssh && c.password == "":
-		inv.Add(ParamPassword, "required for telnet")
-	case !c.ssh && idFile != "":
-		inv.Add(ParamIdentityFile, "only for SSH (set ssh=1)")
-	case c.ssh && c.password == "" && idFile == "":
-		inv.Add(ParamPassword, "required for SSH unless identity_file is given")
-	}
-	if c.ssh {
-		d.parseSSH(p, c, idFile, load, &inv)
-	}
-	return c, inv.Err()
-}
-
-func (d *Driver) parseSSH(p map[string]string, c *config, idFile string, load bool, inv *fault.Invalid) {
-	pinned, known, insecure := strings.TrimSpace(p[ParamSSHHostKey]), strings.TrimSpace(p[ParamSSHKnownHosts]), p[ParamSSHInsecure] == "1"
-	switch {
-	case pinned != "":
-		cb, err := pinnedHostKey(pinned)
-		if err != nil {
-			inv.Add(ParamSSHHostKey, "%v", err)
-		}
-		c.hostKeys, c.policy = cb, "pinned "+pinned
-	case insecure: // explicit, so it wins over the default known_hosts file
-		c.hostKeys, c.policy = ssh.InsecureIgnoreHostKey(), "insecure" //nolint:gosec // only with the explicit ssh_insecure=1
-	case known != "":
-		c.hostKeys, c.policy = acceptNew(known, d.cfg.Log), "known_hosts "+known
-	default:
-		inv.Add(ParamSSHHostKey, "SSH needs a host key policy: ssh_host_key (pinned), ssh_known_hosts (accept-new) or, for tests only, ssh_insecure=1")
-	}
-	if idFile != "" && load {
-		pem, err := os.ReadFile(idFile)
-		if err != nil {
-			inv.Add(ParamIdentityFile, "cannot read: %v", err)
-			return
-		}
-		if c.signer, err = ssh.ParsePrivateKey(pem); err != nil {
-			inv.Add(ParamIdentityFile, "not a usable private key: %v", err)
-		}
-	}
-}
-
-// Validate checks canonical parameters.
-func (d *Driver) Validate(params map[string]string) error {
-	_, err := d.parse(params, false)
-	return err
-}
+// Parse checks canonical parameters and returns them typed. It reads no file: the SSH identity
+// file is read at each login (withSession), so that checking a configuration offline touches nothing.
+func (d *Driver) Parse(params map[string]string) (any, error) { return d.parse(params) }
 
 // DeviceKey is the switch's address and the port index.
 func (*Driver) DeviceKey(t kit.Target) string {
-	port := t.Params[ParamIPPort]
+	port := t.Params[kit.ParamIPPort]
 	if port == "" {
 		port = "23"
 		if t.Params[ParamSSH] == "1" {
 			port = "22"
 		}
 	}
-	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), kit.KeyPart(port)) + "/" + kit.KeyPart(t.Params[ParamPlug])
+	return "brocade/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[kit.ParamIP])), kit.KeyPart(port)) + "/" + kit.KeyPart(t.Params[kit.ParamPlug])
 }
 
 // sessionKey identifies a session's connection parameters, secrets included (hashed, kept in
 // memory only).
 func sessionKey(c *config, p map[string]string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%t\x00%s\x00%s\x00%s", c.addr(), c.username, c.password, c.ssh, c.prompt, c.policy, p[ParamIdentityFile])
-	return hex.EncodeToString(h.Sum(nil))
+	return kit.SessionKey(c.addr(), c.username, c.password, c.ssh, c.prompt, c.policy, p[ParamIdentityFile])
 }
 
-// withSession runs fn on a logged-in session: an idle one if there is one (retried once on a fresh
-// session if the idle one turns out dead), else a new one. The session is kept for reuse when fn
-// succeeds.
-func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session) error) error {
-	c, err := d.parse(t.Params, true)
+// maxIdle bounds the idle sessions kept per switch and credentials: switches allow few sessions.
+const maxIdle = 2
+
+// withSession parses t once and runs fn on a logged-in session: an idle one if there is one
+// (retried once on a fresh session if the idle one turns out dead), else a new one. The session
+// is kept for reuse when fn succeeds.
+func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session, *config) error) error {
+	c, err := kit.ParsedAs(t, d.parse)
 	if err != nil {
 		return err
 	}
+	if c, err = withIdentity(c); err != nil {
+		return err
+	}
 	key := sessionKey(c, t.Params)
-	if s := d.take(key); s != nil {
-		err := fn(s)
-		if err == nil {
-			d.put(key, s)
-			return nil
-		}
-		s.close()
-		if !errors.Is(err, fault.ErrUnreachable) || ctx.Err() != nil {
+	if s, ok := d.pool.Get(key); ok {
+		err := fn(s, c)
+		d.pool.Put(key, s, err == nil)
+		if err == nil || !errors.Is(err, fault.ErrUnreachable) || ctx.Err() != nil {
 			return err
 		}
 		d.cfg.Log.Debug("brocade: reused session failed, logging in again", "switch", c.addr(), "err", err)
@@ -281,64 +172,13 @@ func (d *Driver) withSession(ctx context.Context, t kit.Target, fn func(*session
 	if err != nil {
 		return err
 	}
-	if err := fn(s); err != nil {
-		s.close()
-		return err
-	}
-	d.put(key, s)
-	return nil
-}
-
-func (d *Driver) take(key string) *session {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	l := d.idle[key]
-	for len(l) > 0 {
-		is := l[len(l)-1]
-		l = l[:len(l)-1]
-		d.idle[key] = l
-		if is.timer.Stop() {
-			return is.s
-		}
-	}
-	return nil
-}
-
-func (d *Driver) put(key string, s *session) {
-	if d.cfg.IdleTimeout < 0 {
-		s.close()
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.idle[key]) >= 2 { // switches allow few sessions: keep at most two idle
-		s.close()
-		return
-	}
-	is := &idleSession{s: s}
-	is.timer = time.AfterFunc(d.cfg.IdleTimeout, func() {
-		d.mu.Lock()
-		d.idle[key] = slices.DeleteFunc(d.idle[key], func(x *idleSession) bool { return x == is })
-		d.mu.Unlock()
-		s.close()
-	})
-	d.idle[key] = append(d.idle[key], is)
+	err = fn(s, c)
+	d.pool.Put(key, s, err == nil)
+	return err
 }
 
 // Close logs out of every idle session.
-func (d *Driver) Close() {
-	d.mu.Lock()
-	idle := d.idle
-	d.idle = map[string][]*idleSession{}
-	d.mu.Unlock()
-	for _, l := range idle {
-		for _, is := range l {
-			if is.timer.Stop() {
-				is.s.close()
-			}
-		}
-	}
-}
+func (d *Driver) Close() { d.pool.Close() }
 
 // ports runs switchshow on s and returns its rows.
 func ports(ctx context.Context, s *session, addr string) ([]PortRow, error) {
@@ -360,19 +200,23 @@ func port(rows []PortRow, n int, addr string) (PortRow, error) {
 			return r, nil
 		}
 	}
-	return PortRow{}, fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
+	return PortRow{}, fault.FieldError{Field: kit.ParamPlug, Problem: fmt.Sprintf("switch %s has no port with index %d (switchshow lists %d ports)", addr, n, len(rows))}
+}
+
+// targetPort reads switchshow and returns the target port's row.
+func targetPort(ctx context.Context, s *session, c *config) (PortRow, error) {
+	rows, err := ports(ctx, s, c.addr())
+	if err != nil {
+		return PortRow{}, err
+	}
+	return port(rows, c.plug, c.addr())
 }
 
 // Status reads the port's row of switchshow: OFF when it says Disabled.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
 	st := driverv1.PowerState_POWER_STATE_UNKNOWN
-	err := d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
-		rows, err := ports(ctx, s, c.addr())
-		if err != nil {
-			return err
-		}
-		r, err := port(rows, c.plug, c.addr())
+	err := d.withSession(ctx, t, func(s *session, c *config) error {
+		r, err := targetPort(ctx, s, c)
 		if err != nil {
 			return err
 		}
@@ -401,13 +245,8 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
 // set checks that the port exists, then sends the command unless the port is already in the
 // wanted state. The kit verifies the effect by reading switchshow again.
 func (d *Driver) set(ctx context.Context, t kit.Target, disable bool) error {
-	return d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
-		rows, err := ports(ctx, s, c.addr())
-		if err != nil {
-			return err
-		}
-		r, err := port(rows, c.plug, c.addr())
+	return d.withSession(ctx, t, func(s *session, c *config) error {
+		r, err := targetPort(ctx, s, c)
 		if err != nil {
 			return err
 		}
@@ -443,8 +282,7 @@ func firstLine(s string) string {
 // List returns the switch's ports, with their state.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
 	var plugs []*driverv1.Plug
-	err := d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	err := d.withSession(ctx, t, func(s *session, c *config) error {
 		rows, err := ports(ctx, s, c.addr())
 		if err != nil {
 			return err
@@ -463,8 +301,7 @@ func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, erro
 
 // Monitor logs in and runs switchshow.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	return d.withSession(ctx, t, func(s *session) error {
-		c, _ := d.parse(t.Params, false)
+	return d.withSession(ctx, t, func(s *session, c *config) error {
 		_, err := ports(ctx, s, c.addr())
 		return err
 	})

@@ -251,7 +251,7 @@ func TestIdentityFile(t *testing.T) {
 	}
 }
 
-func TestValidate(t *testing.T) {
+func TestParse(t *testing.T) {
 	d := brocade.New()
 	cases := []struct {
 		name   string
@@ -266,7 +266,7 @@ func TestValidate(t *testing.T) {
 			[]string{"command_prompt", "ip", "ipport", "password", "plug", "username"}},
 	}
 	for _, tc := range cases {
-		err := d.Validate(tc.params)
+		_, err := d.Parse(tc.params)
 		var got []string
 		if err != nil {
 			for _, f := range strings.Split(strings.TrimPrefix(err.Error(), "invalid: "), "; ") {
@@ -274,7 +274,7 @@ func TestValidate(t *testing.T) {
 			}
 		}
 		if strings.Join(got, ",") != strings.Join(tc.bad, ",") {
-			t.Errorf("%s: Validate = %v; want problems with %v", tc.name, err, tc.bad)
+			t.Errorf("%s: Parse = %v; want problems with %v", tc.name, err, tc.bad)
 		}
 	}
 }

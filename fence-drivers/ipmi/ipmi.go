@@ -28,13 +28,9 @@ import (
 
 // Canonical parameter names (fence_ipmilan's).
 const (
-	ParamIP       = "ip"
-	ParamIPPort   = "ipport"
-	ParamUsername = "username"
-	ParamPassword = "password"
-	ParamLanplus  = "lanplus"
-	ParamCipher   = "cipher"
-	ParamPrivlvl  = "privlvl"
+	ParamLanplus = "lanplus"
+	ParamCipher  = "cipher"
+	ParamPrivlvl = "privlvl"
 	// ParamTimeout is fence_ipmilan's ipmitool_timeout: seconds to wait for each IPMI request
 	// before retransmitting (fractions allowed). The whole operation is bounded by the request's
 	// timeout regardless.
@@ -75,13 +71,13 @@ func (Driver) Description() string {
 // Describe lists fence_ipmilan's parameters that this driver honours.
 func (Driver) Describe() []*driverv1.Parameter {
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the BMC"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Default: "623",
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Default: "623",
 			Description: "UDP port of the BMC"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Type: kit.TypeString,
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Type: kit.TypeString,
 			Description: "IPMI user name (at most 16 bytes; empty for the anonymous user)"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Type: kit.TypeString,
 			Description: "IPMI password (at most 20 bytes)"},
 		{Name: ParamLanplus, Type: kit.TypeBoolean, Default: "1",
 			Description: "use IPMI v2.0 RMCP+; only 1 is supported"},
@@ -110,22 +106,13 @@ func (c config) addr() string { return net.JoinHostPort(c.host, strconv.Itoa(c.p
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (config, error) {
 	var inv fault.Invalid
-	c := config{host: strings.TrimSpace(p[ParamIP]), user: p[ParamUsername], pass: p[ParamPassword]}
-	if c.host == "" {
-		inv.Add(ParamIP, "required: IP address or hostname of the BMC")
-	} else if strings.ContainsAny(c.host, " /") {
-		inv.Add(ParamIP, "%q is not an IP address or hostname", c.host)
-	}
-	if port, err := strconv.Atoi(p[ParamIPPort]); err != nil || port < 1 || port > 65535 {
-		inv.Add(ParamIPPort, "must be a UDP port 1-65535, got %q", p[ParamIPPort])
-	} else {
-		c.port = port
-	}
+	c := config{user: p[kit.ParamUsername], pass: p[kit.ParamPassword]}
+	c.host, c.port = kit.ParseAddress(p, &inv, "BMC", "UDP")
 	if len(c.user) > 16 {
-		inv.Add(ParamUsername, "at most 16 bytes in IPMI, got %d", len(c.user))
+		inv.Add(kit.ParamUsername, "at most 16 bytes in IPMI, got %d", len(c.user))
 	}
 	if len(c.pass) > 20 {
-		inv.Add(ParamPassword, "at most 20 bytes in IPMI v2.0")
+		inv.Add(kit.ParamPassword, "at most 20 bytes in IPMI v2.0")
 	}
 	if p[ParamLanplus] != "1" {
 		inv.Add(ParamLanplus, "only lanplus (IPMI v2.0 RMCP+) is supported; IPMI v1.5 lan is not")
@@ -156,15 +143,12 @@ func parse(p map[string]string) (config, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (Driver) Validate(params map[string]string) error {
-	_, err := parse(params)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (Driver) Parse(params map[string]string) (any, error) { return parse(params) }
 
 // DeviceKey is the BMC's address: one BMC controls one machine.
 func (Driver) DeviceKey(t kit.Target) string {
-	return "ipmi/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[ParamIP])), kit.KeyPart(t.Params[ParamIPPort]))
+	return "ipmi/" + net.JoinHostPort(strings.ToLower(strings.TrimSpace(t.Params[kit.ParamIP])), kit.KeyPart(t.Params[kit.ParamIPPort]))
 }
 
 // PowerOff sends Chassis Control "power down".
@@ -216,7 +200,7 @@ func (d Driver) Monitor(ctx context.Context, t kit.Target) error {
 
 // withSession opens an RMCP+ session for t, runs fn and closes the session.
 func withSession(ctx context.Context, t kit.Target, fn func(*client.Client, config) error) error {
-	cfg, err := parse(t.Params)
+	cfg, err := kit.ParsedAs(t, parse)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,20 @@ type Target struct {
 	// driver's Describe (aliases resolved, lower case, '-' read as '_'), defaults filled in,
 	// booleans "1" or "0". Parameters the driver does not describe are passed through unchanged.
 	Params map[string]string
+	// Parsed is the driver's typed form of Params, as its Parse returned it: the kit parses a
+	// target once per request and every driver method reads the result through ParsedAs. Nil in
+	// a Target built outside the kit (or by a TargetResolver that leaves it out): ParsedAs then
+	// parses Params.
+	Parsed any
+}
+
+// ParsedAs returns t's parameters in the driver's typed form P: t.Parsed when it holds a P, else
+// what parse makes of t.Params.
+func ParsedAs[P any](t Target, parse func(map[string]string) (P, error)) (P, error) {
+	if p, ok := t.Parsed.(P); ok {
+		return p, nil
+	}
+	return parse(t.Params)
 }
 
 // Driver is a fence device protocol. The kit calls it only with validated, canonical targets and
@@ -45,8 +59,9 @@ type Driver interface {
 	// Describe lists the parameters the driver accepts, like a fence agent's metadata. The kit
 	// uses it to resolve aliases, fill defaults, check required and typed values and mask secrets.
 	Describe() []*driverv1.Parameter
-	// Validate checks canonical parameters and returns a fault.Invalid naming each bad one.
-	Validate(params map[string]string) error
+	// Parse checks canonical parameters and returns them in the driver's typed form, which the
+	// kit keeps in Target.Parsed, or a fault.Invalid naming each bad one.
+	Parse(params map[string]string) (any, error)
 	// DeviceKey identifies the physical device and plug: the scope of epochs and locking.
 	DeviceKey(t Target) string
 	// PowerOff asks the device to turn the target off. It need not wait for the effect.
@@ -62,7 +77,7 @@ type Driver interface {
 // cannot tell apart without asking the device (a PDU outlet by its name or by its number). Before
 // a mutation's epoch check the kit calls ResolveTarget, with the operation's deadline, and uses the
 // target it returns, which names the device the canonical way, for the epoch, the device lock and
-// the action: a deposed leader cannot reach a device under another of its names, and what is locked
+// the action (its Parsed must match its Params, or be nil): a deposed leader cannot reach a device under another of its names, and what is locked
 // is what is switched. Only mutations resolve; Status and Monitor read whatever the target names.
 type TargetResolver interface {
 	ResolveTarget(ctx context.Context, t Target) (Target, error)

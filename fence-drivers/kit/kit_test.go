@@ -130,22 +130,40 @@ func TestEpochStorePersists(t *testing.T) {
 
 // fakeDriver is an in-memory device; hang makes every call ignore its context for that long.
 type fakeDriver struct {
-	mu     sync.Mutex
-	on     bool
-	hang   time.Duration
-	failed int // remaining PowerOff calls that fail
-	offs   int
+	mu       sync.Mutex
+	on       bool
+	hang     time.Duration
+	failed   int // remaining PowerOff calls that fail
+	offs     int
+	parses   int // Parse calls
+	unparsed int // PowerOff and Status calls whose target did not carry the parsed parameters
+}
+
+// fakeParams is the fake driver's typed form of a target.
+type fakeParams struct{ ip string }
+
+func (f *fakeDriver) Parse(p map[string]string) (any, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.parses++
+	return fakeParams{ip: p["ip"]}, nil
+}
+
+func (f *fakeDriver) sawParsed(t Target) {
+	if fp, ok := t.Parsed.(fakeParams); !ok || fp.ip != t.Params["ip"] {
+		f.unparsed++
+	}
 }
 
 func (*fakeDriver) Name() string                            { return "fake" }
 func (*fakeDriver) Describe() []*driverv1.Parameter         { return testDesc }
-func (*fakeDriver) Validate(map[string]string) error        { return nil }
 func (*fakeDriver) DeviceKey(t Target) string               { return "fake/" + t.Params["ip"] }
 func (f *fakeDriver) PowerOn(context.Context, Target) error { f.set(true); return nil }
-func (f *fakeDriver) PowerOff(ctx context.Context, _ Target) error {
+func (f *fakeDriver) PowerOff(ctx context.Context, t Target) error {
 	time.Sleep(f.hang) // deliberately deaf to ctx
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sawParsed(t)
 	f.offs++
 	if f.failed > 0 {
 		f.failed--
@@ -155,9 +173,10 @@ func (f *fakeDriver) PowerOff(ctx context.Context, _ Target) error {
 	return nil
 }
 func (f *fakeDriver) set(on bool) { f.mu.Lock(); f.on = on; f.mu.Unlock() }
-func (f *fakeDriver) Status(context.Context, Target) (driverv1.PowerState, error) {
+func (f *fakeDriver) Status(_ context.Context, t Target) (driverv1.PowerState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sawParsed(t)
 	if f.on {
 		return driverv1.PowerState_POWER_STATE_ON, nil
 	}
@@ -298,5 +317,23 @@ func TestOnlyTheCoordinatorRecordsEpochs(t *testing.T) {
 	resp, err := s.PowerOff(identity.With(ctx, identity.Identity{Role: identity.Coordinator, Name: "c1"}), offReq("good", time.Second))
 	if err != nil || resp.GetState() != driverv1.PowerState_POWER_STATE_OFF {
 		t.Fatalf("the coordinator's PowerOff with epoch 1: %v, %v (an attacker's epoch was recorded?)", resp, err)
+	}
+}
+
+func TestTargetIsParsedOncePerRequest(t *testing.T) {
+	d := &fakeDriver{on: true}
+	s := newTestService(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.PowerOff(ctx, offReq("once", 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.parses != 1 {
+		t.Errorf("Parse ran %d times for one PowerOff (with its status read-backs), want 1", d.parses)
+	}
+	if d.unparsed != 0 {
+		t.Errorf("%d driver calls got a target without its parsed parameters", d.unparsed)
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -190,7 +188,7 @@ func (s *Service) Status(ctx context.Context, req *driverv1.StatusRequest) (*dri
 func (s *Service) List(ctx context.Context, req *driverv1.ListRequest) (*driverv1.ListResponse, error) {
 	l, ok := s.d.(Lister)
 	if !ok {
-		return nil, status.Errorf(codes.Unimplemented, "driver %s has no plugs to list", s.d.Name())
+		return nil, fmt.Errorf("driver %s has no plugs to list: %w", s.d.Name(), fault.ErrUnimplemented)
 	}
 	start := time.Now()
 	t, key, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
@@ -221,7 +219,7 @@ func (s *Service) List(ctx context.Context, req *driverv1.ListRequest) (*driverv
 func (s *Service) Monitor(ctx context.Context, req *driverv1.MonitorRequest) (*driverv1.MonitorResponse, error) {
 	mon, ok := s.d.(Monitorer)
 	if !ok {
-		return nil, status.Errorf(codes.Unimplemented, "driver %s cannot monitor", s.d.Name())
+		return nil, fmt.Errorf("driver %s cannot monitor: %w", s.d.Name(), fault.ErrUnimplemented)
 	}
 	start := time.Now()
 	t, key, ctx, cancel, err := s.readRequest(ctx, req.GetTarget(), req.GetTimeout())
@@ -484,14 +482,15 @@ func (s *Service) target(pt *driverv1.Target, inv *fault.Invalid) (Target, strin
 		return t, ""
 	}
 	params, err := Canonicalize(pt.GetParameters(), s.desc)
+	var parsed any
 	if err == nil {
-		err = s.d.Validate(params)
+		parsed, err = s.d.Parse(params)
 	}
 	if err != nil {
 		addPrefixed(inv, "target.parameters.", err)
 		return t, ""
 	}
-	t.Params = params
+	t.Params, t.Parsed = params, parsed
 	return t, s.d.DeviceKey(t)
 }
 

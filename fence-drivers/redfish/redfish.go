@@ -15,28 +15,19 @@
 // TLS is verified, against the system roots or the CA in ssl_ca_file; only the explicit
 // ssl_insecure=1 skips verification. Authentication is HTTP Basic on every request, as
 // fence_redfish does, or a Redfish session with session_auth=1. Clients are kept per BMC and
-// credentials, so connections and the discovered system are reused.
+// credentials (kit.Pool), so connections and the discovered system are reused; a client whose
+// operation failed is dropped, and one unused for 30 s is closed (its Redfish session deleted).
 package redfish
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
 
 	"github.com/nodefence/nodefence/fence-drivers/kit"
@@ -46,11 +37,6 @@ import (
 
 // Canonical parameter names (ClusterLabs' where fence_redfish has one).
 const (
-	ParamIP          = "ip"
-	ParamIPPort      = "ipport"
-	ParamUsername    = "username"
-	ParamPassword    = "password"
-	ParamPlug        = "plug"
 	ParamSystemsURI  = "systems_uri"
 	ParamRedfishURI  = "redfish_uri"
 	ParamSSL         = "ssl"
@@ -63,16 +49,15 @@ const (
 	ParamSessionAuth = "session_auth"
 )
 
+// Idle clients: at most maxIdle per BMC and credentials, each closed after idleTimeout.
+const (
+	maxIdle     = 4
+	idleTimeout = 30 * time.Second
+)
+
 // Driver is the Redfish driver. Use New.
 type Driver struct {
-	mu      sync.Mutex
-	clients map[string]*client // by client key
-}
-
-// client is a connected gofish client and the systems it resolved.
-type client struct {
-	api     *gofish.APIClient
-	systems map[string]string // systems_uri or plug -> system URI
+	pool *kit.Pool[*client] // idle clients by client key
 }
 
 var (
@@ -83,7 +68,10 @@ var (
 )
 
 // New returns the Redfish driver.
-func New() kit.Driver { return &Driver{clients: map[string]*client{}} }
+func New() kit.Driver { return &Driver{pool: kit.NewPool(maxIdle, idleTimeout, (*client).close)} }
+
+// Close closes every idle client.
+func (d *Driver) Close() { d.pool.Close() }
 
 // Name is "redfish".
 func (*Driver) Name() string { return "redfish" }
@@ -96,14 +84,14 @@ func (*Driver) Description() string {
 // Describe lists the parameters, with ClusterLabs names and aliases.
 func (*Driver) Describe() []*driverv1.Parameter {
 	return []*driverv1.Parameter{
-		{Name: ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
+		{Name: kit.ParamIP, Aliases: []string{"ipaddr"}, Required: true, Type: kit.TypeString,
 			Description: "IP address or hostname of the BMC, optionally host:port"},
-		{Name: ParamIPPort, Type: kit.TypeInteger, Default: "443", Description: "TCP port of the Redfish service"},
-		{Name: ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString, Description: "BMC user name"},
-		{Name: ParamPassword, Aliases: []string{"passwd"}, Secret: true, Required: true, Type: kit.TypeString, Description: "BMC password"},
+		{Name: kit.ParamIPPort, Type: kit.TypeInteger, Default: "443", Description: "TCP port of the Redfish service"},
+		{Name: kit.ParamUsername, Aliases: []string{"login"}, Required: true, Type: kit.TypeString, Description: "BMC user name"},
+		{Name: kit.ParamPassword, Aliases: []string{"passwd"}, Secret: true, Required: true, Type: kit.TypeString, Description: "BMC password"},
 		{Name: ParamSystemsURI, Type: kit.TypeString,
 			Description: "URI of the ComputerSystem, e.g. /redfish/v1/Systems/1 (default: discovered; required when the service has several systems and no plug is given)"},
-		{Name: ParamPlug, Aliases: []string{"port"}, Type: kit.TypeString,
+		{Name: kit.ParamPlug, Aliases: []string{"port"}, Type: kit.TypeString,
 			Description: "Id of the ComputerSystem in the Systems collection (an alternative to systems_uri)"},
 		{Name: ParamRedfishURI, Type: kit.TypeString, Default: "/redfish/v1",
 			Description: "base URI of the Redfish service (only /redfish/v1 is supported)"},
@@ -133,19 +121,19 @@ type config struct {
 // parse reads canonical parameters, naming every bad one.
 func parse(p map[string]string) (*config, error) {
 	var inv fault.Invalid
-	c := &config{username: p[ParamUsername], password: p[ParamPassword], systemsURI: strings.TrimSpace(p[ParamSystemsURI]),
-		plug: strings.TrimSpace(p[ParamPlug]), ssl: p[ParamSSL] != "0", insecure: p[ParamSSLInsecure] == "1",
+	c := &config{username: p[kit.ParamUsername], password: p[kit.ParamPassword], systemsURI: strings.TrimSpace(p[ParamSystemsURI]),
+		plug: strings.TrimSpace(p[kit.ParamPlug]), ssl: p[ParamSSL] != "0", insecure: p[ParamSSLInsecure] == "1",
 		caFile: strings.TrimSpace(p[ParamSSLCAFile]), session: p[ParamSessionAuth] == "1"}
-	host := strings.TrimSpace(p[ParamIP])
-	port := strings.TrimSpace(p[ParamIPPort])
+	host := strings.TrimSpace(p[kit.ParamIP])
+	port := strings.TrimSpace(p[kit.ParamIPPort])
 	if h, pt, err := net.SplitHostPort(host); err == nil { // fence_redfish accepts ip=host:port
 		host, port = h, pt
 	}
 	if host == "" || strings.ContainsAny(host, " /?#@") {
-		inv.Add(ParamIP, "must be an IP address or hostname (optionally host:port), got %q", p[ParamIP])
+		inv.Add(kit.ParamIP, "must be an IP address or hostname (optionally host:port), got %q", p[kit.ParamIP])
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		inv.Add(ParamIPPort, "must be a TCP port 1-65535, got %q", port)
+		inv.Add(kit.ParamIPPort, "must be a TCP port 1-65535, got %q", port)
 	}
 	c.hostport = net.JoinHostPort(host, port)
 	c.endpoint = "https://" + c.hostport
@@ -153,16 +141,16 @@ func parse(p map[string]string) (*config, error) {
 		c.endpoint = "http://" + c.hostport
 	}
 	if strings.TrimSpace(c.username) == "" {
-		inv.Add(ParamUsername, "required: BMC user name")
+		inv.Add(kit.ParamUsername, "required: BMC user name")
 	}
 	if c.password == "" {
-		inv.Add(ParamPassword, "required: BMC password")
+		inv.Add(kit.ParamPassword, "required: BMC password")
 	}
 	if c.systemsURI != "" && (!strings.HasPrefix(c.systemsURI, "/redfish/v1/") || strings.ContainsAny(c.systemsURI, " ?#")) {
 		inv.Add(ParamSystemsURI, "must be a path under /redfish/v1/, got %q", c.systemsURI)
 	}
 	if c.systemsURI != "" && c.plug != "" {
-		inv.Add(ParamPlug, "give systems_uri or plug, not both")
+		inv.Add(kit.ParamPlug, "give systems_uri or plug, not both")
 	}
 	if u := strings.TrimSuffix(strings.TrimSpace(p[ParamRedfishURI]), "/"); u != "" && u != "/redfish/v1" {
 		inv.Add(ParamRedfishURI, "only /redfish/v1 is supported, got %q", p[ParamRedfishURI])
@@ -176,15 +164,12 @@ func parse(p map[string]string) (*config, error) {
 	return c, inv.Err()
 }
 
-// Validate checks canonical parameters.
-func (*Driver) Validate(params map[string]string) error {
-	_, err := parse(params)
-	return err
-}
+// Parse checks canonical parameters and returns them typed.
+func (*Driver) Parse(params map[string]string) (any, error) { return parse(params) }
 
 // DeviceKey is the BMC's address and the system.
 func (*Driver) DeviceKey(t kit.Target) string {
-	c, _ := parse(t.Params)
+	c, _ := kit.ParsedAs(t, parse) // the kit asks only for parsed targets
 	sys := c.systemsURI
 	if sys == "" {
 		sys = "plug=" + c.plug
@@ -192,190 +177,17 @@ func (*Driver) DeviceKey(t kit.Target) string {
 	return "redfish/" + strings.ToLower(c.hostport) + sys
 }
 
-// key identifies a client's connection parameters, secrets included (hashed, in memory only).
-func (c *config) key() string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%t\x00%s\x00%t", c.endpoint, c.username, c.password, c.insecure, c.caFile, c.session)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// connect returns a cached client or connects one (reading the service root).
-func (d *Driver) connect(ctx context.Context, c *config) (*client, error) {
-	d.mu.Lock()
-	cl := d.clients[c.key()]
-	d.mu.Unlock()
-	if cl != nil {
-		return cl, nil
-	}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.insecure} //nolint:gosec // only with the explicit ssl_insecure=1
-	if c.caFile != "" && !c.insecure {
-		pem, err := os.ReadFile(c.caFile)
-		if err != nil {
-			return nil, fault.FieldError{Field: ParamSSLCAFile, Problem: fmt.Sprintf("cannot read: %v", err)}
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fault.FieldError{Field: ParamSSLCAFile, Problem: "no PEM certificate in " + c.caFile}
-		}
-		tlsConf.RootCAs = pool
-	}
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     tlsConf,
-		ForceAttemptHTTP2:   true,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     30 * time.Second,
-	}}
-	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
-		Endpoint: c.endpoint, Username: c.username, Password: c.password, BasicAuth: !c.session,
-		HTTPClient: hc, NoModifyTransport: true, ReuseConnections: true, MaxConcurrentRequests: 4,
-	})
-	if err != nil {
-		return nil, classify(ctx, c, "connecting to the Redfish service", err)
-	}
-	cl = &client{api: api, systems: map[string]string{}}
-	d.mu.Lock()
-	if prev := d.clients[c.key()]; prev != nil {
-		cl = prev
-	} else {
-		d.clients[c.key()] = cl
-	}
-	d.mu.Unlock()
-	return cl, nil
-}
-
-// drop forgets a client after a failure (its session may have expired, its address changed).
-func (d *Driver) drop(c *config, cl *client) {
-	d.mu.Lock()
-	if d.clients[c.key()] == cl {
-		delete(d.clients, c.key())
-	}
-	d.mu.Unlock()
-}
-
-// system resolves and reads the target's ComputerSystem.
-func (d *Driver) system(ctx context.Context, t kit.Target) (*config, *schemas.ComputerSystem, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, nil, err
-	}
-	cl, err := d.connect(ctx, c)
-	if err != nil {
-		return c, nil, err
-	}
-	api := cl.api.WithContext(ctx)
-	sys, err := d.read(ctx, c, cl, api)
-	if err != nil {
-		var inv fault.Invalid
-		var fe fault.FieldError
-		if !errors.As(err, &inv) && !errors.As(err, &fe) {
-			d.drop(c, cl)
-		}
-		return c, nil, err
-	}
-	return c, sys, nil
-}
-
-func (d *Driver) read(ctx context.Context, c *config, cl *client, api *gofish.APIClient) (*schemas.ComputerSystem, error) {
-	which := c.systemsURI
-	if which == "" {
-		which = "plug=" + c.plug
-	}
-	d.mu.Lock()
-	uri := cl.systems[which]
-	d.mu.Unlock()
-	if uri == "" {
-		if c.systemsURI != "" {
-			uri = c.systemsURI
-		} else {
-			var err error
-			if uri, err = discover(ctx, c, api); err != nil {
-				return nil, err
-			}
-		}
-	}
-	sys, err := schemas.GetComputerSystem(api, uri)
-	if err != nil {
-		return nil, classify(ctx, c, "reading "+uri, err)
-	}
-	d.mu.Lock()
-	cl.systems[which] = uri
-	d.mu.Unlock()
-	return sys, nil
-}
-
-// discover finds the system from the Systems collection: the member whose Id is the plug, or
-// the only member.
-func discover(ctx context.Context, c *config, api *gofish.APIClient) (string, error) {
-	systems, err := api.Service.Systems()
-	if err != nil {
-		return "", classify(ctx, c, "reading the Systems collection", err)
-	}
-	var ids []string
-	for _, s := range systems {
-		ids = append(ids, s.ID)
-		if c.plug != "" && (s.ID == c.plug || s.ODataID == c.plug) {
-			return s.ODataID, nil
-		}
-	}
-	switch {
-	case c.plug != "":
-		return "", fault.FieldError{Field: ParamPlug, Problem: fmt.Sprintf("the Redfish service at %s has no system %q (systems: %s)", c.hostport, c.plug, strings.Join(ids, ", "))}
-	case len(systems) == 1:
-		return systems[0].ODataID, nil
-	case len(systems) == 0:
-		return "", fmt.Errorf("%w: the Redfish service at %s lists no systems", fault.ErrDevice, c.hostport)
-	}
-	return "", fault.FieldError{Field: ParamSystemsURI, Problem: fmt.Sprintf("the Redfish service at %s has %d systems (%s): name one with systems_uri or plug", c.hostport, len(systems), strings.Join(ids, ", "))}
-}
-
-// classify maps a gofish or HTTP error to the fault sentinels. Error texts from the service are
-// quoted, never the credentials.
-func classify(ctx context.Context, c *config, what string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("%s at %s: the BMC did not answer in time: %w", what, c.hostport, ctx.Err())
-	}
-	var re *schemas.Error
-	var unknownCA x509.UnknownAuthorityError
-	var hostErr x509.HostnameError
-	var certErr *tls.CertificateVerificationError
-	var ne net.Error
-	var syntax *json.SyntaxError
-	switch {
-	case errors.As(err, &re):
-		msg := re.Message
-		if len(msg) > 200 {
-			msg = msg[:200]
-		}
-		switch re.HTTPReturnedStatusCode {
-		case http.StatusUnauthorized, http.StatusForbidden:
-			return fmt.Errorf("%w: %s at %s: HTTP %d for user %q", fault.ErrUnauthenticated, what, c.hostport, re.HTTPReturnedStatusCode, c.username)
-		case http.StatusNotFound:
-			field := ParamSystemsURI
-			if c.systemsURI == "" && c.plug != "" {
-				field = ParamPlug
-			}
-			return fault.FieldError{Field: field, Problem: fmt.Sprintf("%s at %s: not found (HTTP 404)", what, c.hostport)}
-		}
-		return fmt.Errorf("%w: %s at %s: HTTP %d: %s", fault.ErrDevice, what, c.hostport, re.HTTPReturnedStatusCode, msg)
-	case errors.As(err, &unknownCA), errors.As(err, &hostErr), errors.As(err, &certErr):
-		return fmt.Errorf("%w: %s at %s: the BMC's certificate is not trusted (set ssl_ca_file to its CA; ssl_insecure=1 only for tests): %v",
-			fault.ErrUnauthenticated, what, c.hostport, err)
-	case errors.As(err, &ne) && ne.Timeout():
-		return fmt.Errorf("%s at %s: the BMC did not answer in time: %w", what, c.hostport, context.DeadlineExceeded)
-	case errors.As(err, &syntax):
-		return fmt.Errorf("%w: %s at %s: not a Redfish answer: %v", fault.ErrDevice, what, c.hostport, err)
-	}
-	return fmt.Errorf("%w: %s at %s: %v", fault.ErrUnreachable, what, c.hostport, err)
-}
-
 // Status reads PowerState: Off is OFF, On is ON, anything else UNKNOWN.
 func (d *Driver) Status(ctx context.Context, t kit.Target) (driverv1.PowerState, error) {
-	_, sys, err := d.system(ctx, t)
+	state := driverv1.PowerState_POWER_STATE_UNKNOWN
+	err := d.withSystem(ctx, t, func(_ *config, sys *schemas.ComputerSystem) error {
+		state = powerState(sys.PowerState)
+		return nil
+	})
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
-	return powerState(sys.PowerState), nil
+	return state, nil
 }
 
 func powerState(s schemas.PowerState) driverv1.PowerState {
@@ -400,10 +212,12 @@ func (d *Driver) PowerOn(ctx context.Context, t kit.Target) error {
 
 // reset posts the first allowed reset type of types, unless the system already reads want.
 func (d *Driver) reset(ctx context.Context, t kit.Target, want schemas.PowerState, types ...schemas.ResetType) error {
-	c, sys, err := d.system(ctx, t)
-	if err != nil {
-		return err
-	}
+	return d.withSystem(ctx, t, func(c *config, sys *schemas.ComputerSystem) error {
+		return resetTo(ctx, c, sys, want, types)
+	})
+}
+
+func resetTo(ctx context.Context, c *config, sys *schemas.ComputerSystem, want schemas.PowerState, types []schemas.ResetType) error {
 	if sys.PowerState == want {
 		return nil
 	}
@@ -423,28 +237,22 @@ func (d *Driver) reset(ctx context.Context, t kit.Target, want schemas.PowerStat
 
 // List returns the systems of the service, with their power states.
 func (d *Driver) List(ctx context.Context, t kit.Target) ([]*driverv1.Plug, error) {
-	c, err := parse(t.Params)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := d.connect(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	systems, err := cl.api.WithContext(ctx).Service.Systems()
-	if err != nil {
-		d.drop(c, cl)
-		return nil, classify(ctx, c, "reading the Systems collection", err)
-	}
-	plugs := make([]*driverv1.Plug, 0, len(systems))
-	for _, s := range systems {
-		plugs = append(plugs, &driverv1.Plug{Id: s.ID, Name: s.ODataID, State: powerState(s.PowerState)})
-	}
-	return plugs, nil
+	var plugs []*driverv1.Plug
+	err := d.withClient(ctx, t, func(c *config, cl *client) error {
+		systems, err := cl.api.WithContext(ctx).Service.Systems()
+		if err != nil {
+			return classify(ctx, c, "reading the Systems collection", err)
+		}
+		plugs = make([]*driverv1.Plug, 0, len(systems))
+		for _, s := range systems {
+			plugs = append(plugs, &driverv1.Plug{Id: s.ID, Name: s.ODataID, State: powerState(s.PowerState)})
+		}
+		return nil
+	})
+	return plugs, err
 }
 
 // Monitor connects and reads the target's system.
 func (d *Driver) Monitor(ctx context.Context, t kit.Target) error {
-	_, _, err := d.system(ctx, t)
-	return err
+	return d.withSystem(ctx, t, func(*config, *schemas.ComputerSystem) error { return nil })
 }

@@ -178,3 +178,27 @@ func serve(t *testing.T) driverv1.FenceDriverServiceClient {
 }
 
 func logger(t *testing.T) *slog.Logger { return kittest.Logger(t, slog.LevelInfo) }
+
+// TestCloseLogsOutOfIdleSessions: a Redfish session kept for reuse is deleted on the BMC when the
+// driver closes, not left until the BMC times it out.
+func TestCloseLogsOutOfIdleSessions(t *testing.T) {
+	sim, ca := startSim(t, 1, 0)
+	d := redfish.New().(*redfish.Driver)
+	_, c := kittest.Serve(t, d, kit.Options{PollInterval: 20 * time.Millisecond, Log: logger(t)})
+	if _, err := c.Status(ctx(t), &driverv1.StatusRequest{Target: target(sim, ca, 1, "session_auth", "1")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := sim.Sessions(); n != 1 {
+		t.Fatalf("after one Status, %d sessions on the BMC; want 1 (kept for reuse)", n)
+	}
+	if _, err := c.Status(ctx(t), &driverv1.StatusRequest{Target: target(sim, ca, 1, "session_auth", "1")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := sim.Sessions(); n != 1 {
+		t.Fatalf("after a second Status, %d sessions on the BMC; want the first reused", n)
+	}
+	d.Close()
+	if n := sim.Sessions(); n != 0 {
+		t.Fatalf("after Close, %d sessions on the BMC; want 0", n)
+	}
+}

@@ -2,6 +2,8 @@
 // one place, to gRPC status codes. Domain packages return these (wrapped with %w); the server
 // interceptor installed by package server turns them into statuses, so handlers never build statuses
 // by hand and never leak internal details: anything unrecognised becomes Internal with a fixed message.
+// That includes an error that already carries a gRPC status from elsewhere (the etcd client, a
+// driver): its code is translated and its message replaced, never passed through as is.
 package fault
 
 import (
@@ -37,6 +39,13 @@ var (
 	ErrDevice = errors.New("device reported an error")
 	// ErrPermissionDenied: the caller may not call this method.
 	ErrPermissionDenied = errors.New("permission denied")
+	// ErrCallerUnauthenticated: the caller presented no identity this server accepts.
+	ErrCallerUnauthenticated = errors.New("caller not authenticated")
+	// ErrConflict: a compare-and-swap lost to a concurrent change; retrying the whole read-modify-write
+	// may succeed (gRPC's guidance for such conflicts is Aborted, not FailedPrecondition).
+	ErrConflict = errors.New("concurrent modification")
+	// ErrUnimplemented: this server does not offer the operation (a driver without plug listing).
+	ErrUnimplemented = errors.New("not implemented")
 )
 
 // LeaderTrailer is the metadata key under which a follower names the leader's address.
@@ -91,53 +100,104 @@ func (e *NotLeaderError) Error() string {
 
 // Code returns the gRPC code for err.
 func Code(err error) codes.Code {
-	var inv Invalid
-	var fe FieldError
-	var nl *NotLeaderError
-	if s, ok := status.FromError(err); ok && err != nil {
-		return s.Code()
-	}
-	switch {
-	case err == nil:
+	if err == nil {
 		return codes.OK
-	case errors.As(err, &inv), errors.As(err, &fe):
-		return codes.InvalidArgument
-	case errors.As(err, &nl):
-		return codes.Unavailable
-	case errors.Is(err, ErrStaleEpoch), errors.Is(err, ErrFailedPrecondition):
-		return codes.FailedPrecondition
-	case errors.Is(err, ErrNotFound):
-		return codes.NotFound
-	case errors.Is(err, ErrUnreachable), errors.Is(err, ErrDevice):
-		return codes.Unavailable
-	case errors.Is(err, ErrUnauthenticated):
-		return codes.Unauthenticated
-	case errors.Is(err, ErrPermissionDenied):
-		return codes.PermissionDenied
-	case errors.Is(err, ErrNotConfirmed):
-		return codes.Aborted
-	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		return codes.Canceled
+	}
+	if c, ok := domainCode(err); ok {
+		return c
+	}
+	if f, ok := foreignStatus(err); ok {
+		return f.code
 	}
 	return codes.Internal
 }
 
-// Status converts err to a gRPC status error. Errors of known kinds keep their message; anything else
-// becomes Internal with a fixed message (the details belong in the server log, not on the wire).
+// domainCode maps this package's errors (and the context's) to their codes.
+func domainCode(err error) (codes.Code, bool) {
+	var inv Invalid
+	var fe FieldError
+	var nl *NotLeaderError
+	switch {
+	case errors.As(err, &inv), errors.As(err, &fe):
+		return codes.InvalidArgument, true
+	case errors.As(err, &nl):
+		return codes.Unavailable, true
+	case errors.Is(err, ErrStaleEpoch), errors.Is(err, ErrFailedPrecondition):
+		return codes.FailedPrecondition, true
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrNotConfirmed):
+		return codes.Aborted, true
+	case errors.Is(err, ErrNotFound):
+		return codes.NotFound, true
+	case errors.Is(err, ErrUnreachable), errors.Is(err, ErrDevice):
+		return codes.Unavailable, true
+	case errors.Is(err, ErrUnauthenticated), errors.Is(err, ErrCallerUnauthenticated):
+		return codes.Unauthenticated, true
+	case errors.Is(err, ErrPermissionDenied):
+		return codes.PermissionDenied, true
+	case errors.Is(err, ErrUnimplemented):
+		return codes.Unimplemented, true
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded, true
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled, true
+	}
+	return codes.Internal, false
+}
+
+type mapped struct {
+	code codes.Code
+	msg  string
+}
+
+// foreign maps the code of a gRPC status that did not come from this package (the etcd client's, a
+// driver's as the coordinator received it) to the code and fixed message this server answers with.
+// Only the codes that tell a caller what to do next survive; the rest become Internal.
+var foreign = map[codes.Code]mapped{
+	codes.Unavailable:       {codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
+	codes.DeadlineExceeded:  {codes.DeadlineExceeded, "a backend did not answer in time (see the server log)"},
+	codes.Canceled:          {codes.Canceled, "canceled"},
+	codes.ResourceExhausted: {codes.Unavailable, "a backend is overloaded, retry (see the server log)"},
+	// What grpc-go's generated Unimplemented*Server answers for a method a server does not offer.
+	codes.Unimplemented: {codes.Unimplemented, "not implemented by this server"},
+}
+
+// internal is what the client sees of anything else.
+var internal = mapped{codes.Internal, "internal error (see the server log)"}
+
+// coder is an error that names its gRPC code without carrying a status: the etcd client's
+// rpctypes.EtcdError ("etcdserver: no leader" and the like) is one.
+type coder interface{ Code() codes.Code }
+
+// foreignStatus reports how the gRPC code err carries (in a status, or as a coder) maps; ok is false
+// when it carries none.
+func foreignStatus(err error) (m mapped, ok bool) {
+	var code codes.Code
+	var c coder
+	if s, isStatus := status.FromError(err); isStatus {
+		code = s.Code()
+	} else if errors.As(err, &c) {
+		code = c.Code()
+	} else {
+		return internal, false
+	}
+	if m, known := foreign[code]; known {
+		return m, true
+	}
+	return internal, true
+}
+
+// Status converts err to a gRPC status error. Errors of known kinds keep their message; a status
+// from elsewhere gets its code translated and a fixed message; anything else becomes Internal with a
+// fixed message (the details belong in the server log, not on the wire).
 func Status(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
-		return err
+	if code, ok := domainCode(err); ok {
+		return status.Error(code, err.Error())
 	}
-	code := Code(err)
-	if code == codes.Internal {
-		return status.Error(codes.Internal, "internal error (see the server log)")
-	}
-	return status.Error(code, err.Error())
+	m, _ := foreignStatus(err)
+	return status.Error(m.code, m.msg)
 }
 
 func leaderTrailer(ctx context.Context, err error) {
@@ -147,9 +207,9 @@ func leaderTrailer(ctx context.Context, err error) {
 	}
 }
 
-// logInternal records the real cause of an error the client sees only as Internal.
+// logInternal records the real cause of an error the client sees only with a fixed message.
 func logInternal(log *slog.Logger, method string, err error) {
-	if log != nil && Code(err) == codes.Internal {
+	if _, domain := domainCode(err); log != nil && !domain {
 		log.Error("internal error", "method", method, "err", err)
 	}
 }

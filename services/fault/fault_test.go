@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -27,11 +28,41 @@ func TestStatusMapping(t *testing.T) {
 		{&NotLeaderError{LeaderID: "c2", LeaderAddress: "127.0.0.1:7002"}, codes.Unavailable, "not the leader; the leader is c2 at 127.0.0.1:7002"},
 		{fmt.Errorf("call: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "call: context deadline exceeded"},
 		{errors.New("password=hunter2 leaked"), codes.Internal, "internal error (see the server log)"},
-		{status.Error(codes.Unimplemented, "no"), codes.Unimplemented, "no"},
+		{fmt.Errorf("acknowledge n1: %w", ErrConflict), codes.Aborted, "acknowledge n1: concurrent modification"},
+		{fmt.Errorf("driver x cannot monitor: %w", ErrUnimplemented), codes.Unimplemented, "driver x cannot monitor: not implemented"},
+		{fmt.Errorf("%w: no peer", ErrCallerUnauthenticated), codes.Unauthenticated, "caller not authenticated: no peer"},
+		// A status from elsewhere (the etcd client, a driver) never passes through with its own code
+		// and message: the code is translated, the message fixed.
+		{status.Error(codes.Unimplemented, "method Pause not implemented"), codes.Unimplemented, "not implemented by this server"},
+		{status.Error(codes.Unknown, "no"), codes.Internal, "internal error (see the server log)"},
+		{status.Error(codes.FailedPrecondition, "etcdserver: revision compacted"), codes.Internal, "internal error (see the server log)"},
+		{status.Error(codes.PermissionDenied, "etcdserver: permission denied"), codes.Internal, "internal error (see the server log)"},
+		{fmt.Errorf("put node: %w", status.Error(codes.Unavailable, "etcdserver: leader changed")), codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
+		{status.Error(codes.ResourceExhausted, "etcdserver: too many requests"), codes.Unavailable, "a backend is overloaded, retry (see the server log)"},
+		{status.Error(codes.DeadlineExceeded, "etcdserver: request timed out"), codes.DeadlineExceeded, "a backend did not answer in time (see the server log)"},
+		// The etcd client's own errors name their code without carrying a status.
+		{fmt.Errorf("put: %w", rpctypes.ErrNoLeader), codes.Unavailable, "a backend is unavailable, retry (see the server log)"},
+		{rpctypes.ErrDuplicateKey, codes.Internal, "internal error (see the server log)"},
+		// A domain error that also wraps a foreign status keeps its own code and message.
+		{fmt.Errorf("bmc: %w (%w)", ErrUnreachable, status.Error(codes.Internal, "x")), codes.Unavailable, "bmc: device unreachable (rpc error: code = Internal desc = x)"},
 	} {
 		s := status.Convert(Status(tc.err))
 		if s.Code() != tc.code || s.Message() != tc.msg {
 			t.Errorf("Status(%v) = %s %q, want %s %q", tc.err, s.Code(), s.Message(), tc.code, tc.msg)
+		}
+	}
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+	}{
+		{status.Error(codes.Unknown, "no"), codes.Internal},
+		{status.Error(codes.Unimplemented, "no"), codes.Unimplemented},
+		{fmt.Errorf("x: %w", ErrConflict), codes.Aborted},
+		{fmt.Errorf("x: %w", ErrStaleEpoch), codes.FailedPrecondition},
+		{nil, codes.OK},
+	} {
+		if got := Code(tc.err); got != tc.code {
+			t.Errorf("Code(%v) = %s, want %s", tc.err, got, tc.code)
 		}
 	}
 	if Status(nil) != nil {

@@ -235,15 +235,18 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			id, err = *anon, nil
 		}
 		if err != nil {
-			return nil, status.Error(codes.Unauthenticated, err.Error())
+			return nil, fmt.Errorf("%w: %v", fault.ErrCallerUnauthenticated, err)
 		}
 		if err := policy.Allow(id, method); err != nil {
-			return nil, status.Error(codes.PermissionDenied, err.Error())
+			return nil, fmt.Errorf("%w: %v", fault.ErrPermissionDenied, err)
 		}
 		ctx = identity.With(ctx, id)
 		if cfg.Authorize != nil {
 			if err := cfg.Authorize(ctx, method); err != nil {
-				return nil, status.Error(codes.PermissionDenied, err.Error())
+				if !errors.Is(err, fault.ErrPermissionDenied) {
+					err = fmt.Errorf("%w: %v", fault.ErrPermissionDenied, err)
+				}
+				return nil, err
 			}
 		}
 		return ctx, nil

@@ -90,6 +90,9 @@ var boomDesc = grpc.ServiceDesc{
 					return nil, fmt.Errorf("node x: %w", fault.ErrNotFound)
 				case "internal":
 					return nil, errors.New("disk on fire")
+				case "foreign":
+					// A status from elsewhere (here, shaped like one from etcd) returned as is.
+					return nil, fmt.Errorf("put: %w", status.Error(codes.FailedPrecondition, "etcdserver: revision compacted"))
 				}
 				return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 			}
@@ -135,6 +138,9 @@ func TestInterceptorsOverPlaintext(t *testing.T) {
 	if err := call(t, s.Addr(), files, "notfound"); status.Code(err) != codes.NotFound {
 		t.Fatalf("domain error: %v, want NotFound", err)
 	}
+	if err := call(t, s.Addr(), files, "foreign"); status.Code(err) != codes.Internal || strings.Contains(err.Error(), "etcdserver") {
+		t.Fatalf("foreign status: %v, want Internal without its message", err)
+	}
 	// The server is still alive after the panic; health answers.
 	conn, _ := dial.New(s.Addr(), files)
 	defer conn.Close()
@@ -147,7 +153,7 @@ func TestInterceptorsOverPlaintext(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), `grpc_server_handled_total{grpc_code="Internal",grpc_method="Check",grpc_service="test.Boom",grpc_type="unary"} 1`) {
+	if !strings.Contains(string(body), `grpc_server_handled_total{grpc_code="Internal",grpc_method="Check",grpc_service="test.Boom",grpc_type="unary"} 2`) {
 		t.Fatalf("metrics do not count the Internal error:\n%s", body)
 	}
 }

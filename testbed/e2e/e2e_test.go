@@ -116,7 +116,9 @@ func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 		cfg.EtcdUnsafeNoFsync = true
 	}
 	if cfg.ElectionTTL == 0 {
-		cfg.ElectionTTL = time.Second
+		// Short for quick failovers, yet long enough that a stall of this process under the race
+		// detector on a loaded machine does not expire every lease at once.
+		cfg.ElectionTTL = 3 * time.Second
 	}
 	if cfg.FenceOpTimeout == 0 {
 		cfg.FenceOpTimeout = 5 * time.Second

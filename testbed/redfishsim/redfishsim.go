@@ -222,6 +222,13 @@ func (s *Service) Requests() int {
 	return s.requests
 }
 
+// Sessions returns the number of open Redfish sessions (created and not deleted).
+func (s *Service) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
 // Client is an HTTPS client trusting the service's CA, for tests reading the service directly.
 func (s *Service) Client() *http.Client { return s.client }
 

@@ -45,7 +45,7 @@ func checkMethod(m config.Resolved) []string {
 	}
 	canon, err := kit.Canonicalize(params, d.Describe())
 	if err == nil {
-		err = d.Validate(canon)
+		_, err = d.Parse(canon)
 	}
 	return problems(err)
 }

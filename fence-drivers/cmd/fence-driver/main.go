@@ -163,7 +163,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("cannot start the gRPC server", "err", err)
 		return 1
 	}
-	svc, err := kit.NewService(drivers[cfg.Driver](&cfg, log), kit.Options{
+	d := drivers[cfg.Driver](&cfg, log)
+	if c, ok := d.(interface{ Close() }); ok {
+		defer c.Close() // log out of the sessions kept for reuse
+	}
+	svc, err := kit.NewService(d, kit.Options{
 		StateDir: cfg.StateDir, DefaultTimeout: cfg.DefaultTimeout, PollInterval: cfg.PollInterval, Log: log,
 		Metrics: kit.NewMetrics(srv.Registry),
 	})
