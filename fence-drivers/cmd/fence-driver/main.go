@@ -41,8 +41,8 @@ var drivers = map[string]func(c *config, log *slog.Logger) kit.Driver{
 	"agent": func(c *config, _ *slog.Logger) kit.Driver {
 		return agent.NewWith(agent.Config{ExtraParameters: c.AgentExtraParameters})
 	},
-	"ipmi":  func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
-	"pdu":   func(*config, *slog.Logger) kit.Driver { return pdu.New() },
+	"ipmi": func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
+	"pdu":  func(*config, *slog.Logger) kit.Driver { return pdu.New() },
 	"brocade": func(c *config, log *slog.Logger) kit.Driver {
 		return brocade.NewWith(brocade.Config{KnownHostsFile: c.knownHosts(), Log: log})
 	},
