@@ -71,6 +71,8 @@ type Options struct {
 	FenceOpTimeout time.Duration
 	Retries        int
 	Backoff        time.Duration
+	// AgentArgs are extra node-agent flags, by node name (e.g. a --kubeconfig and thresholds).
+	AgentArgs map[string][]string
 	// Log receives progress (nil: discarded).
 	Log *slog.Logger
 }
@@ -215,11 +217,11 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 		if err != nil {
 			return nil, err
 		}
-		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(pki.Args("", tls),
+		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(append(pki.Args("", tls),
 			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
 			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
 			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
-		)}); err != nil {
+		), o.AgentArgs[n.Name]...)}); err != nil {
 			return nil, err
 		}
 	}
