@@ -1,6 +1,8 @@
 package kubepods
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -85,5 +87,31 @@ func TestParseDriver(t *testing.T) {
 		if _, err := ParseDriver(bad); err == nil {
 			t.Errorf("ParseDriver(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestCgroupsReadUnderParent: with kubelet's --cgroup-root (Parent), the pods' cgroups are read
+// under it, and not at the hierarchy's root.
+func TestCgroupsReadUnderParent(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, data string) {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("memory/memory.usage_in_bytes", "1000\n")
+	pod := "memory/nf-node-1/kubepods/burstable/pod" + fixtureUID
+	write(pod+"/memory.usage_in_bytes", "3145728\n")
+	write(pod+"/memory.stat", "total_inactive_file 1048576\n")
+	u, ok, err := Cgroups{Root: root, Parent: "/nf-node-1"}.Read(eviction.Burstable, fixtureUID)
+	if err != nil || !ok || u.MemoryWorkingSet != 2<<20 || u.Dir != filepath.Join(root, pod) {
+		t.Errorf("Read under /nf-node-1 = %+v, %v, %v; want a working set of 2 MiB from %s", u, ok, err, pod)
+	}
+	if _, ok, err := (Cgroups{Root: root}).Read(eviction.Burstable, fixtureUID); ok || err != nil {
+		t.Errorf("Read without Parent = ok %v, err %v; want no cgroup", ok, err)
 	}
 }

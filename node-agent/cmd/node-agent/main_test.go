@@ -78,9 +78,9 @@ func TestRunInvalidFlags(t *testing.T) {
 			"--cgroup-driver=upstart"},
 			want: []string{`--cgroup-driver: "upstart": cgroup driver "upstart": want auto, cgroupfs or systemd`, "1 invalid flag(s)"}},
 		{name: "relative kubelet directories", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
-			"--kubelet-root-dir=var/lib/kubelet", "--pod-log-dir="},
+			"--kubelet-root-dir=var/lib/kubelet", "--pod-log-dir=", "--kubelet-cgroup-root=nf-node-1"},
 			want: []string{`--kubelet-root-dir: "var/lib/kubelet": must be an absolute path`,
-				`--pod-log-dir: "": must be an absolute path`, "2 invalid flag(s)"}},
+				`--pod-log-dir: "": must be an absolute path`, `--kubelet-cgroup-root: "nf-node-1": must be an absolute path`, "3 invalid flag(s)"}},
 		{name: "no coordinator", args: []string{"--insecure", "--boot-id-file=" + bootID(t)},
 			want: []string{"--coordinator: at least one coordinator address is required", "1 invalid flag(s)"}},
 		{name: "empty boot id", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + writeFile(t, "")},
@@ -224,4 +224,17 @@ func agentCert(t *testing.T, node string) []string {
 		t.Fatal(err)
 	}
 	return pki.Args("", f)
+}
+
+// TestParseKubeletCgroupRoot: the pods' cgroup allocatableMemory.available is read from is under
+// kubelet's --cgroup-root.
+func TestParseKubeletCgroupRoot(t *testing.T) {
+	var stderr bytes.Buffer
+	opts, errs, _ := parse([]string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t), "--kubelet-cgroup-root=/nf-node-1"}, &stderr)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if want := []string{"/nf-node-1/kubepods.slice", "/nf-node-1/kubepods"}; strings.Join(opts.reader.PodsCgroups, ",") != strings.Join(want, ",") {
+		t.Errorf("PodsCgroups = %q; want %q", opts.reader.PodsCgroups, want)
+	}
 }
