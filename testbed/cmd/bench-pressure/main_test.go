@@ -37,9 +37,9 @@ func TestPercentile(t *testing.T) {
 
 func TestParseHogLog(t *testing.T) {
 	log := "start 1700000000000000000\n" +
-		"step 1 8388608 1700000000001000000 500000000\n" +
-		"step 2 16777216 1700000000052000000 430000000\n" +
-		"step 3 25165824 1700000000103000000 419430399\n" +
+		"step 1 8388608 1700000000000500000 1700000000001000000 500000000\n" +
+		"step 2 16777216 1700000000051000000 1700000000052000000 430000000\n" +
+		"step 3 25165824 1700000000102000000 1700000000103000000 419430399\n" +
 		"hold 1700000000104000000\n" +
 		"step 4 3355" // cut by the kill: ignored
 	h, err := parseHogLog([]byte(log))
@@ -50,7 +50,7 @@ func TestParseHogLog(t *testing.T) {
 		t.Fatalf("parsed %+v", h)
 	}
 	s, ok := h.crossing(400 << 20)
-	if !ok || s.N != 3 || s.At != time.Unix(0, 1700000000103000000) || s.Allocated != 3*8<<20 {
+	if !ok || s.N != 3 || s.Begin != time.Unix(0, 1700000000102000000) || s.Allocated != 3*8<<20 {
 		t.Errorf("crossing of 400Mi = %+v, %v; want step 3", s, ok)
 	}
 	if _, ok := h.crossing(400 << 10); ok {
@@ -59,14 +59,16 @@ func TestParseHogLog(t *testing.T) {
 
 	for _, bad := range []string{
 		"",
-		"step 1 8388608 1700000000001000000 5\n", // no start
-		"start 1\nstep 2 8388608 1700000000001000000 5\n", // out of order
-		"start 1\nstep 1 -8 1700000000001000000 5\n",      // negative allocation
-		"start 1\nstep 1 8 1700000000001000000 -2\n",      // bad available
-		"start 1\nstep 1 8 17000000000010000x0 5\n",       // bad time
-		"start 1\nmmap: Cannot allocate memory\n",         // unknown line
+		"step 1 8388608 1 2 5\n",          // no start
+		"start 1\nstep 2 8388608 1 2 5\n", // out of order
+		"start 1\nstep 1 -8 1 2 5\n",      // negative allocation
+		"start 1\nstep 1 8 1 2 -2\n",      // bad available
+		"start 1\nstep 1 8 1 17000000000010000x0 5\n", // bad time
+		"start 1\nstep 1 8 3 2 5\n",                   // ends before it begins
+		"start 1\nstep 1 8 2 5\n",                     // a field short
+		"start 1\nmmap: Cannot allocate memory\n",     // unknown line
 		"start x\n", // bad start
-		"start 1\n" + strings.Repeat("step 1 8 1 1\n", maxHogLog/len("step 1 8 1 1\n")+1), // too long
+		"start 1\n" + strings.Repeat("hold 1\n", maxHogLog/len("hold 1\n")+1), // too long
 	} {
 		if _, err := parseHogLog([]byte(bad)); err == nil {
 			t.Errorf("parseHogLog(%.60q) = nil error; want one", bad)
@@ -75,14 +77,14 @@ func TestParseHogLog(t *testing.T) {
 }
 
 func FuzzParseHogLog(f *testing.F) {
-	f.Add([]byte("start 1\nstep 1 8 2 3\nhold 4\n"))
+	f.Add([]byte("start 1\nstep 1 8 2 3 4\nhold 5\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := parseHogLog(data)
 		if err != nil {
 			return
 		}
 		for i, s := range h.Steps {
-			if s.N != i+1 || s.Allocated <= 0 || s.Available < -1 {
+			if s.N != i+1 || s.Allocated <= 0 || s.Available < -1 || s.End.Before(s.Begin) {
 				t.Fatalf("accepted step %+v", s)
 			}
 		}
@@ -175,7 +177,7 @@ func TestHog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(h.Steps) != 3 || h.Steps[2].Allocated != 3<<20 || h.Steps[0].Available != 805306368-200000000 || h.Hold.Before(h.Steps[2].At) {
+	if len(h.Steps) != 3 || h.Steps[2].Allocated != 3<<20 || h.Steps[0].Available != 805306368-200000000 || h.Hold.Before(h.Steps[2].End) || h.Steps[0].End.Before(h.Steps[0].Begin) {
 		t.Errorf("hog log %q parsed as %+v", got, h)
 	}
 }

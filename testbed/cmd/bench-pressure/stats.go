@@ -26,6 +26,8 @@ type result struct {
 	FastInterval   string    `json:"agent_memory_fast_interval"`
 	NodefenceEach  []float64 `json:"nodefence_each_ms"`
 	KubeletEach    []float64 `json:"kubelet_each_ms"`
+	NodefenceRerun int       `json:"nodefence_rerun"`
+	KubeletRerun   int       `json:"kubelet_rerun"`
 }
 
 // percentile is the nearest-rank percentile p (0 < p <= 100) of v, rounded to 0.1; 0 for no
