@@ -34,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -65,7 +66,7 @@ type options struct {
 	podsLimit, hog  int64 // MiB
 	step            int64 // MiB
 	stepPause       time.Duration
-	wait            time.Duration
+	wait, jitter    time.Duration
 	fastInterval    string
 	binDir, dir     string
 	budget          time.Duration
@@ -84,6 +85,7 @@ func main() {
 	flag.Int64Var(&o.step, "step", 1, "MiB the hog allocates per step")
 	flag.DurationVar(&o.stepPause, "step-pause", 5*time.Millisecond, "pause of the hog between steps")
 	flag.DurationVar(&o.wait, "wait", 40*time.Second, "how long a round waits for the eviction")
+	flag.DurationVar(&o.jitter, "jitter", 10*time.Second, "each round starts its hog after a random delay in [0, jitter), so that the crossing falls anywhere in kubelet's 10 s housekeeping period rather than at the same phase every round")
 	flag.StringVar(&o.fastInterval, "agent-memory-fast-interval", "", "the agent's --memory-fast-interval (default: the agent's default)")
 	flag.StringVar(&o.binDir, "bin", "bin", "directory with coordinator, node-agent, fence-driver, fencectl (make build)")
 	flag.StringVar(&o.dir, "dir", "", "working directory (default: a new temporary directory, removed at the end)")
@@ -120,7 +122,7 @@ func (o *options) validate() error {
 	if o.podsLimit*mib <= o.thresholdBytes || (o.podsLimit-o.hog)*mib < 64*mib || o.hog*mib <= o.podsLimit*mib-o.thresholdBytes {
 		bad = append(bad, "--pods-limit, --threshold, --hog: the hog must cross the threshold (hog > pods-limit - threshold) and stay 64 MiB below the limit")
 	}
-	if o.stepPause < 0 || o.wait < 5*time.Second || o.budget < time.Minute || o.budget > 10*time.Minute {
+	if o.stepPause < 0 || o.jitter < 0 || o.wait < 5*time.Second || o.budget < time.Minute || o.budget > 10*time.Minute {
 		bad = append(bad, "--step-pause >= 0, --wait >= 5s, --budget 1m..10m")
 	}
 	if len(bad) > 0 {
@@ -130,6 +132,7 @@ func (o *options) validate() error {
 }
 
 func run(o options) (*result, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), o.budget)
 	defer cancel()
 	if o.dir == "" {
@@ -165,12 +168,12 @@ func run(o options) (*result, error) {
 	defer c.Down()
 	node := c.Node(nodeName)
 	o.kubepodsMemPath = filepath.Join(signals.DefaultCgroupRoot, "memory", node.CgroupRoot, "kubepods")
-	b := &bench{o: o, c: c, node: node, hogDir: hogDir}
+	b := &bench{o: o, c: c, node: node, hogDir: hogDir, start: start}
 	if b.admin, err = c.Admin(); err != nil {
 		return nil, err
 	}
 	res := &result{Bench: "pressure", Rounds: o.rounds, Node: nodeName, Threshold: "memory.available<" + o.threshold + " (allocatableMemory.available)",
-		AllocatableMiB: o.podsLimit, HogMiB: o.hog, StepMiB: o.step, StepPauseMs: float64(o.stepPause.Microseconds()) / 1000, FastInterval: o.fastInterval}
+		AllocatableMiB: o.podsLimit, HogMiB: o.hog, StepMiB: o.step, StepPauseMs: float64(o.stepPause.Microseconds()) / 1000, JitterS: o.jitter.Seconds(), FastInterval: o.fastInterval}
 	if res.FastInterval == "" {
 		res.FastInterval = "agent default"
 	}
@@ -236,6 +239,7 @@ type bench struct {
 	node   *cluster.Node
 	admin  *kubernetes.Clientset
 	hogDir string
+	start  time.Time
 }
 
 // kubelet gives node-1's kubelet the node allocatable setup and evictionHard, restarts it, and
@@ -329,6 +333,9 @@ func (b *bench) round(ctx context.Context, side string, i int) (float64, error) 
 			return
 		}
 	}()
+	if b.o.jitter > 0 {
+		time.Sleep(rand.N(b.o.jitter))
+	}
 	if err := os.WriteFile(filepath.Join(b.hogDir, name+".go"), nil, 0o644); err != nil {
 		return 0, err
 	}
@@ -353,8 +360,8 @@ func (b *bench) round(ctx context.Context, side string, i int) (float64, error) 
 		return 0, fmt.Errorf("%w: %s marked (%s) before the hog logged its threshold crossing; %d steps logged", errEarly, name, m.how, len(h.Steps))
 	}
 	ms := round1(float64(m.at.Sub(s.Begin).Microseconds()) / 1000)
-	fmt.Fprintf(os.Stderr, "%s round %d: %.1f ms (crossing at step %d, %d MiB, available %d MiB; marked by %s)\n",
-		side, i, ms, s.N, s.Allocated/mib, s.Available/mib, m.how)
+	fmt.Fprintf(os.Stderr, "%s round %d: %.1f ms (crossing at step %d, %d MiB, available %d MiB; marked by %s; %s into the run)\n",
+		side, i, ms, s.N, s.Allocated/mib, s.Available/mib, m.how, time.Since(b.start).Round(time.Second))
 	return ms, nil
 }
 

@@ -23,6 +23,7 @@ type result struct {
 	HogMiB         int64     `json:"hog_mib"`
 	StepMiB        int64     `json:"hog_step_mib"`
 	StepPauseMs    float64   `json:"hog_step_pause_ms"`
+	JitterS        float64   `json:"start_jitter_s"`
 	FastInterval   string    `json:"agent_memory_fast_interval"`
 	NodefenceEach  []float64 `json:"nodefence_each_ms"`
 	KubeletEach    []float64 `json:"kubelet_each_ms"`
