@@ -270,7 +270,10 @@ func (m *Monitor) fast(ctx context.Context, now time.Time) {
 		return
 	}
 	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity}
-	if ar, ok := m.reader.(AllocatableReader); ok && m.hasThreshold(eviction.SignalAllocatableMemoryAvailable) {
+	// allocatableMemory.available only where the last housekeeping could measure it (a pods' cgroup
+	// with a memory limit): elsewhere the reads would find nothing every time.
+	_, measured := m.obs[eviction.SignalAllocatableMemoryAvailable]
+	if ar, ok := m.reader.(AllocatableReader); ok && measured && m.hasThreshold(eviction.SignalAllocatableMemoryAvailable) {
 		avail, capacity, ok, err := ar.Allocatable()
 		switch {
 		case err != nil:
