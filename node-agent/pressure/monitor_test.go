@@ -545,7 +545,7 @@ func TestFastPathReadsAllocatable(t *testing.T) {
 	r := &allocReader{reader: reader{mem: 6 * gi, pid: 900}, alloc: 512 * mi}
 	s := make(sender, 16)
 	m, err := New(Config{
-		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<400Mi", AllocatableMemory: true, PressureTransitionPeriod: time.Minute}),
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<400Mi", AllocatableMemory: true, PressureTransitionPeriod: time.Minute}),
 		HousekeepingInterval: time.Hour, FastInterval: 10 * time.Millisecond, FastCeiling: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
 	}, r, s, nil, nil)
 	if err != nil {
