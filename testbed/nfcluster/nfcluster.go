@@ -83,6 +83,9 @@ type Options struct {
 	FenceOpTimeout time.Duration
 	Retries        int
 	Backoff        time.Duration
+	// CoordinatorArgs are extra coordinator flags (the pod-eviction budget), added after the
+	// deployment's own.
+	CoordinatorArgs []string
 	// AgentArgs, when set, returns extra node-agent flags for a node (eviction thresholds, grant
 	// timeout, shutdown grace periods), added after the deployment's own.
 	AgentArgs func(n *cluster.Node) []string
@@ -241,7 +244,7 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
 			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
 			"--kubeconfig="+kc, "--kubelet-root-dir="+filepath.Join(n.Dir, "kubelet"), "--pod-log-dir="+filepath.Join(n.Dir, "pod-logs"),
-			"--cgroup-driver=cgroupfs", "--eviction-hard=")
+			"--cgroup-driver=cgroupfs", "--kubelet-cgroup-root="+n.CgroupRoot, "--eviction-hard=")
 		if o.AgentArgs != nil {
 			args = append(args, o.AgentArgs(n)...)
 		}
@@ -462,7 +465,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 		return nil, err
 	}
 	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
-	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
+	args = append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
 		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
@@ -471,7 +474,8 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
 		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
 		"--power-management-polls=3", "--power-management-poll-interval=1s",
-		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")...)
+		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")
+	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)...)
 	if err != nil {
 		return nil, err
 	}
