@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +30,7 @@ import (
 type options struct {
 	binDir, workDir string
 	simulated       int
+	portBase        int // 0: free ports
 	grace           time.Duration
 	fenceTimeout    time.Duration
 	keep            bool
@@ -42,7 +43,7 @@ type sim struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	mu         sync.Mutex // guards cancel, done and unpowered
-	unpowered  bool       // the agent was stopped because the BMC switched the node off
+	unpowered  bool       // the BMC switched the node off; it starts again when switched on
 }
 
 type cluster struct {
@@ -51,6 +52,9 @@ type cluster struct {
 	ownDir                bool
 	hostName              string
 	coordAddr, driverAddr string
+	etcdAddr              string
+	ports                 portPlan
+	control               net.Listener // the control socket `crash` talks to, nil until served
 	procs                 []*procs.Proc
 	sims                  []*sim
 	conn                  *grpc.ClientConn
@@ -62,7 +66,8 @@ type cluster struct {
 }
 
 // followPower stops a simulated node's agent when its BMC is off and restarts it when it is on
-// again; an agent stopped by silence (the demo's "death") stays stopped.
+// again, as a machine's power would; an agent stopped by silence (a crash) stays stopped until the
+// BMC has switched the node off and on.
 func (c *cluster) followPower(ctx context.Context, s *sim) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
@@ -80,8 +85,10 @@ func (c *cluster) followPower(ctx context.Context, s *sim) {
 		running, unpowered := s.cancel != nil, s.unpowered
 		s.mu.Unlock()
 		switch {
-		case !on && running:
-			s.silence()
+		case !on && !unpowered:
+			if running {
+				s.silence()
+			}
 			s.mu.Lock()
 			s.unpowered = true
 			s.mu.Unlock()
@@ -98,12 +105,23 @@ func (c *cluster) followPower(ctx context.Context, s *sim) {
 
 func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
 	c := &cluster{opts: opts, dir: opts.workDir, log: log}
+	// Ports first: a taken port is an error naming it, before anything was started.
+	var err error
+	if c.ports, err = planPorts(opts.portBase, opts.simulated); err != nil {
+		return nil, err
+	}
 	if c.dir == "" {
 		d, err := os.MkdirTemp("", "nodefence-testbed-")
 		if err != nil {
 			return nil, err
 		}
-		c.dir, c.ownDir = d, true
+		c.dir = d
+	} else if err := prepareRunDir(c.dir); err != nil {
+		return nil, err
+	}
+	c.ownDir = true
+	if c.dir, err = filepath.Abs(c.dir); err != nil {
+		return c, err
 	}
 	step := func(format string, args ...any) {
 		fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
@@ -114,7 +132,6 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		c.hostName = "this-host"
 	}
 	// Every component has its certificate: mutual TLS everywhere, as in production.
-	var err error
 	if c.pki, err = pki.New(filepath.Join(c.dir, "pki")); err != nil {
 		return c, err
 	}
@@ -134,14 +151,14 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		return c, err
 	}
 	step("issued a CA and certificates (mutual TLS) in %s", c.pki.Dir)
-	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), 0, "admin", "password"); err != nil {
+	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), c.ports.hostBMC, "admin", "password"); err != nil {
 		return c, fmt.Errorf("start BMC for %s: %w", c.hostName, err)
 	}
 
 	// BMCs, one per simulated node.
 	for i := 1; i <= opts.simulated; i++ {
 		name := fmt.Sprintf("sim-%d", i)
-		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), 0, "admin", "password")
+		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), c.ports.simBMC[i-1], "admin", "password")
 		if err != nil {
 			return c, fmt.Errorf("start BMC for %s: %w", name, err)
 		}
@@ -153,20 +170,20 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		}
 		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
 	}
-	step("started %d ipmi_sim BMCs: %s", len(c.sims), strings.Join(c.bmcList(), ", "))
+	step("started %d ipmi_sim BMCs: %s", len(c.sims)+1, strings.Join(c.bmcList(), ", "))
 
-	driverPort, err := procs.FreePort()
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	c.driverAddr = "127.0.0.1:" + strconv.Itoa(driverPort)
+	c.driverAddr = loopback(c.ports.driver)
 	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(opts.binDir, "fence-driver"),
-		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
+		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--metrics-listen", loopback(c.ports.driverMetrics),
+			"--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
-	if err := p.WaitTCP(c.driverAddr, 15*time.Second); err != nil {
+	if err := waitTCP(ctx, p, c.driverAddr, 15*time.Second); err != nil {
 		return c, err
 	}
 	step("fence-driver (ipmi) listening on %s, pid %d", c.driverAddr, p.PID())
@@ -175,35 +192,36 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	if err != nil {
 		return c, err
 	}
-	coordPort, err := procs.FreePort()
-	if err != nil {
-		return c, err
-	}
-	c.coordAddr = "127.0.0.1:" + strconv.Itoa(coordPort)
+	c.coordAddr = loopback(c.ports.coord)
+	c.etcdAddr = loopback(c.ports.etcdClient)
 	coordArgs := append(pki.Args("", coordTLS), pki.Args("driver-", coordTLS)...)
 	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"), append(coordArgs,
-		"--listen", c.coordAddr, "--config", cfgPath,
-		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
+		"--listen", c.coordAddr, "--metrics-listen", loopback(c.ports.coordMetrics), "--config", cfgPath,
+		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", c.etcdAddr, "--etcd-peer-listen", loopback(c.ports.etcdPeer),
 		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2*opts.grace).String(),
 		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
 		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
-		"--kdump-listen", "127.0.0.1:0")...)
+		"--kdump-listen", loopback(c.ports.kdump))...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
-	if err := p.WaitTCP(c.coordAddr, 60*time.Second); err != nil {
+	if err := waitTCP(ctx, p, c.coordAddr, 60*time.Second); err != nil {
 		return c, err
 	}
 	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
 
 	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"), append(pki.Args("", hostTLS),
-		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local")...)
+		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local",
+		"--metrics-listen", loopback(c.ports.agentMetrics))...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
 	step("node-agent for this host (%s) started, pid %d", c.hostName, p.PID())
+	if err := ctx.Err(); err != nil {
+		return c, err
+	}
 
 	for _, s := range c.sims {
 		if err := c.startSim(s); err != nil {
@@ -345,6 +363,9 @@ func (c *cluster) bmcList() []string {
 	for _, s := range c.sims {
 		out = append(out, fmt.Sprintf("%s=udp/%d", s.name, s.bmc.Port))
 	}
+	if c.host != nil {
+		out = append([]string{fmt.Sprintf("%s=udp/%d", c.hostName, c.host.Port)}, out...)
+	}
 	return out
 }
 
@@ -364,6 +385,9 @@ func (c *cluster) stop(out io.Writer) {
 	for _, s := range c.sims {
 		s.silence()
 	}
+	if c.control != nil {
+		c.control.Close()
+	}
 	if c.conn != nil {
 		c.conn.Close()
 	}
@@ -381,7 +405,9 @@ func (c *cluster) stop(out io.Writer) {
 		_ = c.host.Stop()
 	}
 	if c.ownDir && !c.opts.keep {
-		os.RemoveAll(c.dir)
+		if err := os.RemoveAll(c.dir); err != nil {
+			fmt.Fprintln(out, "warning:", err)
+		}
 	} else {
 		fmt.Fprintf(out, "logs and state kept in %s\n", c.dir)
 	}
