@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -151,8 +152,25 @@ func runReadme(t *testing.T, repo, root, runDir string) {
 	if err != nil || strings.TrimSpace(string(power)) != "0" {
 		t.Errorf("after crash %s its BMC's power state is %q (%v), want 0 (off)", crashed, power, err)
 	}
+	// The crashed node reads as powered off at once (its readiness waits for the grace period).
+	out, err := exec.Command("bash", "-c", ". "+filepath.Join(runDir, "env")+` && grpcurl $GRPCURL $NF_COORDINATOR nodefence.coordinator.v1.ClusterService/ListNodes`).CombinedOutput()
+	var nodes struct {
+		Nodes []struct{ Name, Reason string }
+	}
+	if err != nil || json.Unmarshal(out, &nodes) != nil {
+		t.Fatalf("ListNodes: %v\n%s", err, out)
+	}
+	reason := "(absent)"
+	for _, n := range nodes.Nodes {
+		if n.Name == crashed {
+			reason = n.Reason
+		}
+	}
+	if !strings.HasPrefix(reason, "powered off: fence ") {
+		t.Errorf("after crash %s its node reads %q, want it powered off by its fence", crashed, reason)
+	}
 	// The metrics the env file names answer.
-	out, err := exec.Command("bash", "-c", ". "+filepath.Join(runDir, "env")+` && for u in "$NF_COORDINATOR_METRICS" "$NF_DRIVER_METRICS" "$NF_AGENT_METRICS"; do curl -sf "$u" | grep -c '^nodefence_' || exit 1; done`).CombinedOutput()
+	out, err = exec.Command("bash", "-c", ". "+filepath.Join(runDir, "env")+` && for u in "$NF_COORDINATOR_METRICS" "$NF_DRIVER_METRICS" "$NF_AGENT_METRICS"; do curl -sf "$u" | grep -c '^nodefence_' || exit 1; done`).CombinedOutput()
 	if err != nil {
 		t.Errorf("metrics: %v\n%s", err, out)
 	}
