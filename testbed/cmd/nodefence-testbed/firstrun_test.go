@@ -86,6 +86,40 @@ func TestFirstRun(t *testing.T) {
 			t.Fatalf("run directory %s left after Ctrl-C while starting", runDir)
 		}
 	})
+	t.Run("failure-while-starting", func(t *testing.T) {
+		// The coordinator fails after the BMCs and the fence-driver are up: they must be stopped.
+		broken := filepath.Join(root, "broken-bin")
+		if err := os.Mkdir(broken, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []string{"fence-driver", "node-agent", "fencectl"} {
+			if err := os.Symlink(filepath.Join(bin, b), filepath.Join(broken, b)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(broken, "coordinator"), []byte("#!/bin/sh\necho cannot start >&2\nexit 1\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(root, "broken-run")
+		cmd := exec.Command(filepath.Join(bin, "nodefence-testbed"), "--bin", broken, "--workdir", dir, "--simulated", "1", "run")
+		cmd.Env = append(os.Environ(), portBaseEnv+"="+strconv.Itoa(base))
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "coordinator exited before listening") {
+			t.Fatalf("with a coordinator that cannot start: err %v, output:\n%s", err, out)
+		}
+		if !strings.Contains(string(out), "fence-driver (ipmi) listening") {
+			t.Fatalf("the fence-driver was not started before the failure:\n%s", out)
+		}
+		if left := processesMentioning(dir); len(left) > 0 {
+			for pid, cmdline := range left {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				t.Errorf("after the failed start pid %d is still running: %s", pid, cmdline)
+			}
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("after the failed start the run directory %s is still there", dir)
+		}
+	})
 	t.Run("port-taken", func(t *testing.T) {
 		l, err := net.Listen("tcp", loopback(base+1))
 		if err != nil {
@@ -405,6 +439,25 @@ func readStat(pid int) (stat, bool) {
 	ppid, _ := strconv.Atoi(f[1])
 	start, _ := strconv.ParseUint(f[19], 10, 64)
 	return stat{ppid: ppid, start: start, state: f[0], comm: s[lp+1 : rp]}, true
+}
+
+// processesMentioning returns the running processes whose command line contains s.
+func processesMentioning(s string) map[int]string {
+	entries, _ := os.ReadDir("/proc")
+	out := map[int]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if cmdline := strings.ReplaceAll(string(data), "\x00", " "); err == nil && strings.Contains(cmdline, s) {
+			if st, ok := readStat(pid); ok && st.state != "Z" {
+				out[pid] = cmdline
+			}
+		}
+	}
+	return out
 }
 
 // descendants returns every process below pid.
