@@ -116,6 +116,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if !demo {
 		opts.workDir = runDir(opts)
+		// The control socket's path must fit a unix socket address (108 bytes with its NUL).
+		if abs, err := filepath.Abs(socketIn(opts.workDir)); err == nil && len(abs) > 107 {
+			fmt.Fprintf(stderr, "nodefence-testbed: --workdir: %s is too long for the control socket's path %s (at most 107 bytes); give a shorter --workdir\n", opts.workDir, abs)
+			return 2
+		}
 	}
 	if opts.grace == 0 {
 		opts.grace = 10 * time.Second
