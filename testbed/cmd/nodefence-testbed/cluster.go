@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/metrics"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
@@ -44,6 +46,21 @@ type sim struct {
 	done       chan struct{}
 	mu         sync.Mutex // guards cancel, done and unpowered
 	unpowered  bool       // the BMC switched the node off; it starts again when switched on
+	metrics    *metrics.Metrics
+	agent      atomic.Pointer[agent.Agent] // the running agent, nil while the node is down
+}
+
+// Connected and Unacked are the current agent's, for its metrics.
+func (s *sim) Connected() bool {
+	a := s.agent.Load()
+	return a != nil && a.Connected()
+}
+
+func (s *sim) Unacked() int {
+	if a := s.agent.Load(); a != nil {
+		return a.Unacked()
+	}
+	return 0
 }
 
 type cluster struct {
@@ -223,16 +240,23 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		return c, err
 	}
 
-	for _, s := range c.sims {
+	// Simulated agents, each with its metrics endpoint; a simulated node is powered by its BMC: its
+	// agent stops when the BMC switches it off and starts again when it switches it on, as a real
+	// machine's would.
+	powerCtx, stopPower := context.WithCancel(context.Background())
+	c.stopPower = stopPower
+	for i, s := range c.sims {
+		s.metrics = metrics.New(s)
+		lis, err := net.Listen("tcp", loopback(c.ports.simMetrics[i]))
+		if err != nil {
+			return c, fmt.Errorf("metrics of %s: %w", s.name, err)
+		}
+		go func() { _ = s.metrics.Serve(powerCtx, lis, c.log) }()
 		if err := c.startSim(s); err != nil {
 			return c, err
 		}
 	}
 	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
-	// A simulated node is powered by its BMC: its agent stops when the BMC switches it off and
-	// starts again when it switches it on, as a real machine's would.
-	powerCtx, stopPower := context.WithCancel(context.Background())
-	c.stopPower = stopPower
 	for _, s := range c.sims {
 		go c.followPower(powerCtx, s)
 	}
@@ -281,10 +305,11 @@ func (c *cluster) startSim(s *sim) error {
 		Coordinators: []string{c.coordAddr}, TLS: files,
 		NodeName: s.name, BootID: "boot-" + s.name, Zone: s.zone, Region: "local", Log: c.log,
 		Capacity: &agentv1.Capacity{MemoryBytes: 64 << 30, CpuMillis: 32000, Pids: 4194304},
-	}, simSampler{})
+	}, simSampler{s.metrics})
 	if err != nil {
 		return err
 	}
+	s.agent.Store(a)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -294,12 +319,14 @@ func (c *cluster) startSim(s *sim) error {
 	return nil
 }
 
-// simSampler reports a healthy, slowly varying memory.available.
-type simSampler struct{}
+// simSampler reports a healthy, slowly varying memory.available, to the coordinator and the
+// node's metrics.
+type simSampler struct{ metrics *metrics.Metrics }
 
-func (simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
+func (ss simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
 	now := time.Now()
 	avail := int64(40<<30) + int64(now.Second())<<24
+	ss.metrics.Signal("memory.available", avail, 64<<30)
 	return &agentv1.SignalSample{ObservedAt: timestamppb.New(now), Signals: []*agentv1.Signal{
 		{Name: "memory.available", Available: avail, Capacity: 64 << 30},
 	}}, nil
@@ -311,6 +338,7 @@ func (s *sim) silence() {
 	cancel, done := s.cancel, s.done
 	s.cancel = nil
 	s.mu.Unlock()
+	s.agent.Store(nil)
 	if cancel != nil {
 		cancel()
 		<-done

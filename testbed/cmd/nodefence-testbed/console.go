@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,11 +34,15 @@ type metricsEndpoint struct{ name, env, addr string }
 
 // metrics lists the Prometheus endpoints.
 func (c *cluster) metrics() []metricsEndpoint {
-	return []metricsEndpoint{
+	out := []metricsEndpoint{
 		{"coordinator", "NF_COORDINATOR_METRICS", loopback(c.ports.coordMetrics)},
 		{"fence-driver", "NF_DRIVER_METRICS", loopback(c.ports.driverMetrics)},
 		{"node-agent", "NF_AGENT_METRICS", loopback(c.ports.agentMetrics)},
 	}
+	for i, s := range c.sims {
+		out = append(out, metricsEndpoint{s.name, "NF_SIM" + strconv.Itoa(i+1) + "_METRICS", loopback(c.ports.simMetrics[i])})
+	}
+	return out
 }
 
 // writeEnv writes the env file a second terminal sources: addresses, certificates, tool path.

@@ -204,7 +204,7 @@ func runReadme(t *testing.T, repo, root, runDir string) {
 		t.Errorf("after crash %s its node reads %q, want it powered off by its fence", crashed, reason)
 	}
 	// The metrics the env file names answer.
-	out, err = exec.Command("bash", "-c", ". "+filepath.Join(runDir, "env")+` && for u in "$NF_COORDINATOR_METRICS" "$NF_DRIVER_METRICS" "$NF_AGENT_METRICS"; do curl -sf "$u" | grep -c '^nodefence_' || exit 1; done`).CombinedOutput()
+	out, err = exec.Command("bash", "-c", ". "+filepath.Join(runDir, "env")+` && n=0 && for v in $(compgen -v | grep '^NF_.*_METRICS$'); do n=$((n+1)); echo "$v"; curl -sf "${!v}" | grep -c '^nodefence_' || exit 1; done && [ $n -ge 6 ]`).CombinedOutput()
 	if err != nil {
 		t.Errorf("metrics: %v\n%s", err, out)
 	}

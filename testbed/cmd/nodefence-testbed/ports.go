@@ -21,14 +21,16 @@ import (
 //	B+0 coordinator gRPC     B+1 fence-driver gRPC   B+2 coordinator metrics   B+3 fence-driver metrics
 //	B+4 node-agent metrics   B+5 etcd client         B+6 etcd peer             B+7 kdump (UDP)
 //	B+10 this host's BMC (UDP), B+11... the simulated nodes' BMCs (UDP)
+//	B+40... the simulated nodes' agents' metrics
 type portPlan struct {
 	coord, driver, coordMetrics, driverMetrics, agentMetrics, etcdClient, etcdPeer int // TCP
 	kdump, hostBMC                                                                 int // UDP
 	simBMC                                                                         []int
+	simMetrics                                                                     []int // TCP
 }
 
 // portSpan is how many ports from the base the plan uses.
-func portSpan(simulated int) int { return 11 + simulated }
+func portSpan(simulated int) int { return 40 + simulated }
 
 // planPorts lays the ports out from base, checking each is free, or picks free ports when base is 0
 // (BMC ports 0: ipmisim picks them).
@@ -49,6 +51,12 @@ func planPorts(base, simulated int) (portPlan, error) {
 		p.kdump = c.LocalAddr().(*net.UDPAddr).Port
 		c.Close()
 		p.simBMC = make([]int, simulated)
+		p.simMetrics = make([]int, simulated)
+		for i := range p.simMetrics {
+			if p.simMetrics[i], err = procs.FreePort(); err != nil {
+				return p, err
+			}
+		}
 		return p, nil
 	}
 	type want struct {
@@ -57,6 +65,7 @@ func planPorts(base, simulated int) (portPlan, error) {
 		what string
 	}
 	p.simBMC = make([]int, simulated)
+	p.simMetrics = make([]int, simulated)
 	wants := []want{
 		{&p.coord, false, "coordinator gRPC"}, {&p.driver, false, "fence-driver gRPC"},
 		{&p.coordMetrics, false, "coordinator metrics"}, {&p.driverMetrics, false, "fence-driver metrics"},
@@ -69,6 +78,10 @@ func planPorts(base, simulated int) (portPlan, error) {
 	offsets := []int{0, 1, 2, 3, 4, 5, 6, 7, 10}
 	for i := range p.simBMC {
 		offsets = append(offsets, 11+i)
+	}
+	for i := range p.simMetrics {
+		wants = append(wants, want{&p.simMetrics[i], false, fmt.Sprintf("metrics of sim-%d's agent", i+1)})
+		offsets = append(offsets, 40+i)
 	}
 	var taken []string
 	for i, w := range wants {
