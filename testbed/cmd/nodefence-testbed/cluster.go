@@ -66,7 +66,6 @@ func (s *sim) Unacked() int {
 type cluster struct {
 	opts                  options
 	dir                   string
-	ownDir                bool
 	hostName              string
 	coordAddr, driverAddr string
 	etcdAddr              string
@@ -127,16 +126,9 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	if c.ports, err = planPorts(opts.portBase, opts.simulated); err != nil {
 		return nil, err
 	}
-	if c.dir == "" {
-		d, err := os.MkdirTemp("", "nodefence-testbed-")
-		if err != nil {
-			return nil, err
-		}
-		c.dir = d
-	} else if err := prepareRunDir(c.dir); err != nil {
+	if err := prepareRunDir(c.dir); err != nil {
 		return nil, err
 	}
-	c.ownDir = true
 	if c.dir, err = filepath.Abs(c.dir); err != nil {
 		return c, err
 	}
@@ -432,7 +424,7 @@ func (c *cluster) stop(out io.Writer) {
 	if c.host != nil {
 		_ = c.host.Stop()
 	}
-	if c.ownDir && !c.opts.keep {
+	if !c.opts.keep {
 		if err := os.RemoveAll(c.dir); err != nil {
 			fmt.Fprintln(out, "warning:", err)
 		}

@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	exe, _ := os.Executable()
 	var opts options
 	fs.StringVar(&opts.binDir, "bin", filepath.Dir(exe), "directory with coordinator, fence-driver, node-agent, fencectl")
-	fs.StringVar(&opts.workDir, "workdir", "", "run directory for logs, state, certificates, the env file and the control socket (default for run and crash: $"+runDirEnv+", else the run directory next to the binary, bin/run; for demo: a new temporary directory); cleared at start, removed at exit")
+	fs.StringVar(&opts.workDir, "workdir", "", "run directory for logs, state, certificates, the env file and the control socket (default for run and crash: $"+runDirEnv+", else bin/run next to the binary; for demo: bin/demo); cleared at start, removed at exit")
 	fs.IntVar(&opts.simulated, "simulated", 3, "simulated nodes, each with its own ipmi_sim BMC")
 	fs.IntVar(&opts.portBase, "port-base", -1, "first of run's fixed ports (default $"+portBaseEnv+", else "+strconv.Itoa(defaultPortBase)+"; 0 picks free ports; demo's default is 0)")
 	fs.DurationVar(&opts.grace, "grace", 0, "node-monitor grace period (default 10s for run, 3s for demo)")
@@ -113,6 +113,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "nodefence-testbed:", p)
 		}
 		return 2
+	}
+	if demo && opts.workDir == "" {
+		opts.workDir = filepath.Join(opts.binDir, "demo")
 	}
 	if !demo {
 		opts.workDir = runDir(opts)
