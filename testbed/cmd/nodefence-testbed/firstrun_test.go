@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -53,6 +54,10 @@ func TestFirstRun(t *testing.T) {
 		}
 	}
 	base := freePortBlock(t, portSpan(3))
+	// The testbed keeps SIGINT and SIGHUP ignored when it inherits them ignored (nohup, a script's
+	// background job), as this test may be run; handled here, they reach it with their defaults.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Reset(syscall.SIGINT, syscall.SIGHUP)
 	runDir := filepath.Join(bin, "run")
 
 	t.Run("README", func(t *testing.T) {

@@ -45,7 +45,15 @@ func main() {
 	// A write to a closed stdout (`make run | tee log`, Ctrl-C ends tee first) must fail, not kill the
 	// testbed by SIGPIPE before it has stopped what it started.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	// Ctrl-C, SIGTERM and a closed terminal stop everything; SIGINT or SIGHUP stay ignored when they
+	// were (`nohup`, `make run &` from a script).
+	stops := []os.Signal{syscall.SIGTERM}
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
+		if !signal.Ignored(sig) {
+			stops = append(stops, sig)
+		}
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), stops...)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	cancel()
 	os.Exit(code)
