@@ -54,10 +54,10 @@ func TestFirstRun(t *testing.T) {
 		}
 	}
 	base := freePortBlock(t, portSpan(3))
-	// The testbed keeps SIGINT and SIGHUP ignored when it inherits them ignored (nohup, a script's
-	// background job), as this test may be run; handled here, they reach it with their defaults.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Reset(syscall.SIGINT, syscall.SIGHUP)
+	// The testbed keeps SIGHUP ignored when it inherits it ignored (nohup), as this test may be run;
+	// handled here, it reaches the testbed with its default.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	defer signal.Reset(syscall.SIGHUP)
 	runDir := filepath.Join(bin, "run")
 
 	t.Run("README", func(t *testing.T) {

@@ -45,13 +45,11 @@ func main() {
 	// A write to a closed stdout (`make run | tee log`, Ctrl-C ends tee first) must fail, not kill the
 	// testbed by SIGPIPE before it has stopped what it started.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	// Ctrl-C, SIGTERM and a closed terminal stop everything; SIGINT or SIGHUP stay ignored when they
-	// were (`nohup`, `make run &` from a script).
-	stops := []os.Signal{syscall.SIGTERM}
-	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
-		if !signal.Ignored(sig) {
-			stops = append(stops, sig)
-		}
+	// Ctrl-C (or kill -INT), SIGTERM and a closed terminal stop everything; SIGHUP stays ignored
+	// when it was (`nohup make run`).
+	stops := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stops = append(stops, syscall.SIGHUP)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), stops...)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -189,6 +187,10 @@ func (c *cluster) printHelp(w io.Writer) {
 	for _, m := range c.metrics() {
 		metrics = append(metrics, fmt.Sprintf("%-13s http://%s/metrics", m.name, m.addr))
 	}
+	ports := "Ports are fixed; --port-base or $" + portBaseEnv + " moves them all."
+	if c.opts.portBase == 0 {
+		ports = "Ports were picked free (--port-base 0); the env file has them."
+	}
 	fmt.Fprintf(w, `
 nodefence is running; run directory %[1]s (logs, state, certificates; removed when it stops):
   coordinator  %[2]s   (embedded etcd on %[3]s, grace period %[4]s, automatic fencing %[5]s after that)
@@ -196,7 +198,7 @@ nodefence is running; run directory %[1]s (logs, state, certificates; removed wh
   BMCs         %[7]s
   agents       %[8]s (real node-agent for this host) and %[9]s (simulated)
   metrics      %[10]s
-Ports are fixed; --port-base or $%[11]s moves them all.
+%[11]s
 
 Everything speaks mutual TLS; you are operator/testbed. In another terminal, from the repository:
   . %[12]s      # NF_COORDINATOR, TLS, GRPCURL, NF_*_METRICS; puts grpcurl on PATH
@@ -207,7 +209,7 @@ Everything speaks mutual TLS; you are operator/testbed. In another terminal, fro
 Press Ctrl-C to stop everything.
 `, shortPath(c.dir), c.coordAddr, c.etcdAddr, c.opts.grace, c.opts.fenceTimeout, c.driverAddr,
 		strings.Join(c.bmcList(), ", "), c.hostName, strings.Join(c.simNames(), ", "),
-		strings.Join(metrics, "\n               "), portBaseEnv, shortPath(c.envFile()), c.sims[len(c.sims)-1].name)
+		strings.Join(metrics, "\n               "), ports, shortPath(c.envFile()), c.sims[len(c.sims)-1].name)
 }
 
 // shortPath is path relative to the working directory when it is below it.
