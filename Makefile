@@ -15,7 +15,7 @@ GRPCURL_VERSION            := v1.9.3
 STATICCHECK_VERSION        := v0.8.2
 
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
-APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc
+APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
 .PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
 
@@ -114,7 +114,7 @@ cluster-down:
 	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
 	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) down
 
-# run-tools: the tools the README's "Calling it" uses besides bin/ (ipmitool comes with deps).
+# run-tools: the tools the README's "Calling it" uses besides bin/ (curl comes with deps).
 run-tools:
 	$(call tool,grpcurl,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION))
 
