@@ -389,6 +389,17 @@ func (c *cluster) bmcList() []string {
 	return out
 }
 
+// victim is the simulated node a crash is shown on: the last one sharing zone-a with this host,
+// where the storm guard lets a single dead node be fenced.
+func (c *cluster) victim() *sim {
+	for i := len(c.sims) - 1; i >= 0; i-- {
+		if c.sims[i].zone == "zone-a" {
+			return c.sims[i]
+		}
+	}
+	return c.sims[0]
+}
+
 func (c *cluster) simNames() []string {
 	var out []string
 	for _, s := range c.sims {

@@ -24,7 +24,7 @@ func runDemo(ctx context.Context, c *cluster, stdout, stderr io.Writer) int {
 	line := func(at time.Time, format string, args ...any) {
 		fmt.Fprintf(stdout, "%s  %s\n", at.Format("15:04:05.000"), fmt.Sprintf(format, args...))
 	}
-	victim := c.sims[len(c.sims)-1] // in zone-a with others: the storm guard lets it be fenced
+	victim := c.victim()
 	if p, err := ipmisim.IpmitoolPower(ctx, victim.bmc.Port, "admin", "password"); err != nil || p != "on" {
 		return fail("before the demo, ipmitool says %s's BMC is %q (%v), want on", victim.name, p, err)
 	}

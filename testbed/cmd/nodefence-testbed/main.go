@@ -209,7 +209,7 @@ Everything speaks mutual TLS; you are operator/testbed. In another terminal, fro
 Press Ctrl-C to stop everything.
 `, shortPath(c.dir), c.coordAddr, c.etcdAddr, c.opts.grace, c.opts.fenceTimeout, c.driverAddr,
 		strings.Join(c.bmcList(), ", "), c.hostName, strings.Join(c.simNames(), ", "),
-		strings.Join(metrics, "\n               "), ports, shortPath(c.envFile()), c.sims[len(c.sims)-1].name)
+		strings.Join(metrics, "\n               "), ports, shortPath(c.envFile()), c.victim().name)
 }
 
 // shortPath is path relative to the working directory when it is below it.

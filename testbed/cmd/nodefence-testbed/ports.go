@@ -60,32 +60,26 @@ func planPorts(base, simulated int) (portPlan, error) {
 		return p, nil
 	}
 	type want struct {
-		port *int
-		udp  bool
-		what string
+		port   *int
+		offset int
+		udp    bool
+		what   string
 	}
 	p.simBMC = make([]int, simulated)
 	p.simMetrics = make([]int, simulated)
 	wants := []want{
-		{&p.coord, false, "coordinator gRPC"}, {&p.driver, false, "fence-driver gRPC"},
-		{&p.coordMetrics, false, "coordinator metrics"}, {&p.driverMetrics, false, "fence-driver metrics"},
-		{&p.agentMetrics, false, "node-agent metrics"}, {&p.etcdClient, false, "etcd client"},
-		{&p.etcdPeer, false, "etcd peer"}, {&p.kdump, true, "kdump"}, {&p.hostBMC, true, "this host's BMC"},
+		{&p.coord, 0, false, "coordinator gRPC"}, {&p.driver, 1, false, "fence-driver gRPC"},
+		{&p.coordMetrics, 2, false, "coordinator metrics"}, {&p.driverMetrics, 3, false, "fence-driver metrics"},
+		{&p.agentMetrics, 4, false, "node-agent metrics"}, {&p.etcdClient, 5, false, "etcd client"},
+		{&p.etcdPeer, 6, false, "etcd peer"}, {&p.kdump, 7, true, "kdump"}, {&p.hostBMC, 10, true, "this host's BMC"},
 	}
-	for i := range p.simBMC {
-		wants = append(wants, want{&p.simBMC[i], true, fmt.Sprintf("BMC of sim-%d", i+1)})
-	}
-	offsets := []int{0, 1, 2, 3, 4, 5, 6, 7, 10}
-	for i := range p.simBMC {
-		offsets = append(offsets, 11+i)
-	}
-	for i := range p.simMetrics {
-		wants = append(wants, want{&p.simMetrics[i], false, fmt.Sprintf("metrics of sim-%d's agent", i+1)})
-		offsets = append(offsets, 40+i)
+	for i := range simulated {
+		wants = append(wants, want{&p.simBMC[i], 11 + i, true, fmt.Sprintf("BMC of sim-%d", i+1)},
+			want{&p.simMetrics[i], 40 + i, false, fmt.Sprintf("metrics of sim-%d's agent", i+1)})
 	}
 	var taken []string
-	for i, w := range wants {
-		*w.port = base + offsets[i]
+	for _, w := range wants {
+		*w.port = base + w.offset
 		if err := portFree(*w.port, w.udp); err != nil {
 			proto := "tcp"
 			if w.udp {
