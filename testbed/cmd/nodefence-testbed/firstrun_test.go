@@ -76,6 +76,22 @@ func TestFirstRun(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a-child-dies", func(t *testing.T) {
+		// The coordinator dies under the running testbed: it says so and stops the rest.
+		tb := startTestbed(t, bin, base, 1)
+		for pid, info := range tb.procs {
+			if info.comm == "coordinator" {
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		tb.waitFor(t, "coordinator (pid")
+		tb.stopAndCheck(t, 0, false)
+		if _, err := os.Stat(runDir); err == nil {
+			t.Fatalf("run directory %s left after the coordinator died", runDir)
+		}
+	})
 	t.Run("closed-pipe", func(t *testing.T) {
 		// `make run | tee log`, Ctrl-C: tee is gone before the testbed writes "stopping".
 		tb := startTestbed(t, bin, base, 1)
@@ -383,7 +399,7 @@ func (tb *testbed) alive() map[int]procInfo {
 	return out
 }
 
-// stopAndCheck sends sig, waits for the testbed to end (with exit code 0 if clean) and checks that
+// stopAndCheck sends sig (0: none, the testbed stops by itself), waits for the testbed to end (with exit code 0 if clean) and checks that
 // none of its processes survived and, if clean, that its run directory is gone.
 func (tb *testbed) stopAndCheck(t *testing.T, sig syscall.Signal, clean bool) {
 	t.Helper()
@@ -391,8 +407,10 @@ func (tb *testbed) stopAndCheck(t *testing.T, sig syscall.Signal, clean bool) {
 	if len(tb.procs) == 0 {
 		t.Fatal("no processes seen below the testbed")
 	}
-	if err := tb.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
+	if sig != 0 {
+		if err := tb.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
 	}
 	select {
 	case <-tb.done:

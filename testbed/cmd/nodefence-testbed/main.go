@@ -165,9 +165,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	c.printHelp(out)
-	<-ctx.Done()
+	if err := c.watchProcs(ctx); err != nil {
+		fmt.Fprintf(stderr, "nodefence-testbed: %v; stopping everything\n", err)
+		return 1
+	}
 	fmt.Fprintln(out, "\nstopping ...")
 	return 0
+}
+
+// watchProcs waits until ctx ends (nil) or one of the started processes exits (an error naming it).
+func (c *cluster) watchProcs(ctx context.Context) error {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for _, p := range c.procs {
+			if exited, err := p.Exited(); exited {
+				return fmt.Errorf("%s (pid %d) exited (%v); see %s", p.Name, p.PID(), err, p.Log)
+			}
+		}
+	}
 }
 
 // runDir is the run directory of `run` and `crash`.
