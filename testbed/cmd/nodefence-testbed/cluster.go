@@ -409,7 +409,7 @@ func (c *cluster) simNames() []string {
 }
 
 // stop stops everything this cluster started, agents first, by PID.
-func (c *cluster) stop(out io.Writer) {
+func (c *cluster) stop(out io.Writer, keep bool) {
 	if c.stopPower != nil {
 		c.stopPower()
 	}
@@ -435,11 +435,11 @@ func (c *cluster) stop(out io.Writer) {
 	if c.host != nil {
 		_ = c.host.Stop()
 	}
-	if !c.opts.keep {
+	if !keep {
 		if err := os.RemoveAll(c.dir); err != nil {
 			fmt.Fprintln(out, "warning:", err)
 		}
 	} else {
-		fmt.Fprintf(out, "logs and state kept in %s\n", c.dir)
+		fmt.Fprintf(out, "logs and state kept in %s (the next start clears it)\n", c.dir)
 	}
 }

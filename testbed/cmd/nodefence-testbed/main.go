@@ -68,7 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&opts.portBase, "port-base", -1, "first of run's fixed ports (default $"+portBaseEnv+", else "+strconv.Itoa(defaultPortBase)+"; 0 picks free ports; demo's default is 0)")
 	fs.DurationVar(&opts.grace, "grace", 0, "node-monitor grace period (default 10s for run, 3s for demo)")
 	fs.DurationVar(&opts.fenceTimeout, "fence-timeout", 0, "not-ready time before automatic fencing (default 30s for run, 2s for demo)")
-	fs.BoolVar(&opts.keep, "keep", false, "keep the run directory after stopping")
+	fs.BoolVar(&opts.keep, "keep", false, "keep the run directory after stopping (it is kept anyway after a failure)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: nodefence-testbed [flags] run|demo")
 		fmt.Fprintln(stderr, "       nodefence-testbed [--workdir DIR] crash NODE")
@@ -145,16 +145,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	out := &lockedWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Everything started is stopped on the way out; the run directory stays after a failure, for
+	// its logs.
+	code := 1
 	c, err := startCluster(ctx, opts, out, log)
 	if c != nil {
-		defer c.stop(out)
+		defer func() { c.stop(out, opts.keep || (code != 0 && ctx.Err() == nil)) }()
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "nodefence-testbed:", err)
-		return 1
+		return code
 	}
 	if demo {
-		return runDemo(ctx, c, out, stderr)
+		code = runDemo(ctx, c, out, stderr)
+		return code
 	}
 	if err := c.serveControl(ctx, out); err != nil {
 		fmt.Fprintln(stderr, "nodefence-testbed:", err)
@@ -170,7 +174,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(out, "\nstopping ...")
-	return 0
+	code = 0
+	return code
 }
 
 // watchProcs waits until ctx ends (nil) or one of the started processes exits (an error naming it).
