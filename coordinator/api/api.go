@@ -19,8 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/agentwire"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
@@ -52,7 +52,7 @@ type Deps struct {
 	Store      *store.Store
 	Etcd       *clientv3.Client
 	// Config returns the current fence configuration.
-	Config func() *config.Config
+	Config func() *fenceconfig.Config
 	// HeartbeatInterval and SampleInterval are sent to agents.
 	HeartbeatInterval, SampleInterval time.Duration
 	// Now is the clock; nil means time.Now.
@@ -147,7 +147,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	}
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
-	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
+	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
 	rec.Reason, rec.RequestedBy, rec.Epoch = reason, identity.Name(ctx), l.Term.Epoch
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {
@@ -246,6 +246,7 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 				return nil, err
 			}
 			if created {
+				poweredOff(ctx, l.Loop, got)
 				return &coordv1.AcknowledgeResponse{Fence: got}, nil
 			}
 			continue
@@ -267,9 +268,17 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 			}
 			return nil, err
 		}
+		poweredOff(ctx, l.Loop, f)
 		return &coordv1.AcknowledgeResponse{Fence: f}, nil
 	}
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
+}
+
+// poweredOff tells the engine an acknowledged node is off, for its node view.
+func poweredOff(ctx context.Context, lp *loop.Loop, f *coordv1.NodeFence) {
+	if f.GetConfirmedOffAt() != nil {
+		_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+	}
 }
 
 // witnesses returns why the node looks alive ("" when every witness is silent): its agent is

@@ -1,8 +1,6 @@
 package kubepods
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -56,6 +54,9 @@ func TestCgroupsRead(t *testing.T) {
 			Usage{MemoryWorkingSet: 9 * mi, Processes: 1, Dir: "testdata/v2-systemd/kubepods.slice/kubepods-pod1111aaaa_0000_4000_8000_000000000001.slice"}, true, false},
 		{"hybrid reads the v1 memory controller", Cgroups{Root: "testdata/hybrid"}, eviction.Burstable,
 			Usage{MemoryWorkingSet: 200 * mi, Dir: "testdata/hybrid/memory/kubepods/burstable/pod" + fixtureUID}, true, false},
+		{"v1 cgroupfs under the kubelet's --cgroup-root", Cgroups{Root: "testdata/v1-cgroup-root", KubeletRoot: "/nf-node-1"}, eviction.Guaranteed,
+			Usage{MemoryWorkingSet: 200 * mi, Processes: 7, Dir: "testdata/v1-cgroup-root/memory/nf-node-1/kubepods/pod" + fixtureUID}, true, false},
+		{"kubelet's --cgroup-root not given: no cgroup, unknown", Cgroups{Root: "testdata/v1-cgroup-root"}, eviction.Guaranteed, Usage{}, false, false},
 		{"wrong QoS tier: no cgroup, unknown", Cgroups{Root: "testdata/v1-cgroupfs"}, eviction.BestEffort, Usage{}, false, false},
 		{"wrong driver: no cgroup, unknown", Cgroups{Root: "testdata/v2-cgroupfs", Driver: DriverSystemd}, eviction.BestEffort, Usage{}, false, false},
 		{"no cgroup hierarchy at all", Cgroups{Root: "testdata/nonexistent"}, eviction.BestEffort, Usage{}, false, true},
@@ -87,31 +88,5 @@ func TestParseDriver(t *testing.T) {
 		if _, err := ParseDriver(bad); err == nil {
 			t.Errorf("ParseDriver(%q) succeeded", bad)
 		}
-	}
-}
-
-// TestCgroupsReadUnderParent: with kubelet's --cgroup-root (Parent), the pods' cgroups are read
-// under it, and not at the hierarchy's root.
-func TestCgroupsReadUnderParent(t *testing.T) {
-	root := t.TempDir()
-	write := func(rel, data string) {
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("memory/memory.usage_in_bytes", "1000\n")
-	pod := "memory/nf-node-1/kubepods/burstable/pod" + fixtureUID
-	write(pod+"/memory.usage_in_bytes", "3145728\n")
-	write(pod+"/memory.stat", "total_inactive_file 1048576\n")
-	u, ok, err := Cgroups{Root: root, Parent: "/nf-node-1"}.Read(eviction.Burstable, fixtureUID)
-	if err != nil || !ok || u.MemoryWorkingSet != 2<<20 || u.Dir != filepath.Join(root, pod) {
-		t.Errorf("Read under /nf-node-1 = %+v, %v, %v; want a working set of 2 MiB from %s", u, ok, err, pod)
-	}
-	if _, ok, err := (Cgroups{Root: root}).Read(eviction.Burstable, fixtureUID); ok || err != nil {
-		t.Errorf("Read without Parent = ok %v, err %v; want no cgroup", ok, err)
 	}
 }

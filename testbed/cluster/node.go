@@ -419,12 +419,16 @@ func (n *Node) StopService(name string) error {
 }
 
 // ReconfigureKubelet rewrites the node's KubeletConfiguration with fields (top-level key → YAML
-// value, e.g. "evictionHard" → `{memory.available: "100Mi"}`) replacing the testbed's values or
-// added, and restarts its kubelet when the node runs (containers keep running). The configuration
-// stays for later boots.
+// value, e.g. "evictionHard" → `{memory.available: "100Mi"}`) replacing its values or added, and
+// restarts its kubelet when the node runs (containers keep running). The configuration stays for
+// later boots.
 func (n *Node) ReconfigureKubelet(fields map[string]string) error {
-	data := withFields(kubeletConfig(n, n.c.pki.path("ca.crt")), fields)
-	if err := os.WriteFile(filepath.Join(n.Dir, "kubelet.yaml"), []byte(data), 0o644); err != nil {
+	path := filepath.Join(n.Dir, "kubelet.yaml")
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(withFields(string(doc), fields)), 0o644); err != nil {
 		return err
 	}
 	n.mu.Lock()

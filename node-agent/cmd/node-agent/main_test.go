@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -226,15 +227,25 @@ func agentCert(t *testing.T, node string) []string {
 	return pki.Args("", f)
 }
 
-// TestParseKubeletCgroupRoot: the pods' cgroup allocatableMemory.available is read from is under
-// kubelet's --cgroup-root.
-func TestParseKubeletCgroupRoot(t *testing.T) {
-	var stderr bytes.Buffer
-	opts, errs, _ := parse([]string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t), "--kubelet-cgroup-root=/nf-node-1"}, &stderr)
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	if want := []string{"/nf-node-1/kubepods.slice", "/nf-node-1/kubepods"}; strings.Join(opts.reader.PodsCgroups, ",") != strings.Join(want, ",") {
-		t.Errorf("PodsCgroups = %q; want %q", opts.reader.PodsCgroups, want)
+// TestKubeletCgroupRoot: the pods cgroup allocatableMemory.available is measured on, and the
+// pods' cgroups, are under kubelet's --cgroup-root.
+func TestKubeletCgroupRoot(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{"/kubepods.slice", "/kubepods"}},
+		{[]string{"--kubelet-cgroup-root=/nf-node-1"}, []string{"/nf-node-1/kubepods.slice", "/nf-node-1/kubepods"}},
+		{[]string{"--kubelet-cgroup-root=/nf-node-1", "--enforce-node-allocatable=none"}, nil},
+	} {
+		var stderr bytes.Buffer
+		args := append([]string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t)}, tt.args...)
+		opts, errs, _ := parse(args, &stderr)
+		if len(errs) > 0 {
+			t.Fatalf("%v: %v", tt.args, errs)
+		}
+		if !slices.Equal(opts.reader.PodsCgroups, tt.want) {
+			t.Errorf("%v: pods cgroups %q; want %q", tt.args, opts.reader.PodsCgroups, tt.want)
+		}
 	}
 }

@@ -8,9 +8,10 @@
 //   - kubelet: the agents are stopped and node-1's kubelet is given the threshold, with kubelet's
 //     defaults otherwise (10 s housekeeping, kernelMemcgNotification false): the reference.
 //
-// The pressure is bounded and the node's own, never the machine's: node-1's kubelet reserves all
-// of the machine's memory but --pods-limit for the system (systemReserved, enforceNodeAllocatable
-// [pods]), so its pods' cgroup (kubepods) is limited to --pods-limit; the hard threshold
+// The pressure is bounded and the node's own, never the machine's: the cluster's kubelets reserve
+// all of the machine's memory but --pods-limit for the system (testbed/cluster's PodsMemory:
+// systemReserved, enforceNodeAllocatable [pods]), so node-1's pods' cgroup (kubepods) is limited
+// to --pods-limit; the hard threshold
 // memory.available<--threshold is copied, by kubelet and by the agent alike, to
 // allocatableMemory.available, measured on that cgroup. The node-level memory.available threshold
 // also applies (to the machine) and is never met.
@@ -37,7 +38,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -71,8 +71,6 @@ type options struct {
 	binDir, dir     string
 	budget          time.Duration
 	thresholdBytes  int64
-	memTotal        int64
-	systemReserved  int64
 	kubepodsMemPath string
 }
 
@@ -147,12 +145,6 @@ func run(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := signals.Reader{}.Memory()
-	if err != nil {
-		return nil, err
-	}
-	o.memTotal = m.Capacity
-	o.systemReserved = o.memTotal - o.podsLimit*mib
 	hogDir := filepath.Join(o.dir, "hog")
 	if err := os.MkdirAll(hogDir, 0o755); err != nil {
 		return nil, err
@@ -161,7 +153,7 @@ func run(o options) (*result, error) {
 		return nil, err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster")}, log)
+	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster"), PodsMemory: o.podsLimit * mib}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -182,14 +174,19 @@ func run(o options) (*result, error) {
 	if err := b.kubelet(ctx, "{}"); err != nil {
 		return nil, err
 	}
-	args := []string{"--kubeconfig=" + c.AdminKubeconfig(), "--eviction-hard=memory.available<" + o.threshold,
-		"--enforce-node-allocatable=pods", "--kubelet-cgroup-root=" + node.CgroupRoot,
-		"--kubelet-root-dir=" + filepath.Join(node.Dir, "kubelet"), "--pod-log-dir=" + filepath.Join(node.Dir, "pod-logs")}
+	// nfcluster's agents run in Kubernetes mode with their node's token and no threshold; node-1's
+	// gets the bench's.
+	args := []string{"--eviction-hard=memory.available<" + o.threshold, "--enforce-node-allocatable=pods"}
 	if o.fastInterval != "" {
 		args = append(args, "--memory-fast-interval="+o.fastInterval)
 	}
 	d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: bin, Dir: filepath.Join(o.dir, "nodefence"), Log: log,
-		AgentArgs: map[string][]string{nodeName: args}})
+		AgentArgs: func(n *cluster.Node) []string {
+			if n.Name == nodeName {
+				return args
+			}
+			return nil
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -242,15 +239,11 @@ type bench struct {
 	start  time.Time
 }
 
-// kubelet gives node-1's kubelet the node allocatable setup and evictionHard, restarts it, and
-// waits until the node is Ready and its pods' cgroup has the limit.
+// kubelet gives node-1's kubelet evictionHard, restarts it, and waits until the node is Ready
+// and its pods' cgroup has the limit (the cluster's PodsMemory).
 func (b *bench) kubelet(ctx context.Context, evictionHard string) error {
 	restarted := time.Now().Truncate(time.Second)
-	if err := b.node.ReconfigureKubelet(map[string]string{
-		"systemReserved":         fmt.Sprintf("{memory: %q}", strconv.FormatInt(b.o.systemReserved, 10)),
-		"enforceNodeAllocatable": "[pods]",
-		"evictionHard":           evictionHard,
-	}); err != nil {
+	if err := b.node.ReconfigureKubelet(map[string]string{"evictionHard": evictionHard}); err != nil {
 		return err
 	}
 	// The restarted kubelet posts a Ready status of its own.
