@@ -836,21 +836,10 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 			req.Evidence = append(req.Evidence, why)
 		}
 	}
-	now := time.Now()
 	nc := a.fences().Nodes[req.Node]
-	delay := nc.Delay.Duration
-	if nc.RandomDelay.Duration > 0 {
-		delay += time.Duration(rand.Int64N(int64(nc.RandomDelay.Duration)))
-	}
-	rec := fencing.NewRecord(api.NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF,
-		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
-	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
-	rec.Evidence = append(req.Evidence, rec.Evidence...)
-	if !req.KdumpSince.IsZero() {
-		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is
-		// confirmed by the driver's read-back after power management, which waits for the dump.
-		rec.Evidence = append(rec.Evidence, "dumping its memory (fence_kdump, unauthenticated evidence); power management waits for the dump")
-	}
+	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
+		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) },
+		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, time.Now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
 	got, _, created, err := a.store.CreateFence(ctx, term, rec)
