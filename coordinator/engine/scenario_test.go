@@ -47,6 +47,20 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	candidate a1 pod=ns/p [signal=memory.available]   a1 proposes evicting ns/p (uid ns/p)
 //	report a1 pod=ns/p kind=granted|failed|declined|hard|fallback [uid-of=b1]   a1 reports an eviction
 //	pod-zones                              print each zone's pod-eviction budget
+//
+// The fence flow (fence_scenario_test.go, each command with its handler there):
+//
+//	fence-plan a1..a3 power=bmc,pdu [isolation=fc] [recovery=fc-on] [required=pdu] [delay=7s] [random-delay=2s]
+//	                                       those nodes' fence methods; from then on the engine's automatic
+//	                                       fence requests for them print the record they create
+//	fence-policy retries=2 backoff=10s isolation-wait=1m polls=3 poll-interval=10s
+//	fence a1 | unfence a1                  an operator's fence or unfence
+//	decide a1                              run the record until it waits for a driver or for time
+//	driver a1 confirmed | failed [error=x] | state=unknown   the pending driver call's answer
+//	ack a1 [caller=operator:alice|any] [operator=bob] [force=true] [reason=x]   an acknowledgement
+//	disconnect a1..a3                      those agents' streams close
+//	proof a1                               the proof verdict of a driver-confirmed power-off
+//	fence-record a1                        print the node's latest record
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")
 	if len(files) == 0 {
@@ -72,6 +86,7 @@ type harness struct {
 	zoneOf  map[string][2]string  // node -> region, zone
 	persist map[string]NodeRecord // what the loop would have written to etcd
 	seq     uint64
+	fence   *fenceFlow // the fence flow's records, from the first fence-plan on
 }
 
 func runScript(t *testing.T, path string) {
@@ -285,6 +300,9 @@ func (h *harness) run(cmd string) []string {
 			recs = append(recs, r)
 		}
 		sort.Slice(recs, func(i, j int) bool { return recs[i].Name < recs[j].Name })
+		if h.fence != nil {
+			h.fence.epoch++ // the records stay: they are in etcd
+		}
 		h.e = New(h.cfg)
 		h.e.Step(LeaderElected{At: h.now})
 		h.e.Step(Restored{Nodes: recs})
@@ -313,6 +331,24 @@ func (h *harness) run(cmd string) []string {
 		return h.handleReport(pos, args)
 	case "pod-zones":
 		return h.handlePodZones()
+	case "fence-plan": // fence-plan a1..a3 power=bmc,pdu [isolation=fc] [recovery=fc-on] [required=pdu] [delay=7s]
+		return h.handleFencePlan(pos, args)
+	case "fence-policy": // fence-policy retries=2 backoff=10s isolation-wait=1m polls=3 poll-interval=10s
+		return h.handleFencePolicy(args)
+	case "fence", "unfence": // fence a1 | unfence a1
+		return h.handleFence(fields[0], pos)
+	case "decide": // decide a1
+		return h.handleDecide(pos)
+	case "driver": // driver a1 confirmed | driver a1 failed [error=timeout] | driver a1 state=unknown
+		return h.handleDriver(pos, args)
+	case "ack": // ack a1 [caller=operator:alice|any] [operator=bob] [force=true] [reason=pulled-the-plug]
+		return h.handleAck(pos, args)
+	case "disconnect": // disconnect a1..a3
+		return h.handleDisconnect(pos)
+	case "proof": // proof a1
+		return h.handleProof(pos)
+	case "fence-record": // fence-record a1
+		return h.handleFenceRecord(pos)
 	case "zones":
 		var out []string
 		for _, z := range h.e.Zones() {
@@ -371,6 +407,7 @@ func (h *harness) drain() []string {
 	for _, ev := range rd.Events {
 		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), ev.Text))
 	}
+	out = append(out, h.autoFences(rd.Fences)...)
 	for _, g := range rd.Grants {
 		for _, p := range g.Grant.Pods {
 			out = append(out, fmt.Sprintf("grant -> %s: %s/%s (%s)", g.Node, p.Namespace, p.Name, g.Grant.Signal))
