@@ -97,10 +97,11 @@ func (d *Deps) knownNode(ctx context.Context, node string) error {
 }
 
 func (d *Deps) now() time.Time {
-	if d.Now != nil {
-		return d.Now()
+	clock := d.Now
+	if clock == nil {
+		clock = time.Now
 	}
-	return time.Now()
+	return clock()
 }
 
 // FenceServer implements FenceService.

@@ -81,7 +81,7 @@ func (p *proof) check(term *leader.Term, id, node string, off time.Time) {
 		if !ok {
 			return // the term ended: the next leader checks again
 		}
-		switch fencing.ProofVerdict(off, last, time.Now(), window, slack) {
+		switch fencing.ProofVerdict(off, last, p.a.now(), window, slack) {
 		case fencing.ProofWrongMachine:
 			p.raise(term, id, node, off, last)
 			return
@@ -135,7 +135,7 @@ func (p *proof) raise(term *leader.Term, id, node string, off, last time.Time) {
 			break
 		}
 		f := v.Fence
-		f.WrongMachineAt = timestamppb.Now()
+		f.WrongMachineAt = timestamppb.New(p.a.now())
 		f.Evidence = append(f.Evidence, "wrong machine: agent reported after the confirmed power-off")
 		if _, err := p.a.store.UpdateFence(ctx, term, f, v.Revision); err != nil {
 			if errors.Is(err, leader.ErrConflict) {
@@ -152,7 +152,7 @@ func (p *proof) raise(term *leader.Term, id, node string, off, last time.Time) {
 
 // event writes a Warning Event on the Node.
 func (p *proof) event(ctx context.Context, node, text string) {
-	now := metav1.Now()
+	now := metav1.NewTime(p.a.now())
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + ".wrong-machine.", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: "", APIVersion: "v1"},
