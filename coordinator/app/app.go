@@ -28,9 +28,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kdump"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -349,10 +349,10 @@ func (c *Config) Validate() []error {
 
 func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != nil }
 
-func (c *Config) driverMap() map[string]config.Driver {
-	m := map[string]config.Driver{}
+func (c *Config) driverMap() map[string]fenceconfig.Driver {
+	m := map[string]fenceconfig.Driver{}
 	for name, addr := range c.DriverEndpoints {
-		m[name] = config.Driver{Endpoint: addr}
+		m[name] = fenceconfig.Driver{Endpoint: addr}
 	}
 	return m
 }
@@ -361,7 +361,7 @@ func (c *Config) driverMap() map[string]config.Driver {
 type App struct {
 	cfg     Config
 	log     *slog.Logger
-	fenceCf atomic.Pointer[config.Config]
+	fenceCf atomic.Pointer[fenceconfig.Config]
 	etcd    *etcdembed.Etcd
 	cli     *clientv3.Client
 	store   *store.Store
@@ -388,10 +388,10 @@ type App struct {
 func New(cfg Config, log *slog.Logger) (*App, error) {
 	cfg.SetDefaults()
 	errs := cfg.Validate()
-	var fences *config.Config
+	var fences *fenceconfig.Config
 	if cfg.FenceConfig != "" {
 		var err error
-		if fences, err = config.Load(cfg.FenceConfig); err != nil {
+		if fences, err = fenceconfig.Load(cfg.FenceConfig); err != nil {
 			var inv fault.Invalid
 			if errors.As(err, &inv) {
 				for _, fe := range inv {
@@ -502,7 +502,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 }
 
 // fences is the current fence configuration.
-func (a *App) fences() *config.Config { return a.fenceCf.Load() }
+func (a *App) fences() *fenceconfig.Config { return a.fenceCf.Load() }
 
 // nodeByAddress names the configured node with the address.
 func (a *App) nodeByAddress(ip netip.Addr) (string, bool) {
@@ -747,7 +747,7 @@ func (a *App) lead(term *leader.Term) {
 			cancel()
 		}
 	}()
-	var secrets config.SecretReader
+	var secrets fenceconfig.SecretReader
 	if a.kube != nil {
 		secrets = a.kube.secret
 	}
@@ -840,7 +840,7 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 	}
 	nc := a.fences().Nodes[req.Node]
 	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
-		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) },
+		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
 		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/identity"
@@ -27,7 +27,7 @@ import (
 
 // fenceFlow is the harness's fence state, created by the first fence-plan.
 type fenceFlow struct {
-	cfg     config.Config
+	cfg     fenceconfig.Config
 	policy  fencing.Policy
 	epoch   int64
 	records map[string]*coordv1.NodeFence // by node: its latest record
@@ -36,7 +36,7 @@ type fenceFlow struct {
 func (h *harness) flow() *fenceFlow {
 	if h.fence == nil {
 		h.fence = &fenceFlow{
-			cfg:     config.Config{Drivers: map[string]config.Driver{"d": {Endpoint: "127.0.0.1:1"}}, Nodes: map[string]config.Node{}},
+			cfg:     fenceconfig.Config{Drivers: map[string]fenceconfig.Driver{"d": {Endpoint: "127.0.0.1:1"}}, Nodes: map[string]fenceconfig.Node{}},
 			policy:  fencing.DefaultPolicy(),
 			epoch:   1,
 			records: map[string]*coordv1.NodeFence{},
@@ -45,8 +45,8 @@ func (h *harness) flow() *fenceFlow {
 	return h.fence
 }
 
-func (h *harness) plan(node string) func(string) ([]config.Resolved, error) {
-	return func(step string) ([]config.Resolved, error) { return h.flow().cfg.Plan(node, step) }
+func (h *harness) plan(node string) func(string) ([]fenceconfig.Resolved, error) {
+	return func(step string) ([]fenceconfig.Resolved, error) { return h.flow().cfg.Plan(node, step) }
 }
 
 // handleFencePlan gives nodes a fence configuration: the methods of each step, in order, each
@@ -56,14 +56,14 @@ func (h *harness) plan(node string) func(string) ([]config.Resolved, error) {
 func (h *harness) handleFencePlan(pos []string, args map[string]string) []string {
 	f := h.flow()
 	for _, node := range h.expand(pos) {
-		n := config.Node{Methods: map[string]config.Method{}, Steps: map[string][]string{}}
-		for key, step := range map[string]string{"isolation": config.StepIsolation, "power": config.StepPowerManagement, "recovery": config.StepRecovery} {
+		n := fenceconfig.Node{Methods: map[string]fenceconfig.Method{}, Steps: map[string][]string{}}
+		for key, step := range map[string]string{"isolation": fenceconfig.StepIsolation, "power": fenceconfig.StepPowerManagement, "recovery": fenceconfig.StepRecovery} {
 			if args[key] == "" {
 				continue
 			}
 			for _, m := range strings.Split(args[key], ",") {
 				name, action, _ := strings.Cut(m, ":")
-				method := config.Method{Driver: "d", Action: action}
+				method := fenceconfig.Method{Driver: "d", Action: action}
 				if strings.Contains(","+args["required"]+",", ","+name+",") {
 					must := true
 					method.MustSuccess = &must

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -46,7 +46,7 @@ const AutoReason = "node not ready past the fence timeout"
 
 // AutoRecord returns the record an automatic fence creates under the leader's epoch: a power-off
 // requested by the coordinator, held back by the node's delay.
-func AutoRecord(req AutoRequest, plan func(string) ([]config.Resolved, error), delay time.Duration, epoch int64, now time.Time) *coordv1.NodeFence {
+func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, epoch int64, now time.Time) *coordv1.NodeFence {
 	rec := NewRecord(NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF, plan, delay, now)
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = AutoReason, "coordinator", true, epoch
 	rec.Evidence = append(append([]string(nil), req.Evidence...), rec.Evidence...)
