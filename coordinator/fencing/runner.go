@@ -3,6 +3,12 @@
 // record DONE only when a driver confirmed the power state by read-back. A record is resumable: a new
 // leader re-reads it and re-sends an unfinished call with the same operation id, which the driver
 // answers without acting twice.
+//
+// The rules are pure functions over explicit inputs (record, facts, identity, now), so that the API,
+// the wiring and the engine's scenario scripts apply and replay the same ones: the flow's next step
+// (Decide, Record: machine.go), the records an operator's fence, an automatic fence and their ids
+// make (NewRecord, AutoRecord, NewID: records.go), the Acknowledge rules (acknowledge.go) and the
+// proof that the right machine went dark (proof.go). Only the Runner and Drivers do I/O.
 package fencing
 
 import (
