@@ -160,8 +160,9 @@ func (h *harness) handleFence(cmd string, pos []string) []string {
 }
 
 // handleDecide runs fencing.Decide on the node's record, writing each next version (as the runner
-// does, under the harness's epoch), until the record waits for a driver's answer or for time, or is
-// finished. The facts are the engine's: the node's readiness and its kernel dump.
+// does, under the harness's epoch, which leader-change raises), until the record waits for a
+// driver's answer or for time, or is finished. The facts are the engine's: the node's readiness
+// and its kernel dump.
 //
 //	decide a1
 func (h *harness) handleDecide(pos []string) []string {
@@ -174,7 +175,8 @@ func (h *harness) handleDecide(pos []string) []string {
 			NodeReady: n != nil && n.Readiness == coordv1.Readiness_READINESS_READY, KdumpUntil: h.e.KdumpUntil(node)})
 		switch {
 		case d.Resend != nil:
-			return append(out, fmt.Sprintf("%s: call %s %s (operation %s, epoch %d)", node, d.Resend.Method, d.Resend.Action, d.Resend.OperationId, d.Resend.Epoch))
+			// The runner sends this term's epoch, even for an operation a previous leader wrote.
+			return append(out, fmt.Sprintf("%s: call %s %s (operation %s, epoch %d)", node, d.Resend.Method, d.Resend.Action, d.Resend.OperationId, h.fence.epoch))
 		case d.Next != nil:
 			written := len(rec.Operations)
 			rec = h.write(d.Next)
@@ -246,6 +248,11 @@ func (h *harness) handleDriver(pos []string, args map[string]string) []string {
 	}
 	next := proto.Clone(rec).(*coordv1.NodeFence)
 	fencing.Record(next, op.OperationId, state, callErr, args["error"], h.now, time.Second)
+	for _, o := range next.Operations {
+		if o.OperationId == op.OperationId {
+			o.Epoch = h.fence.epoch // the epoch the call was sent with (the runner's call does the same)
+		}
+	}
 	rec = h.write(next)
 	for _, o := range rec.Operations {
 		if o.OperationId == op.OperationId {
@@ -339,7 +346,7 @@ func (h *harness) handleFenceRecord(pos []string) []string {
 		out = append(out, "  evidence: "+e)
 	}
 	for _, op := range rec.Operations {
-		line := fmt.Sprintf("  operation %s: %s", op.OperationId, cli.EnumWord(op.Result.String()))
+		line := fmt.Sprintf("  operation %s (epoch %d): %s", op.OperationId, op.Epoch, cli.EnumWord(op.Result.String()))
 		if op.State != driverv1.PowerState_POWER_STATE_UNSPECIFIED {
 			line += " read back " + cli.EnumWord(op.State.String())
 		}
