@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -140,17 +139,16 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
 		}
 	}
-	now := s.now()
-	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
-	rec := fencing.NewRecord(fencing.NewID(node, now), node, action, func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
-	rec.Reason, rec.RequestedBy, rec.Epoch = reason, identity.Name(ctx), l.Term.Epoch
+	rec := fencing.OperatorRecord(node, action, reason, identity.Name(ctx),
+		func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, l.Term.Epoch, s.now())
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {
 		return nil, err
 	}
-	if !created && got.Action != action {
-		return nil, fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
-			node, strings.ToLower(strings.TrimPrefix(got.Action.String(), "FENCE_ACTION_")), got.Id, fault.ErrFailedPrecondition)
+	if !created {
+		if err := fencing.Joined(got, action); err != nil {
+			return nil, err
+		}
 	}
 	l.Runner.Start(got.Id)
 	return got, nil

@@ -135,9 +135,9 @@ func (h *harness) create(rec *coordv1.NodeFence) []string {
 	return []string{h.summary(rec)}
 }
 
-// handleFence is an operator's fence or unfence through the API: refused when it would take the
-// last ready control-plane member (power-off only); an active record of the node is returned as is,
-// or refused when its action differs.
+// handleFence is an operator's fence or unfence through the API (as alice): refused when it would
+// take the last ready control-plane member (power-off only); an active record of the node is
+// returned as is, or refused when its action differs (fencing.Joined).
 //
 //	fence a1 | unfence a1
 func (h *harness) handleFence(cmd string, pos []string) []string {
@@ -151,12 +151,13 @@ func (h *harness) handleFence(cmd string, pos []string) []string {
 			return []string{"refused: " + why}
 		}
 	}
-	if cur := h.flow().records[node]; cur != nil && cur.FinishedAt == nil && cur.Action != action {
-		return []string{fmt.Sprintf("refused: node %s has an active %s record %s", node, cli.EnumWord(cur.Action.String()), cur.Id)}
+	if cur := h.flow().records[node]; cur != nil && cur.FinishedAt == nil {
+		if err := fencing.Joined(cur, action); err != nil {
+			return []string{"refused: " + err.Error()}
+		}
 	}
-	rec := fencing.NewRecord(fencing.NewID(node, h.now), node, action, h.plan(node), 0, h.now)
-	rec.Reason, rec.RequestedBy, rec.Epoch = "operator", identity.Identity{Role: identity.Operator, Name: "alice"}.String(), h.fence.epoch
-	return h.create(rec)
+	alice := identity.Identity{Role: identity.Operator, Name: "alice"}
+	return h.create(fencing.OperatorRecord(node, action, "operator", alice.String(), h.plan(node), h.fence.epoch, h.now))
 }
 
 // handleDecide runs fencing.Decide on the node's record, writing each next version (as the runner

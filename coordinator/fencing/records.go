@@ -2,9 +2,11 @@ package fencing
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+	"github.com/nodefence/nodefence/services/fault"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -56,4 +58,23 @@ func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, erro
 		rec.Evidence = append(rec.Evidence, "dumping its memory (fence_kdump, unauthenticated evidence); power management waits for the dump")
 	}
 	return rec
+}
+
+// OperatorRecord returns the record an operator's fence (power-off) or unfence (power-on) creates
+// under the leader's epoch. It is not delayed: the node delay exists for automatic fencing races.
+func OperatorRecord(node string, action coordv1.FenceAction, reason, requestedBy string, plan func(string) ([]fenceconfig.Resolved, error), epoch int64, now time.Time) *coordv1.NodeFence {
+	rec := NewRecord(NewID(node, now), node, action, plan, 0, now)
+	rec.Reason, rec.RequestedBy, rec.Epoch = reason, requestedBy, epoch
+	return rec
+}
+
+// Joined applies the rule for an operator's request that meets the node's active record (one
+// active record per node): the request joins a record of the same action, and is refused
+// (fault.ErrFailedPrecondition) while a record of the other action runs.
+func Joined(active *coordv1.NodeFence, action coordv1.FenceAction) error {
+	if active.Action == action {
+		return nil
+	}
+	return fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
+		active.Node, strings.ToLower(strings.TrimPrefix(active.Action.String(), "FENCE_ACTION_")), active.Id, fault.ErrFailedPrecondition)
 }
