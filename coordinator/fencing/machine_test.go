@@ -121,26 +121,6 @@ func TestSeedFlow(t *testing.T) {
 	}
 }
 
-const twoLevels = `
-drivers: {ipmi: {endpoint: "x:1"}, pdu: {endpoint: "x:2"}}
-nodes:
-  nd:
-    methods: {bmc: {driver: ipmi}, pdu: {driver: pdu}}
-    steps: {power_management: [bmc, pdu]}
-`
-
-// Pacemaker's fencing topology: when the first level fails the next is tried; a node left off is
-// done (fenced until an operator unfences it); unfence powers it on with the same methods.
-func TestEscalationAndUnfence(t *testing.T) {
-	rec, trace := simulate(t, twoLevels, coordv1.FenceAction_FENCE_ACTION_OFF, func(m, a string) bool { return m == "pdu" }, func(time.Duration) bool { return false })
-	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || rec.ConfirmedOffAt == nil || strings.Join(trace, ", ") != "power_management bmc/off false, power_management pdu/off true" {
-		t.Fatalf("escalation: %s %q", rec.Status, trace)
-	}
-	rec, trace = simulate(t, twoLevels, coordv1.FenceAction_FENCE_ACTION_ON, always, func(time.Duration) bool { return false })
-	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || rec.ConfirmedOffAt != nil || strings.Join(trace, ", ") != "recovery bmc/on true, recovery pdu/on true" {
-		t.Fatalf("unfence: %s %q confirmed_off %v", rec.Status, trace, rec.ConfirmedOffAt)
-	}
-}
-
 // A driver answering without the requested state read back, and a node's fence delay holding the
-// first dispatch back, are replayed in coordinator/engine/testdata/fence_flow.txt.
+// first dispatch back, are replayed in coordinator/engine/testdata/fence_flow.txt; the escalation
+// from one power-management method to the next and the unfence in fence_levels.txt.
