@@ -119,10 +119,7 @@ func (h *harness) handleConfigure(pos []string, args map[string]string) []string
 //
 //	kubelet-silence a1 | kubelet-resume a1
 func (h *harness) handleKubelet(cmd string, pos []string) []string {
-	for _, n := range h.expand(pos) {
-		h.kdead[n] = cmd == "kubelet-silence"
-	}
-	return nil
+	return h.mark(h.kdead, pos, cmd == "kubelet-silence")
 }
 
 // handleDelete deletes the nodes' Node objects: the engine forgets them.
@@ -154,20 +151,14 @@ func (h *harness) handleAPIServer(pos []string) []string {
 //
 //	kdump-start a1 | kdump-stop a1
 func (h *harness) handleKdump(cmd string, pos []string) []string {
-	for _, n := range h.expand(pos) {
-		h.dumping[n] = cmd == "kdump-start"
-	}
-	return nil
+	return h.mark(h.dumping, pos, cmd == "kdump-start")
 }
 
 // handleSilence stops (or resumes) those agents' heartbeats; their streams stay open.
 //
 //	silence a1..a6 | resume a1,a3
 func (h *harness) handleSilence(cmd string, pos []string) []string {
-	for _, n := range h.expand(pos) {
-		h.silent[n] = cmd == "silence"
-	}
-	return nil
+	return h.mark(h.silent, pos, cmd == "silence")
 }
 
 // handleShutdown has those agents announce a graceful shutdown.
@@ -288,4 +279,12 @@ func (h *harness) handleNodes() []string {
 		out = append(out, line)
 	}
 	return out
+}
+
+// mark sets (or clears) a per-node flag of the named nodes.
+func (h *harness) mark(flag map[string]bool, pos []string, on bool) []string {
+	for _, n := range h.expand(pos) {
+		flag[n] = on
+	}
+	return nil
 }
