@@ -17,7 +17,6 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
 	"github.com/nodefence/nodefence/coordinator/leader"
-	"github.com/nodefence/nodefence/coordinator/store"
 )
 
 // EtcdAccess is what the coordinator presents to etcd: TLS files and an etcd user. For an
@@ -142,23 +141,6 @@ func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3
 // embeddedAccess is the access the embedded etcd generated.
 func embeddedAccess(f etcdembed.Files) EtcdAccess {
 	return EtcdAccess{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, Username: f.Username, PasswordFile: f.PasswordFile}
-}
-
-// registerRetentionFlags binds the history retention flags.
-func (c *Config) registerRetentionFlags(fs *flag.FlagSet) {
-	d := store.DefaultRetention()
-	fs.DurationVar(&c.Retention.FenceMaxAge, "fence-history-max-age", d.FenceMaxAge, "delete finished fence records older than this (0: no age limit)")
-	fs.IntVar(&c.Retention.FenceMaxRecords, "fence-history-max-records", d.FenceMaxRecords, "keep at most this many fence records, deleting the oldest finished ones (0: no limit)")
-	fs.DurationVar(&c.Retention.AuditMaxAge, "audit-max-age", d.AuditMaxAge, "delete audit entries older than this (0: no age limit)")
-	fs.IntVar(&c.Retention.AuditMaxEntries, "audit-max-entries", d.AuditMaxEntries, "keep at most this many audit entries (0: no limit)")
-}
-
-func (c *Config) validateRetention() []error {
-	r := c.Retention
-	if r.FenceMaxAge < 0 || r.FenceMaxRecords < 0 || r.AuditMaxAge < 0 || r.AuditMaxEntries < 0 {
-		return []error{errors.New("--fence-history-max-age, --fence-history-max-records, --audit-max-age, --audit-max-entries: must not be negative")}
-	}
-	return nil
 }
 
 // pruneEvery is how often the leader prunes the history beyond the retention.
