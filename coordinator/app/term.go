@@ -151,7 +151,7 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
 	}
 	t.loop = loop.New(loop.Config{
-		Engine: a.cfg.Engine, Term: term, Etcd: a.cli, Prefix: a.cfg.EtcdPrefix,
+		Engine: a.cfg.Engine, Term: term, Store: a.store,
 		Initial: initial, Metrics: a.metrics, Log: a.log,
 		Audit: func(ev engine.Event) clientv3.Op {
 			return a.store.AuditOp(ev.At, term.Epoch, ev.Node, ev.Kind, ev.Text)

@@ -179,7 +179,7 @@ func (a *App) bindServer() error {
 // registerAPI registers the coordinator's gRPC services on the server.
 func (a *App) registerAPI() {
 	deps := &api.Deps{
-		Leadership: a, Store: a.store, Etcd: a.cli, Config: a.fences,
+		Leadership: a, Store: a.store, Config: a.fences,
 		HeartbeatInterval: a.cfg.AgentHeartbeatInterval, SampleInterval: a.cfg.AgentSampleInterval,
 		KnownNode: a.knownNode,
 	}
