@@ -1,27 +1,3 @@
-// Package engine is the coordinator's judgement, as a pure state machine in the style of etcd's raft
-// RawNode: no goroutines, no clock, no I/O. Inputs arrive through Step (agent contact, samples,
-// conditions, shutdown announcements, configuration, leadership, and in Kubernetes mode the kubelets'
-// heartbeats, Node deletions and the apiserver's readability) and Tick (the passage of time, as a
-// value); decisions leave through Ready — store writes to persist first, then taint changes (the
-// pacing tokens; in Kubernetes mode kube-controller-manager taints Nodes itself and these are never
-// written), paced evictions, fence requests and events — and the caller acknowledges them with
-// Advance.
-//
-// The semantics are kube-controller-manager's node lifecycle controller (seed 004): a node is Unknown
-// after the node-monitor grace period without contact (the startup grace period if it never reported;
-// in Kubernetes mode only when both its agent and its kubelet are silent); zones are Normal,
-// PartialDisruption or FullDisruption by ComputeZoneState (never-reported nodes count not ready,
-// exclude-disruption nodes do not count); not-ready nodes are queued per zone and released one token
-// at a time by a token bucket whose rate follows the zone state (a new bucket starts empty when the
-// old one was); when every zone is fully disrupted the engine assumes it is the one cut off, withdraws
-// granted taints, empties the queues and halts. A leader change, leaving the halt and the apiserver
-// readable again give every node a fresh grace period. A released node is fenced after the fence
-// timeout counted from its release, once silent a full grace period since the last grace restart and
-// once the storm guard has let it pass for the settle window.
-//
-// Beyond kube-controller-manager, the engine paces the agents' soft-threshold pod evictions per
-// zone (pods.go): candidates in, grants out through Ready.Grants, under a token bucket and a cap on
-// grants in flight.
 package engine
 
 import (
