@@ -25,9 +25,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kdump"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -42,7 +42,7 @@ import (
 type App struct {
 	cfg     Config
 	log     *slog.Logger
-	fenceCf atomic.Pointer[config.Config]
+	fenceCf atomic.Pointer[fenceconfig.Config]
 	etcd    *etcdembed.Etcd
 	cli     *clientv3.Client
 	store   *store.Store
@@ -65,7 +65,7 @@ type App struct {
 }
 
 // fences is the current fence configuration.
-func (a *App) fences() *config.Config { return a.fenceCf.Load() }
+func (a *App) fences() *fenceconfig.Config { return a.fenceCf.Load() }
 
 // nodeByAddress names the configured node with the address.
 func (a *App) nodeByAddress(ip netip.Addr) (string, bool) {
@@ -176,7 +176,7 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		delay += time.Duration(rand.Int64N(int64(nc.RandomDelay.Duration)))
 	}
 	rec := fencing.NewRecord(api.NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF,
-		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
+		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
 	rec.Evidence = append(req.Evidence, rec.Evidence...)
 	if !req.KdumpSince.IsZero() {

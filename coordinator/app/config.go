@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/nodes"
 	"github.com/nodefence/nodefence/coordinator/store"
@@ -404,10 +404,10 @@ func appendNotPositive(errs []error, flag string, bad bool) []error {
 
 func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != nil }
 
-func (c *Config) driverMap() map[string]config.Driver {
-	m := map[string]config.Driver{}
+func (c *Config) driverMap() map[string]fenceconfig.Driver {
+	m := map[string]fenceconfig.Driver{}
 	for name, addr := range c.DriverEndpoints {
-		m[name] = config.Driver{Endpoint: addr}
+		m[name] = fenceconfig.Driver{Endpoint: addr}
 	}
 	return m
 }

@@ -10,8 +10,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
@@ -135,7 +135,7 @@ type termParts struct {
 	term    *leader.Term
 	loop    *loop.Loop
 	runner  *fencing.Runner
-	secrets config.SecretReader // nil in standalone mode
+	secrets fenceconfig.SecretReader // nil in standalone mode
 }
 
 // newTerm builds a term's parts; nothing runs until start.

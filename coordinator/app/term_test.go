@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
 )
 
@@ -15,7 +15,7 @@ import (
 // when the other uses it.
 func TestNewTermBuildsEveryPartBeforeStart(t *testing.T) {
 	a := &App{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler)}
-	a.fenceCf.Store(&config.Config{Nodes: map[string]config.Node{"n1": {Zone: "z"}}})
+	a.fenceCf.Store(&fenceconfig.Config{Nodes: map[string]fenceconfig.Node{"n1": {Zone: "z"}}})
 	parts := a.newTerm(&leader.Term{Epoch: 7})
 	v := reflect.ValueOf(parts).Elem()
 	for i := range v.NumField() {

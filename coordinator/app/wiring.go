@@ -13,8 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kdump"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -71,12 +71,12 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 
 // loadConfig validates cfg and reads the standalone fence configuration (nil in Kubernetes mode
 // without --config), returning every problem at once.
-func loadConfig(cfg Config) (*config.Config, error) {
+func loadConfig(cfg Config) (*fenceconfig.Config, error) {
 	errs := cfg.Validate()
-	var fences *config.Config
+	var fences *fenceconfig.Config
 	if cfg.FenceConfig != "" {
 		var err error
-		if fences, err = config.Load(cfg.FenceConfig); err != nil {
+		if fences, err = fenceconfig.Load(cfg.FenceConfig); err != nil {
 			var inv fault.Invalid
 			if errors.As(err, &inv) {
 				for _, fe := range inv {
