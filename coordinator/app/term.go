@@ -68,7 +68,7 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	defer a.Close()
-	go a.follower.Run(ctx, 100*time.Millisecond)
+	go a.follower.Run(ctx, followerPoll)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
@@ -86,7 +86,7 @@ func (a *App) Run(ctx context.Context) error {
 			}
 			a.log.Warn("campaign failed, retrying", "err", err)
 			select {
-			case <-time.After(time.Second):
+			case <-time.After(campaignRetry):
 			case <-ctx.Done():
 			}
 			continue
@@ -96,7 +96,7 @@ func (a *App) Run(ctx context.Context) error {
 		case <-term.Context().Done():
 			a.log.Warn("leadership term ended", "epoch", term.Epoch)
 		case <-ctx.Done():
-			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
 			_ = term.Resign(rctx)
 			cancel()
 		}
@@ -111,7 +111,7 @@ func (a *App) Run(ctx context.Context) error {
 // reachable checks that this replica's advertised address accepts connections before it campaigns:
 // other replicas remove the election key of a leader whose address refuses them.
 func (a *App) reachable(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, reachTimeout)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", a.advertise)
@@ -195,7 +195,7 @@ func (t *termParts) start() {
 	go func() {
 		if err := t.loop.Run(term.Context()); err != nil {
 			a.log.Error("engine loop stopped; resigning", "err", err)
-			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
 			_ = term.Resign(rctx)
 			cancel()
 		}
@@ -252,21 +252,35 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 
 // audit appends one entry to the audit trail under the term's epoch.
 func (a *App) audit(term *leader.Term, node, kind, text string) {
-	ctx, cancel := context.WithTimeout(term.Context(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(term.Context(), auditTimeout)
 	defer cancel()
 	if _, err := term.Txn(ctx, nil, a.store.AuditOp(time.Now(), term.Epoch, node, kind, text)); err != nil {
 		a.log.Warn("audit entry not written", "node", node, "kind", kind, "err", err)
 	}
 }
 
-// pruneEvery is how often the leader prunes the history beyond the retention.
-const pruneEvery = 5 * time.Minute
+// Timings of the election loop and the term's upkeep.
+const (
+	// followerPoll is how often a replica that does not lead rereads who does.
+	followerPoll = 100 * time.Millisecond
+	// campaignRetry is the pause after a failed campaign.
+	campaignRetry = time.Second
+	// reachTimeout bounds the check that the advertised address accepts connections.
+	reachTimeout = 2 * time.Second
+	// resignTimeout bounds the resignation when the replica stops or its loop fails.
+	resignTimeout = 2 * time.Second
+	// auditTimeout bounds one audit entry's write.
+	auditTimeout = 5 * time.Second
+	// pruneEvery is how often the leader prunes the history beyond the retention, and
+	// pruneTimeout bounds one pass.
+	pruneEvery, pruneTimeout = 5 * time.Minute, time.Minute
+)
 
 // pruneHistory deletes history beyond the retention at the start of the term and every
 // pruneEvery, until the term ends.
 func (a *App) pruneHistory(term *leader.Term) {
 	for {
-		ctx, cancel := context.WithTimeout(term.Context(), time.Minute)
+		ctx, cancel := context.WithTimeout(term.Context(), pruneTimeout)
 		p, err := a.store.Prune(ctx, term, time.Now(), a.cfg.Retention)
 		cancel()
 		switch {
