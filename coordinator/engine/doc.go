@@ -40,8 +40,8 @@
 //  3. Collect: after a batch of inputs or a Tick, call Ready. If it is Empty, go back to step 2.
 //  4. Persist: write Ready.Writes in order — a node's record (Node), a zone's (Zone), the halt
 //     (Halted), the deletion of a removed node's record (Forget); a key written twice keeps its last
-//     value — together with the audit entries of Ready.Events, durably and under the leader's epoch,
-//     BEFORE anything else in this Ready leaves the process. An automatic fence request is among
+//     value — and the audit entries of Ready.Events, durably and under the leader's epoch (in as
+//     many transactions as etcd's limits ask), BEFORE anything else in this Ready leaves the process. An automatic fence request is among
 //     these writes as its node's FenceRequested, so it is made once per episode, across failovers
 //     too. If the write is refused because the epoch is no longer the leader's, stop: act on
 //     nothing and do not Advance; the term is over and the next leader restores from step 1.
