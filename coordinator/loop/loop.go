@@ -195,18 +195,10 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	e := engine.New(l.cfg.Engine)
-	now := time.Now()
-	e.Step(engine.LeaderElected{At: now})
-	st, err := l.cfg.Store.LoadEngineState(ctx)
+	e, err := l.start(ctx)
 	if err != nil {
 		l.err = err
 		return err
-	}
-	e.Step(engine.Restored{Nodes: st.Nodes})
-	e.Step(engine.Paused{Paused: st.Paused})
-	for _, in := range l.cfg.Initial {
-		e.Step(in)
 	}
 	tick := time.NewTicker(l.cfg.TickInterval)
 	defer tick.Stop()
@@ -256,6 +248,24 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		waiting = waiting[:0]
 	}
+}
+
+// start makes the term's engine: elected now, restored from the store (the persisted node
+// records and the pause flag), then given the initial inputs (step 1 of the engine's Ready
+// contract).
+func (l *Loop) start(ctx context.Context) (*engine.Engine, error) {
+	e := engine.New(l.cfg.Engine)
+	e.Step(engine.LeaderElected{At: time.Now()})
+	st, err := l.cfg.Store.LoadEngineState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.Step(engine.Restored{Nodes: st.Nodes})
+	e.Step(engine.Paused{Paused: st.Paused})
+	for _, in := range l.cfg.Initial {
+		e.Step(in)
+	}
+	return e, nil
 }
 
 // syncedInput carries a StepSync input through the same queue as every other input, so it is
