@@ -34,7 +34,6 @@ import (
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/server"
-
 )
 
 // App is a running coordinator replica.

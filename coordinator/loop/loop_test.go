@@ -262,6 +262,7 @@ func storedNodes(ctx context.Context, st *store.Store) ([]string, error) {
 	}
 	return names, err
 }
+
 // The loop ticks the engine with its injected clock (the clock the API stamps inputs with): moving
 // that clock past the grace period makes a node Unknown, although no real time passed.
 func TestTicksReadTheInjectedClock(t *testing.T) {
