@@ -63,6 +63,12 @@ type Deps struct {
 	// KubeletReporting reports whether the node's kubelet still reports (Kubernetes mode), so that
 	// Acknowledge refuses a node one of whose witnesses is alive. Nil in standalone mode.
 	KubeletReporting func(ctx context.Context, node string) (bool, error)
+	// CheckDevices checks every fence method of a node without changing anything (CheckNode); nil
+	// makes CheckNode unimplemented.
+	CheckDevices DeviceChecker
+	// LiveConfig returns the configuration GetConfig shows, secrets redacted; nil makes GetConfig
+	// unimplemented.
+	LiveConfig func() *coordv1.GetConfigResponse
 }
 
 // configuredPlace refuses a hello that moves its node out of the zone or region the fence
@@ -387,11 +393,12 @@ func (s *ClusterServer) GetNode(ctx context.Context, req *coordv1.GetNodeRequest
 		return nil, err
 	}
 	var n *coordv1.Node
-	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(req.Name) }); err != nil {
+	name := NodeName(req)
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(name) }); err != nil {
 		return nil, err
 	}
 	if n == nil {
-		return nil, fmt.Errorf("node %q: %w", req.Name, fault.ErrNotFound)
+		return nil, fmt.Errorf("node %q: %w", name, fault.ErrNotFound)
 	}
 	return &coordv1.GetNodeResponse{Node: n}, nil
 }

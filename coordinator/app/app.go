@@ -480,7 +480,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Etcd: cli, Config: a.fences,
 		HeartbeatInterval: cfg.AgentHeartbeatInterval, SampleInterval: cfg.AgentSampleInterval,
-		KnownNode: a.knownNode,
+		KnownNode: a.knownNode, CheckDevices: a.checkNode, LiveConfig: a.liveConfig,
 	}
 	if a.kube != nil {
 		deps.KubeletReporting = a.kubeletReporting
