@@ -7,7 +7,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodefence/nodefence/coordinator/config"
-
 )
 
 // deviceChecks is the leader's periodic, non-destructive check of every fence method: the
