@@ -569,7 +569,7 @@ func TestFenceOfTheWrongMachine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	eventually(t, 20*time.Second, "node-a reporting", func() error {
-		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Name: "node-a"})
+		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Node: "node-a"})
 		if err != nil || !r.Node.Connected {
 			return fmt.Errorf("%v %v", r, err)
 		}

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the tests check that the deprecated GetNodeRequest.name is still accepted
+
 package main
 
 import (
