@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -21,10 +21,10 @@ import (
 )
 
 // fenceSteps are the fencing steps in the order they run.
-var fenceSteps = []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery}
+var fenceSteps = []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery}
 
 // secretReader returns the reader of Secret references: Kubernetes mode's, nil in standalone mode.
-func (a *App) secretReader() config.SecretReader {
+func (a *App) secretReader() fenceconfig.SecretReader {
 	if a.kube != nil {
 		return a.kube.secret
 	}
@@ -37,7 +37,7 @@ func (a *App) checkNode(ctx context.Context, _ *api.Leading, node string) ([]*co
 	cfg := a.fences()
 	var out []*coordv1.DeviceCheck
 	byName := map[string]*coordv1.DeviceCheck{}
-	var methods []config.Resolved
+	var methods []fenceconfig.Resolved
 	for _, step := range fenceSteps {
 		ms, err := cfg.Plan(node, step)
 		if err != nil {
@@ -70,7 +70,7 @@ func (a *App) checkNode(ctx context.Context, _ *api.Leading, node string) ([]*co
 // reachable, credentials accepted) and, with readState, when that passed, the driver's Status.
 // The detail never holds a secret: the drivers' details do not, and a secret value the method was
 // given is cut out of every message all the same.
-func (a *App) probe(ctx context.Context, secrets config.SecretReader, node string, m config.Resolved, readState bool) *coordv1.DeviceCheck {
+func (a *App) probe(ctx context.Context, secrets fenceconfig.SecretReader, node string, m fenceconfig.Resolved, readState bool) *coordv1.DeviceCheck {
 	start := time.Now()
 	r := &coordv1.DeviceCheck{Method: m.Name, Driver: m.Driver}
 	finish := func(detail string, params map[string]string) *coordv1.DeviceCheck {
@@ -79,7 +79,7 @@ func (a *App) probe(ctx context.Context, secrets config.SecretReader, node strin
 		r.CheckedAt = timestamppb.Now()
 		return r
 	}
-	params, err := config.ResolveSecrets(m.Parameters, secrets)
+	params, err := fenceconfig.ResolveSecrets(m.Parameters, secrets)
 	if err != nil {
 		return finish("secret not readable: "+err.Error(), nil)
 	}

@@ -7,13 +7,13 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/services/fault"
 )
 
 // configCheck validates a fence configuration and prints the resolved plan, secrets masked.
 func configCheck(path string, stdout, stderr io.Writer) int {
-	c, err := config.LoadAny(path, nil)
+	c, err := fenceconfig.LoadAny(path, nil)
 	if err != nil {
 		var inv fault.Invalid
 		if errors.As(err, &inv) {
@@ -28,7 +28,7 @@ func configCheck(path string, stdout, stderr io.Writer) int {
 	}
 	var bad []string
 	for _, node := range c.NodeNames() {
-		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			ms, _ := c.Plan(node, step)
 			for _, m := range ms {
 				for _, p := range checkMethod(m) {
@@ -48,7 +48,7 @@ func configCheck(path string, stdout, stderr io.Writer) int {
 	}
 	for _, node := range c.NodeNames() {
 		fmt.Fprintf(stdout, "node %s\n", node)
-		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			ms, _ := c.Plan(node, step)
 			if len(ms) == 0 {
 				fmt.Fprintf(stdout, "  %s: (none)\n", step)
