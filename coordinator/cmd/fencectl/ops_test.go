@@ -182,7 +182,7 @@ func TestTestNodeReportsDevicesAsTheyAre(t *testing.T) {
 	var resp struct {
 		Ok     bool
 		Checks []struct {
-			Method, Driver, State string
+			Method, Driver, State    string
 			Reachable, CredentialsOk bool
 		}
 	}
