@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -39,6 +40,10 @@ func (c *ctl) reboot(ctx context.Context, node, reason string) error {
 		reason = "reboot"
 	}
 	if err := c.fence(ctx, node, reason, false); err != nil {
+		var intr interruptedError
+		if errors.As(err, &intr) {
+			return interruptedError{intr.msg + "; the power-on of this reboot will NOT follow: once it is done, run fencectl unfence " + node}
+		}
 		return fmt.Errorf("reboot of %s stopped before the power-on: %w", node, err)
 	}
 	return c.unfence(ctx, node, reason, false)
