@@ -35,6 +35,15 @@ func TestHelpExitsZeroWithoutTLS(t *testing.T) {
 			t.Errorf("fencectl %q: exit %d, stdout lacks %q or stderr not empty:\n%s\nstderr: %s", tc.args, code, tc.want, out.String(), errb.String())
 		}
 	}
+	// Every command of the table has a summary and answers help both ways.
+	for _, cmd := range commands {
+		for _, args := range [][]string{{"help", cmd.name}, append(strings.Fields(cmd.name), "--help")} {
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), args, &out, &errb); code != 0 || cmd.summary == "" || !strings.Contains(out.String(), cmd.summary) {
+				t.Errorf("fencectl %q: exit %d, stdout:\n%s\nstderr: %s", args, code, out.String(), errb.String())
+			}
+		}
+	}
 	// A command's help lists its own flags, not another command's.
 	var out bytes.Buffer
 	run(context.Background(), []string{"help", "nodes"}, &out, &out)

@@ -348,6 +348,20 @@ func TestFenceRebootPauseStatus(t *testing.T) {
 		t.Fatalf("status: %+v", res)
 	}
 
+	var st struct {
+		Node        struct{ Name string }
+		LastFence   struct{ Id, Action, Status string }
+		DeviceCheck struct {
+			Ok     bool
+			Checks []struct{ State string }
+		}
+	}
+	res = r.run(t, r.operator, "status", "good", "-o", "json")
+	if err := json.Unmarshal([]byte(res.out), &st); err != nil || res.code != 0 || st.Node.Name != "good" || st.LastFence.Action != "FENCE_ACTION_ON" ||
+		st.LastFence.Status != "FENCE_STATUS_DONE" || !st.DeviceCheck.Ok || len(st.DeviceCheck.Checks) != 1 || st.DeviceCheck.Checks[0].State != "POWER_STATE_ON" {
+		t.Fatalf("status -o json: %v %+v\n%s", err, st, res.out)
+	}
+
 	if res = r.run(t, r.operator, "pause", "--reason", "maintenance"); res.code != 0 || !strings.HasPrefix(res.out, "paused") {
 		t.Fatalf("pause: %+v", res)
 	}
