@@ -206,6 +206,9 @@ func TestTestNodeReportsDevicesAsTheyAre(t *testing.T) {
 	if res.code != 1 || !strings.Contains(res.out, "FAILED") || strings.Contains(res.out, "every fence device") {
 		t.Fatalf("test bad: %+v", res)
 	}
+	if strings.Contains(res.out+res.errOut, "wrong-password") || strings.Contains(res.out+res.errOut, secretPassword) {
+		t.Fatalf("test bad shows a password: %+v", res)
+	}
 
 	calls, err := r.good.Calls()
 	if err != nil {
