@@ -142,7 +142,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
-	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+	if action != coordv1.FenceAction_FENCE_ACTION_ON { // a reboot powers the node off too
 		var refused string
 		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
 			return nil, err

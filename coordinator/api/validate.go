@@ -34,6 +34,9 @@ func Validate(req proto.Message) error {
 	case *coordv1.UnfenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
+	case *coordv1.RebootRequest:
+		checkName(&v, "node", r.GetNode())
+		checkText(&v, "reason", r.GetReason())
 	case *coordv1.AcknowledgeRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())

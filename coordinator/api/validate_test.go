@@ -42,6 +42,9 @@ func TestValidate(t *testing.T) {
 		{&coordv1.GetNodeRequest{Name: "m", Node: "n"}, "name"},
 		{&coordv1.GetNodeRequest{Name: "N_1"}, "node"},
 		{&coordv1.CheckNodeRequest{Node: "n-1"}, ""},
+		{&coordv1.RebootRequest{Node: "n-1", Reason: "r"}, ""},
+		{&coordv1.RebootRequest{}, "node"},
+		{&coordv1.RebootRequest{Node: "n", Reason: long}, "reason"},
 		{&coordv1.CheckNodeRequest{}, "node"},
 		{&coordv1.CheckNodeRequest{Node: strings.Repeat("a", 300)}, "node"},
 		{&coordv1.GetConfigRequest{}, ""},
@@ -80,6 +83,7 @@ func FuzzValidate(f *testing.F) {
 		func() proto.Message { return &coordv1.ListFencesRequest{} }, func() proto.Message { return &coordv1.WatchFenceRequest{} },
 		func() proto.Message { return &coordv1.GetNodeRequest{} }, func() proto.Message { return &coordv1.PauseEvictionsRequest{} },
 		func() proto.Message { return &coordv1.ListAuditRequest{} }, func() proto.Message { return &coordv1.CheckNodeRequest{} },
+		func() proto.Message { return &coordv1.RebootRequest{} },
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, mk := range types {
@@ -95,6 +99,8 @@ func FuzzValidate(f *testing.F) {
 			case *coordv1.FenceRequest:
 				names, texts = []string{r.Node}, []string{r.Reason}
 			case *coordv1.UnfenceRequest:
+				names, texts = []string{r.Node}, []string{r.Reason}
+			case *coordv1.RebootRequest:
 				names, texts = []string{r.Node}, []string{r.Reason}
 			case *coordv1.AcknowledgeRequest:
 				names, texts = []string{r.Node}, []string{r.Reason, r.Operator}

@@ -30,6 +30,7 @@ var Default = Policy{
 
 	coordv1.FenceService_Fence_FullMethodName:       operators,
 	coordv1.FenceService_Unfence_FullMethodName:     operators,
+	coordv1.FenceService_Reboot_FullMethodName:      operators,
 	coordv1.FenceService_Acknowledge_FullMethodName: operators,
 	coordv1.FenceService_GetFence_FullMethodName:    readers,
 	coordv1.FenceService_ListFences_FullMethodName:  readers,

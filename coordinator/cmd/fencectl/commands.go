@@ -46,13 +46,13 @@ the fence continues on the coordinator (fencectl watch ID follows it again).`,
 			reason, noWatch := reasonFlag(fs), noWatchFlag(fs)
 			return func(ctx context.Context, c *ctl, a []string) error { return c.unfence(ctx, a[0], *reason, *noWatch) }
 		}},
-	{name: "reboot", args: "NODE", minArgs: 1, maxArgs: 1, summary: "fence a node, then unfence it: off and on, each confirmed by read-back",
-		help: `The coordinator's API has no reboot action: reboot is a fence (power off, confirmed) followed,
-only when that is done, by an unfence (power on, confirmed): two records, each followed live. If the
-fence ends in error, the node is not powered on.`,
+	{name: "reboot", args: "NODE", minArgs: 1, maxArgs: 1, summary: "power-cycle a node: off, confirmed by read-back, then on, confirmed",
+		help: `One record of action reboot (FenceService/Reboot): the power-management methods power the node
+off and, only once a power-off is confirmed, on again. A reboot is not a fence: the node's pods are not
+released for it. Ctrl-C stops following only: the reboot continues on the coordinator.`,
 		setup: func(fs *flag.FlagSet) runFunc {
-			reason := reasonFlag(fs)
-			return func(ctx context.Context, c *ctl, a []string) error { return c.reboot(ctx, a[0], *reason) }
+			reason, noWatch := reasonFlag(fs), noWatchFlag(fs)
+			return func(ctx context.Context, c *ctl, a []string) error { return c.reboot(ctx, a[0], *reason, *noWatch) }
 		}},
 	{name: "ack", args: "NODE", minArgs: 1, maxArgs: 1, summary: "confirm by hand that a node is off (like stonith_admin --confirm)",
 		help: `You are the operator your certificate names. A node whose agent or kubelet still reports is

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -34,19 +33,13 @@ func (c *ctl) unfence(ctx context.Context, node, reason string, noWatch bool) er
 	return err
 }
 
-// reboot fences the node and, only once the power-off is confirmed, unfences it.
-func (c *ctl) reboot(ctx context.Context, node, reason string) error {
-	if reason == "" {
-		reason = "reboot"
-	}
-	if err := c.fence(ctx, node, reason, false); err != nil {
-		var intr interruptedError
-		if errors.As(err, &intr) {
-			return interruptedError{intr.msg + "; the power-on of this reboot will NOT follow: once it is done, run fencectl unfence " + node}
-		}
-		return fmt.Errorf("reboot of %s stopped before the power-on: %w", node, err)
-	}
-	return c.unfence(ctx, node, reason, false)
+// reboot power-cycles the node in one record (off, confirmed; then on, confirmed) and follows it.
+func (c *ctl) reboot(ctx context.Context, node, reason string, noWatch bool) error {
+	_, err := c.follow(ctx, noWatch, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) (*coordv1.NodeFence, error) {
+		r, err := fenceClient(conn).Reboot(ctx, &coordv1.RebootRequest{Node: node, Reason: reason}, opts...)
+		return r.GetFence(), err
+	})
+	return err
 }
 
 func (c *ctl) ack(ctx context.Context, node, operator, reason string, force bool) error {

@@ -252,6 +252,10 @@ func TestNewRPCsAuthorizationAndBounds(t *testing.T) {
 		{r.operator, []string{"test", strings.Repeat("a", 300)}, codes.InvalidArgument},
 		{r.operator, []string{"test", "nosuchnode"}, codes.NotFound},
 		{r.viewer, []string{"pause", "--reason", "x"}, codes.PermissionDenied},
+		{r.viewer, []string{"reboot", "good"}, codes.PermissionDenied},
+		{r.agentC, []string{"reboot", "good"}, codes.PermissionDenied},
+		{r.operator, []string{"reboot", "nosuchnode"}, codes.NotFound},
+		{r.operator, []string{"reboot", "Bad_Name"}, codes.InvalidArgument},
 	} {
 		res := r.run(t, tc.who, tc.args...)
 		if res.code != 1 || !strings.Contains(res.errOut, tc.want.String()) {
@@ -331,19 +335,39 @@ func TestFenceRebootPauseStatus(t *testing.T) {
 		t.Fatal("fence exit 0 but the BMC is on")
 	}
 	res = r.run(t, r.operator, "reboot", "good")
-	if res.code != 0 || !strings.Contains(res.out, "off ") || !strings.Contains(res.out, "on ") {
+	if res.code != 0 || !strings.Contains(res.out, "bmc off via ipmi") || !strings.Contains(res.out, "bmc on via ipmi") ||
+		!strings.Contains(res.out, "power_management done") {
 		t.Fatalf("reboot: %+v", res)
+	}
+	if strings.Index(res.out, "bmc off -> confirmed") > strings.Index(res.out, "bmc on via ipmi") {
+		t.Fatalf("reboot powered on before the power-off was confirmed:\n%s", res.out)
 	}
 	if on, _ := r.good.Power(); !on {
 		t.Fatal("reboot exit 0 but the BMC is off")
 	}
 	calls, _ := r.good.Calls()
-	if !strings.Contains(strings.Join(calls, "\n"), "set power 1") {
-		t.Fatalf("reboot never powered on: %q", calls)
+	var sets []string
+	for _, c := range calls {
+		if strings.HasPrefix(c, "set power") {
+			sets = append(sets, c)
+		}
+	}
+	if n := len(sets); n < 3 || !strings.HasPrefix(sets[n-2], "set power 0") || !strings.HasPrefix(sets[n-1], "set power 1") {
+		t.Fatalf("reboot: the BMC's power calls were %q, want off then on last", sets)
+	}
+	res = r.run(t, r.viewer, "list", "--node", "good", "--limit", "1", "-o", "json")
+	var page struct {
+		Fences []struct{ Id, Action, ConfirmedOffAt string }
+	}
+	if err := json.Unmarshal([]byte(res.out), &page); err != nil || len(page.Fences) != 1 {
+		t.Fatalf("list: %v %+v", err, res)
+	}
+	if rec := page.Fences[0]; rec.Action != "FENCE_ACTION_REBOOT" || rec.ConfirmedOffAt != "" {
+		t.Fatalf("the reboot record: %+v (a reboot must never be proof that the node is off)", rec)
 	}
 
 	res = r.run(t, r.viewer, "status", "good", "--no-check")
-	if res.code != 0 || !strings.Contains(res.out, "last fence:") || !strings.Contains(res.out, "on good-") || strings.Contains(res.out, "fence devices:") {
+	if res.code != 0 || !strings.Contains(res.out, "last fence:") || !strings.Contains(res.out, "reboot good-") || strings.Contains(res.out, "fence devices:") {
 		t.Fatalf("status --no-check: %+v", res)
 	}
 	res = r.run(t, r.operator, "status", "good")
@@ -360,7 +384,7 @@ func TestFenceRebootPauseStatus(t *testing.T) {
 		}
 	}
 	res = r.run(t, r.operator, "status", "good", "-o", "json")
-	if err := json.Unmarshal([]byte(res.out), &st); err != nil || res.code != 0 || st.Node.Name != "good" || st.LastFence.Action != "FENCE_ACTION_ON" ||
+	if err := json.Unmarshal([]byte(res.out), &st); err != nil || res.code != 0 || st.Node.Name != "good" || st.LastFence.Action != "FENCE_ACTION_REBOOT" ||
 		st.LastFence.Status != "FENCE_STATUS_DONE" || !st.DeviceCheck.Ok || len(st.DeviceCheck.Checks) != 1 || st.DeviceCheck.Checks[0].State != "POWER_STATE_ON" {
 		t.Fatalf("status -o json: %v %+v\n%s", err, st, res.out)
 	}
