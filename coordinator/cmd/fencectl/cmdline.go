@@ -251,9 +251,9 @@ func argsWord(cmd *command) string {
 // printUsage is fencectl's help: the commands and the global flags.
 func printUsage(w io.Writer, global *flag.FlagSet) {
 	fmt.Fprint(w, "fencectl: the operator's CLI for the nodefence coordinator.\n\n")
-	fmt.Fprint(w, "usage: fencectl COMMAND [ARGS] [flags]    (global flags may go anywhere)\n       fencectl help COMMAND\n\ncommands:\n")
+	fmt.Fprint(w, "usage: fencectl COMMAND [ARGS] [flags]    (global flags may go anywhere)\n       fencectl help COMMAND | fencectl COMMAND --help\n\ncommands:\n")
 	for _, cmd := range commands {
-		fmt.Fprintf(w, "  %-28s %s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.summary)
+		fmt.Fprintf(w, "  %s\n      %s\n", synopsis(cmd), cmd.summary)
 	}
 	fmt.Fprint(w, "\nglobal flags:\n")
 	global.SetOutput(w)
@@ -294,4 +294,23 @@ func codeErr(code int) error {
 		return nil
 	}
 	return exitCode(code)
+}
+
+// synopsis is a command with its arguments and its own flags: "list [--node string] [--limit int]".
+func synopsis(cmd *command) string {
+	parts := []string{cmd.name}
+	if cmd.args != "" {
+		parts = append(parts, cmd.args)
+	}
+	own := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	cmd.setup(own)
+	own.VisitAll(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			parts = append(parts, "[--"+f.Name+"]")
+			return
+		}
+		name, _ := flag.UnquoteUsage(f)
+		parts = append(parts, "[--"+f.Name+" "+name+"]")
+	})
+	return strings.Join(parts, " ")
 }
