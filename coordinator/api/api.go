@@ -1,7 +1,8 @@
 // Package api holds the coordinator's gRPC handlers. Mutations and the hot node view are served only
 // by the leader; a follower answers them with a fault.NotLeaderError (UNAVAILABLE naming the leader,
 // also in the "nodefence-leader" trailer). Reads of durable records (GetFence, ListFences,
-// WatchFence, GetLeader) are answered by any replica straight from etcd.
+// WatchFence, GetLeader) are answered by any replica straight from etcd, and GetConfig by any replica
+// from its own configuration.
 package api
 
 import (
