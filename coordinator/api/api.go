@@ -253,6 +253,7 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 				return nil, err
 			}
 			if created {
+				poweredOff(ctx, l.Loop, got)
 				return &coordv1.AcknowledgeResponse{Fence: got}, nil
 			}
 			continue
@@ -274,9 +275,17 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 			}
 			return nil, err
 		}
+		poweredOff(ctx, l.Loop, f)
 		return &coordv1.AcknowledgeResponse{Fence: f}, nil
 	}
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
+}
+
+// poweredOff tells the engine an acknowledged node is off, for its node view.
+func poweredOff(ctx context.Context, lp *loop.Loop, f *coordv1.NodeFence) {
+	if f.GetConfirmedOffAt() != nil {
+		_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+	}
 }
 
 // witnesses returns why the node looks alive ("" when every witness is silent): its agent is

@@ -750,7 +750,14 @@ func (a *App) lead(term *leader.Term) {
 		secrets = a.kube.secret
 	}
 	runner = &fencing.Runner{Store: a.store, Secrets: secrets, Term: term, Config: a.fences, Drivers: a.drivers, OpTimeout: a.cfg.FenceOpTimeout,
-		Policy: a.cfg.Fencing, Log: a.log, OnChange: func(f *coordv1.NodeFence) { a.fenceChanged(term, f) },
+		Policy: a.cfg.Fencing, Log: a.log, OnChange: func(f *coordv1.NodeFence) {
+			a.fenceChanged(term, f)
+			if f.Action == coordv1.FenceAction_FENCE_ACTION_OFF && f.ConfirmedOffAt != nil {
+				ctx, cancel := context.WithTimeout(term.Context(), 5*time.Second)
+				_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+				cancel()
+			}
+		},
 		Facts: func(ctx context.Context, node string) (bool, time.Time) {
 			var ready bool
 			var kdumpUntil time.Time
