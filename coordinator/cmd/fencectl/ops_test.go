@@ -389,6 +389,19 @@ func TestFenceRebootPauseStatus(t *testing.T) {
 		t.Fatalf("status -o json: %v %+v\n%s", err, st, res.out)
 	}
 
+	// -o json follows a record as one JSON document per change.
+	res = r.run(t, r.operator, "unfence", "good", "-o", "json")
+	lines := strings.Split(strings.TrimSpace(res.out), "\n")
+	if res.code != 0 || len(lines) < 2 {
+		t.Fatalf("unfence -o json: %+v", res)
+	}
+	for _, l := range lines {
+		var rec struct{ Node, Action string }
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec.Node != "good" || rec.Action != "FENCE_ACTION_ON" {
+			t.Fatalf("unfence -o json line %q: %v", l, err)
+		}
+	}
+
 	if res = r.run(t, r.operator, "pause", "--reason", "maintenance"); res.code != 0 || !strings.HasPrefix(res.out, "paused") {
 		t.Fatalf("pause: %+v", res)
 	}
