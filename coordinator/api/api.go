@@ -70,6 +70,9 @@ type Deps struct {
 	// LiveConfig returns the configuration GetConfig shows, secrets redacted; nil makes GetConfig
 	// unimplemented.
 	LiveConfig func() *coordv1.GetConfigResponse
+
+	checkOnce  sync.Once
+	checkSlots chan struct{} // maxConcurrentChecks; see ClusterServer.CheckNode
 }
 
 // configuredPlace refuses a hello that moves its node out of the zone or region the fence

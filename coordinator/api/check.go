@@ -20,8 +20,11 @@ type DeviceChecker func(ctx context.Context, l *Leading, node string) ([]*coordv
 // login on a BMC or PDU, and a caller must not be able to hammer the devices through it.
 const maxConcurrentChecks = 2
 
-// checkSlots is the semaphore of maxConcurrentChecks.
-var checkSlots = make(chan struct{}, maxConcurrentChecks)
+// slots returns the coordinator's semaphore of maxConcurrentChecks.
+func (d *Deps) slots() chan struct{} {
+	d.checkOnce.Do(func() { d.checkSlots = make(chan struct{}, maxConcurrentChecks) })
+	return d.checkSlots
+}
 
 // CheckNode checks every fence method of a node without changing anything. Only the leader checks,
 // and only after the request is in the audit trail under its epoch: a deposed leader's audit write
@@ -41,9 +44,10 @@ func (s *ClusterServer) CheckNode(ctx context.Context, req *coordv1.CheckNodeReq
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
+	slots := s.slots()
 	select {
-	case checkSlots <- struct{}{}:
-		defer func() { <-checkSlots }()
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
