@@ -61,6 +61,39 @@ func TestCheckNodeIsEpochGuarded(t *testing.T) {
 		t.Fatalf("unknown node: %v", err)
 	}
 
+	// At most maxConcurrentChecks run at once: another waits for a slot, within its deadline.
+	release := make(chan struct{})
+	started := make(chan struct{}, 8)
+	deps.CheckDevices = func(ctx context.Context, _ *Leading, _ string) ([]*coordv1.DeviceCheck, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	errs := make(chan error, maxConcurrentChecks)
+	for range maxConcurrentChecks {
+		go func() { _, err := s.CheckNode(ctx, &coordv1.CheckNodeRequest{Node: "n1"}); errs <- err }()
+		<-started
+	}
+	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := s.CheckNode(short, &coordv1.CheckNodeRequest{Node: "n1"}); err == nil || len(started) != 0 {
+		t.Fatalf("a check beyond the bound: %v, %d started", err, len(started))
+	}
+	stop()
+	close(release)
+	for range maxConcurrentChecks {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	deps.CheckDevices = func(context.Context, *Leading, string) ([]*coordv1.DeviceCheck, error) {
+		calls++
+		return nil, nil
+	}
+
 	term.Abandon() // deposed: its lease runs out and another replica leads
 	next := elector("two")
 	defer next.Resign(context.Background())
