@@ -71,12 +71,13 @@ func (a *App) checkNode(ctx context.Context, _ *api.Leading, node string) ([]*co
 // The detail never holds a secret: the drivers' details do not, and a secret value the method was
 // given is cut out of every message all the same.
 func (a *App) probe(ctx context.Context, secrets fenceconfig.SecretReader, node string, m fenceconfig.Resolved, readState bool) *coordv1.DeviceCheck {
-	start := time.Now()
+	start := a.now()
 	r := &coordv1.DeviceCheck{Method: m.Name, Driver: m.Driver}
 	finish := func(detail string, params map[string]string) *coordv1.DeviceCheck {
 		r.Detail = redactValues(detail, params)
-		r.Latency = durationpb.New(time.Since(start))
-		r.CheckedAt = timestamppb.Now()
+		end := a.now()
+		r.Latency = durationpb.New(end.Sub(start))
+		r.CheckedAt = timestamppb.New(end)
 		return r
 	}
 	params, err := fenceconfig.ResolveSecrets(m.Parameters, secrets)
