@@ -200,3 +200,23 @@ func (s *Source) readDisk(pods []eviction.Pod, now time.Time) {
 		pods[i].Disk, pods[i].DiskInodes = r.Bytes, r.Inodes
 	}
 }
+
+// PodGone reports whether the pod with uid no longer needs its containers, as kubelet's pod
+// workers answer the container GC once they have synced (ShouldPodRuntimeBeRemoved): the pod is
+// not bound to the node any more, or it is finished (phase Succeeded or Failed). Before the first
+// list it reports false: nothing is known to be gone.
+func (s *Source) PodGone(uid string) bool {
+	if !s.synced() {
+		return false
+	}
+	all, err := s.lister.List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, p := range all {
+		if string(p.UID) == uid {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		}
+	}
+	return true
+}

@@ -67,11 +67,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   sandbox_image = "nodefence.test/pause:none"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  tolerate_missing_hugetlb_controller = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[6]q
     conf_dir = %[7]q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[8]q
 `, c.Root, filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc", filepath.Join(dir, "opt"),
-		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"))
+		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), filepath.Join(dir, "runc"))
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -134,6 +145,44 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
+	c.importLayer(t, ref, layer.Bytes(), []string{"/data"})
+}
+
+// ImportBusybox imports an image named ref made of this machine's static busybox (Debian package
+// busybox-static) as /bin/busybox and /bin/sh, with an empty /tmp, running entrypoint. Its
+// processes can write into their writable layer (anywhere but the layer's own files).
+func (c *Containerd) ImportBusybox(t *testing.T, ref string, entrypoint ...string) {
+	t.Helper()
+	bin, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox (Debian package busybox-static): %v", err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	for _, h := range []*tar.Header{
+		{Name: "bin/", Mode: 0o755, Typeflag: tar.TypeDir},
+		{Name: "bin/busybox", Mode: 0o755, Size: int64(len(bin)), Typeflag: tar.TypeReg},
+		{Name: "bin/sh", Linkname: "/bin/busybox", Mode: 0o777, Typeflag: tar.TypeSymlink},
+		{Name: "tmp/", Mode: 0o1777, Typeflag: tar.TypeDir},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(bin); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.importLayer(t, ref, layer.Bytes(), entrypoint)
+}
+
+// importLayer imports a one-layer image named ref running cmd.
+func (c *Containerd) importLayer(t *testing.T, ref string, layer []byte, cmd []string) {
+	t.Helper()
 	blobs := map[string][]byte{}
 	add := func(b []byte) (string, int) {
 		sum := sha256.Sum256(b)
@@ -141,10 +190,10 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 		blobs[d] = b
 		return d, len(b)
 	}
-	layerDigest, layerSize := add(layer.Bytes())
+	layerDigest, layerSize := add(layer)
 	config, _ := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"Cmd": []string{"/data"}},
+		"config": map[string]any{"Cmd": cmd, "Env": []string{"PATH=/bin"}},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
 	})
 	configDigest, configSize := add(config)
@@ -178,6 +227,7 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(c.dir, "image.tar")
+	defer os.Remove(path)
 	if err := os.WriteFile(path, archive.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}

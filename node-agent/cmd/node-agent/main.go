@@ -459,8 +459,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if runtime != nil {
 			opts.pressure.Actions.Node = func(ctx context.Context, containers, images bool) (string, error) {
 				r, err := runtime.Reclaim(ctx, containers, images)
-				return fmt.Sprintf("%d dead containers, %d unused images", r.Containers, r.Images), err
+				return r.String(), err
 			}
+			runtime.PodGone = kube.source.PodGone
+			go detectImages(ctx, runtime, log)
 			kube.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
 				w, err := runtime.Writable(ctx)
 				out := make(map[string][2]int64, len(w))
@@ -621,4 +623,22 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 		killer:     kubepods.NewKiller(cs, opts.agent.NodeName, src, 0, log),
 		terminator: kubepods.NewTerminator(cs, kubepods.TerminatorConfig{Log: log}),
 	}, nil
+}
+
+// detectImages has the runtime client look at the images at start and every cri.DetectPeriod, as
+// kubelet's image GC loop does, so that an image's minimum GC age counts from when the node first
+// had it.
+func detectImages(ctx context.Context, runtime *cri.Client, log *slog.Logger) {
+	t := time.NewTicker(cri.DetectPeriod)
+	defer t.Stop()
+	for {
+		if _, err := runtime.DetectImages(ctx); err != nil {
+			log.Debug("listing the runtime's images failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
