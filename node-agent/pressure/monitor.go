@@ -240,6 +240,10 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 		return
 	}
 	m.obs = signals.Observations(sigs)
+	for name, o := range m.obs {
+		o.Time = now // measured now: kubelet acts only on thresholds whose stats are new
+		m.obs[name] = o
+	}
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 {
 		m.reclaim(ctx, res.Reclaim[0], now)
@@ -257,7 +261,9 @@ func (m *Monitor) fast(ctx context.Context, now time.Time) {
 		m.log.Debug("fast memory read failed", "error", err)
 		return
 	}
-	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity}
+	// Only memory.available is measured again: the other signals keep their housekeeping time, so
+	// their thresholds are not acted on again here (eviction.ThresholdsUpdatedStats).
+	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity, Time: now}
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 && eviction.IsMemorySignal(res.Reclaim[0].Threshold.Signal) {
 		m.reclaim(ctx, res.Reclaim[0], now)

@@ -27,6 +27,7 @@ type reader struct {
 	mu        sync.Mutex
 	mem       int64
 	pid       int64
+	alloc     int64 // allocatableMemory.available; 0: not a signal
 	fullReads int
 	memReads  int
 }
@@ -41,10 +42,14 @@ func (r *reader) Read() ([]*agentv1.Signal, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fullReads++
-	return []*agentv1.Signal{
+	sigs := []*agentv1.Signal{
 		{Name: eviction.SignalMemoryAvailable, Available: r.mem, Capacity: 8 * gi},
 		{Name: eviction.SignalPIDAvailable, Available: r.pid, Capacity: 1000},
-	}, nil
+	}
+	if r.alloc > 0 {
+		sigs = append(sigs, &agentv1.Signal{Name: eviction.SignalAllocatableMemoryAvailable, Available: r.alloc, Capacity: 6 * gi})
+	}
+	return sigs, nil
 }
 
 func (r *reader) Memory() (signals.Memory, error) {
@@ -506,5 +511,38 @@ func TestGrantAfterPressureGoneIsDeclined(t *testing.T) {
 	}
 	if len(g.got) != 0 || len(k.kills()) != 0 {
 		t.Errorf("evicted after the pressure was gone: granted %v, killed %v", g.got, k.kills())
+	}
+}
+
+// TestStaleSignalIsNotActedOnTwice is kubelet's thresholdsUpdatedStats in the monitor: a hard
+// allocatableMemory.available threshold evicts one pod at housekeeping; the fast path, which
+// measures memory.available alone, must not evict again on the allocatable value it did not
+// measure again; the next housekeeping (a new measurement, still under the threshold) does.
+func TestStaleSignalIsNotActedOnTwice(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 4 * gi, pid: 900, alloc: 500 * mi}
+	k := &killer{cleaned: true}
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "allocatableMemory.available<1Gi", PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	if got := len(k.kills()); got != 1 {
+		t.Fatalf("kills after housekeeping: %d, want 1", got)
+	}
+	m.fast(ctx, t0.Add(50*time.Millisecond))
+	m.fast(ctx, t0.Add(100*time.Millisecond))
+	if got := k.kills(); len(got) != 1 {
+		t.Errorf("kills after fast reads that did not measure allocatable memory: %v, want 1", got)
+	}
+	m.housekeeping(ctx, t0.Add(10*time.Second))
+	if got := len(k.kills()); got != 2 {
+		t.Errorf("kills after a new measurement under the threshold: %d, want 2", got)
 	}
 }
