@@ -251,11 +251,14 @@ func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time
 			return
 		}
 		msg, err := m.actions.Killer.Kill(ctx, c, r)
+		// Like kubelet's evictPod, a pod whose kill failed still counts as this interval's eviction:
+		// its cleanup is waited for (at most CleanupTimeout) before another pod is tried, so a
+		// failing kill is not retried at every fast read.
+		m.act.waitFor(c, now)
 		if err != nil {
 			log.Error("evicting the pod failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 			return
 		}
-		m.act.waitFor(c, now)
 		m.report(c, r.Threshold.Signal, kind, msg, now)
 		if m.rec != nil {
 			if er, ok := m.rec.(EvictionRecorder); ok {

@@ -165,13 +165,14 @@ type killer struct {
 	mu      sync.Mutex
 	killed  []string
 	cleaned bool
+	fail    error // returned by every Kill (the kill is still counted)
 }
 
 func (k *killer) Kill(_ context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.killed = append(k.killed, c.Name+"/"+c.GracePeriod.String())
-	return "low on " + r.Threshold.Signal, nil
+	return "low on " + r.Threshold.Signal, k.fail
 }
 
 func (k *killer) CleanedUp(context.Context, eviction.Candidate) bool {
@@ -544,5 +545,35 @@ func TestStaleSignalIsNotActedOnTwice(t *testing.T) {
 	m.housekeeping(ctx, t0.Add(10*time.Second))
 	if got := len(k.kills()); got != 2 {
 		t.Errorf("kills after a new measurement under the threshold: %d, want 2", got)
+	}
+}
+
+// TestFailedKillWaitsLikeAnEviction: kubelet's evictPod counts a pod whose kill failed as the
+// interval's eviction and waits for its cleanup; the agent does the same rather than trying again
+// at every read.
+func TestFailedKillWaitsLikeAnEviction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 900 * mi, pid: 900}
+	k := &killer{fail: fmt.Errorf("apiserver unreachable")}
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi", PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	for i := 1; i <= 5; i++ {
+		m.fast(ctx, t0.Add(time.Duration(i)*50*time.Millisecond))
+	}
+	if got := k.kills(); len(got) != 1 {
+		t.Errorf("kills within the cleanup wait after a failed kill: %v, want 1", got)
+	}
+	m.fast(ctx, t0.Add(DefaultCleanupTimeout))
+	if got := k.kills(); len(got) != 2 {
+		t.Errorf("kills once the cleanup wait is over: %v, want 2", got)
 	}
 }
