@@ -153,6 +153,7 @@ type Monitor struct {
 	actions Actions
 	act     actor
 	grants  chan *agentv1.EvictionGrant
+	streams chan struct{} // a new coordinator stream; capacity 1
 }
 
 // New returns a Monitor; pods and rec may be nil.
@@ -167,7 +168,7 @@ func New(cfg Config, r Reader, send Sender, pods PodSource, rec Recorder) (*Moni
 	return &Monitor{cfg: cfg, reader: r, send: send, pods: pods, rec: rec,
 		tracker: eviction.NewTracker(cfg.Eviction), obs: eviction.Observations{}, log: cfg.Log.With("component", "pressure"),
 		actions: cfg.Actions, act: actor{cleanupTimeout: cfg.CleanupTimeout, grantTimeout: cfg.GrantTimeout},
-		grants: make(chan *agentv1.EvictionGrant, 16)}, nil
+		grants: make(chan *agentv1.EvictionGrant, 16), streams: make(chan struct{}, 1)}, nil
 }
 
 func (m *Monitor) hasMemoryThreshold() bool {
@@ -224,6 +225,8 @@ func (m *Monitor) Run(ctx context.Context) error {
 			timer.Reset(m.nextFast())
 		case g := <-m.grants:
 			m.handleGrant(g, time.Now())
+		case <-m.streams:
+			m.repropose()
 		}
 	}
 }

@@ -577,3 +577,59 @@ func TestFailedKillWaitsLikeAnEviction(t *testing.T) {
 		t.Errorf("kills once the cleanup wait is over: %v, want 2", got)
 	}
 }
+
+// TestNewStreamReproposesWithoutRestartingTheTimeout: a pending candidate is proposed again on
+// every new coordinator stream (a new leader never heard of it), with the same content; the grant
+// timeout still counts from the first proposal, so the local fallback comes when it would have.
+// Without a pending candidate a new stream sends nothing.
+func TestNewStreamReproposesWithoutRestartingTheTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 900 * mi, pid: 900}
+	s := make(sender, 64)
+	k := &killer{cleaned: true}
+	m, err := New(Config{
+		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
+			SoftGracePeriod: "memory.available=10s", MaxPodGracePeriod: 20, PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, GrantTimeout: time.Minute, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Granted: &grants{}},
+	}, r, s, memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := func() []string {
+		var out []string
+		for len(s) > 0 {
+			if d := describe(<-s); !strings.HasPrefix(d, "CONDITION") {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	m.repropose()
+	if got := drain(); len(got) != 0 {
+		t.Errorf("new stream without a candidate sent %v", got)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	m.housekeeping(ctx, t0.Add(10*time.Second)) // proposed
+	m.Connected()
+	m.Connected() // two streams in a row queue one re-proposal
+	<-m.streams
+	m.repropose()
+	if len(m.streams) != 0 {
+		t.Error("a second Connected queued a second re-proposal")
+	}
+	want := []string{"candidates memory.available besteffort/20s", "candidates memory.available besteffort/20s"}
+	if diff := cmp.Diff(want, drain()); diff != "" {
+		t.Errorf("proposal and re-proposal (-want +got):\n%s", diff)
+	}
+	m.housekeeping(ctx, t0.Add(69*time.Second))
+	if len(k.kills()) != 0 {
+		t.Errorf("local kills %v before the first proposal's timeout", k.kills())
+	}
+	m.housekeeping(ctx, t0.Add(70*time.Second))
+	if diff := cmp.Diff([]string{"besteffort/20s"}, k.kills()); diff != "" {
+		t.Errorf("fallback one grant timeout after the first proposal (-want +got):\n%s", diff)
+	}
+}

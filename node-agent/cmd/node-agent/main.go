@@ -432,6 +432,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// them to the evictor; the monitor needs the agent to send, so it is set once both exist.
 	relay := &grantRelay{}
 	opts.agent.Grants = relay
+	opts.agent.Connected = relay.connected
 
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
@@ -584,6 +585,17 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 		return
 	}
 	m.Grant(g)
+}
+
+// connected tells the monitor about a new coordinator stream, so that it proposes its pending
+// candidate again.
+func (r *grantRelay) connected() {
+	r.mu.Lock()
+	m := r.mon
+	r.mu.Unlock()
+	if m != nil {
+		m.Connected()
+	}
 }
 
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
