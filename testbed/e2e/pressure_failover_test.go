@@ -56,7 +56,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 	eng := engine.DefaultConfig()
 	eng.Fence.Enabled = false
 	eng.PodEviction = engine.PodEvictionConfig{Rate: 10, Burst: 1, MaxInFlight: 1, GrantTTL: time.Minute}
-	cfg := app.Config{FenceConfig: cfgPath, Engine: eng, AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond}
+	cfg := app.Config{FenceConfig: cfgPath, Engine: eng, AgentHeartbeatInterval: 2 * time.Second, AgentSampleInterval: 2 * time.Second}
 	cfg.ID = "first"
 	first := startCoordinator(t, cfg)
 	firstConn := conn(t, first.app.Addr())
@@ -124,7 +124,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 	}
 	firstCl := coordv1.NewClusterServiceClient(firstConn)
 	eventually(t, 20*time.Second, "the first leader holds the candidate", held(&firstCl))
-	eventually(t, 10*time.Second, "the agent has nothing unacknowledged", func() error {
+	eventually(t, 20*time.Second, "the agent has nothing unacknowledged", func() error {
 		if u := a.Unacked(); u > 0 {
 			return fmt.Errorf("%d unacked", u)
 		}
@@ -146,7 +146,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 		return nil
 	})
 	first.app.Term().Abandon()
-	eventually(t, 20*time.Second, "second becomes leader", func() error {
+	eventually(t, 40*time.Second, "second becomes leader", func() error {
 		if second.app.Term() == nil {
 			return fmt.Errorf("second not leading")
 		}
