@@ -90,7 +90,9 @@ type options struct {
 	podLogDir string
 	// criEndpoint is the container runtime's CRI socket ("" = none).
 	criEndpoint string
-	logLevel    slog.Level
+	// imageMinGCAge is kubelet's --image-minimum-gc-age for the node-level image reclaim.
+	imageMinGCAge time.Duration
+	logLevel      slog.Level
 }
 
 // problems collects flag value errors so that all of them are reported, not just the first.
@@ -216,6 +218,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
 	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: the runtime's image filesystem from CRI ImageFsInfo, else --nodefs-path)")
 	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: the runtime's container filesystem from CRI, else --imagefs-path)")
+	fs.DurationVar(&opts.imageMinGCAge, "image-minimum-gc-age", cri.DefaultImageMinAge, "kubelet's --image-minimum-gc-age: an unused image is removed before evicting for disk pressure only once the agent has seen it this long")
 	fs.StringVar(&opts.criEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "kubelet's --container-runtime-endpoint (a unix socket): image filesystem discovery, writable layers for disk ranking, and dead containers and unused images freed before evicting for disk pressure; a socket that does not exist turns these off (logged); empty: off")
 	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
 	duration("shutdown-grace-period-critical-pods", &opts.shutdown.CriticalGracePeriod, "kubelet's shutdownGracePeriodCriticalPods: the part of --shutdown-grace-period kept for critical pods")
@@ -393,6 +396,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		} else {
 			defer runtime.Close()
+			runtime.ImageMinAge = opts.imageMinGCAge
 			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			image, container, err := runtime.ImageFS(ictx)
 			cancel()
