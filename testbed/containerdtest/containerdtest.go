@@ -11,11 +11,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -27,6 +29,27 @@ type Containerd struct {
 	// Root is its --root: images and snapshots live below it.
 	Root string
 	dir  string
+	log  syncBuffer
+	stop func()
+	once sync.Once
+}
+
+// syncBuffer is a bytes.Buffer safe for containerd's output and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Endpoint is the CRI endpoint ("unix://" + Socket).
@@ -35,17 +58,33 @@ func (c *Containerd) Endpoint() string { return "unix://" + c.Socket }
 // Start starts containerd for the test and stops it at the end of the test.
 func Start(t *testing.T) *Containerd {
 	t.Helper()
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Stop()
+		if t.Failed() {
+			t.Logf("containerd log:\n%s", c.Log())
+		}
+	})
+	return c
+}
+
+// New starts containerd with its files in a new temporary directory and returns once it answers.
+// The caller must call Stop.
+func New() (*Containerd, error) {
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Fatalf("containerd is not installed (make deps installs the Debian package): %v", err)
+		return nil, fmt.Errorf("containerd is not installed (make deps installs the Debian package): %w", err)
 	}
 	if os.Geteuid() != 0 {
-		t.Fatal("containerd needs root")
+		return nil, errors.New("containerd needs root")
 	}
 	// A short directory: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "nf-ctd-")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	c := &Containerd{Socket: filepath.Join(dir, "c.sock"), Root: filepath.Join(dir, "root"), dir: dir}
 	cfg := fmt.Sprintf(`version = 2
@@ -85,42 +124,52 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), filepath.Join(dir, "runc"))
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
-	var logBuf bytes.Buffer
 	cmd := exec.Command(bin, "--config", cfgPath, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	cmd.Stdout, cmd.Stderr = &c.log, &c.log
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
+	c.stop = func() {
 		_ = cmd.Process.Kill()
 		<-exited
-		// Snapshots are mounted below root while containers run; none do here, but be sure.
+		// Snapshots are mounted below root while containers run; none should be left, but be sure.
 		_ = exec.Command("umount", "-R", c.Root).Run()
 		_ = os.RemoveAll(dir)
-		if t.Failed() {
-			t.Logf("containerd log:\n%s", logBuf.String())
-		}
-	})
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(c.Socket); err == nil && c.ctr(context.Background(), "version") == nil {
-			return c
+			return c, nil
 		}
 		select {
 		case err := <-exited:
-			t.Fatalf("containerd exited: %v\n%s", err, logBuf.String())
+			exited <- err
+			c.Stop()
+			return nil, fmt.Errorf("containerd exited: %v\n%s", err, c.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("containerd not ready after 20s:\n%s", logBuf.String())
+			c.Stop()
+			return nil, fmt.Errorf("containerd not ready after 20s:\n%s", c.Log())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Stop kills containerd (by its process id) and removes its files. It is safe to call more than
+// once.
+func (c *Containerd) Stop() {
+	c.once.Do(c.stop)
+}
+
+// Log is what containerd wrote so far.
+func (c *Containerd) Log() string { return c.log.String() }
 
 func (c *Containerd) ctr(ctx context.Context, args ...string) error {
 	out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...).CombinedOutput()

@@ -37,9 +37,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	"github.com/nodefence/nodefence/testbed/containerdtest"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 )
 
 func main() {
@@ -49,13 +55,15 @@ func main() {
 		rounds   = flag.Int("rounds", 50, "memory-threshold crossings to time")
 		margin   = flag.Int64("margin-mib", 128, "how far below the current memory.available the threshold is set, in MiB")
 		alloc    = flag.Int64("alloc", 0, "internal: run as the allocating child with this threshold in bytes")
+		active   = flag.Bool("active", true, "run the agent as in production: Kubernetes mode against a real kube-apiserver (a pod informer, the killer and the evictor) with --pods pods bound to its node, and a CRI client against a private containerd; false: standalone")
+		pods     = flag.Int("pods", 30, "with --active, how many pods are bound to the measured node")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *alloc > 0 {
 		os.Exit(allocate(*alloc))
 	}
-	if err := run(log, *agentBin, *duration, *rounds, *margin<<20); err != nil {
+	if err := run(log, *agentBin, *duration, *rounds, *margin<<20, *active, *pods); err != nil {
 		log.Error("bench failed", "error", err)
 		os.Exit(1)
 	}
@@ -96,7 +104,7 @@ func (c *coordinator) Connect(st agentv1.AgentService_ConnectServer) error {
 	}
 }
 
-func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, margin int64) error {
+func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, margin int64, active bool, pods int) error {
 	if _, err := os.Stat(agentBin); err != nil {
 		return fmt.Errorf("agent binary: %w (build it with: go build -o bin/node-agent ./node-agent/cmd/node-agent)", err)
 	}
@@ -120,6 +128,16 @@ func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, 
 	}
 	base := []string{"--coordinator=" + lis.Addr().String(), "--insecure", "--boot-id-file=" + bootID,
 		"--sample-interval=1s", "--heartbeat-interval=1s", "--log-level=warn"}
+	if active {
+		extra, stop, err := production(log, dir, "bench-footprint", pods)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		base = append(base, extra...)
+	} else {
+		base = append(base, "--container-runtime-endpoint=")
+	}
 
 	// 1. Footprint.
 	log.Info("measuring the footprint", "duration", duration)
@@ -385,4 +403,48 @@ func allocate(threshold int64) int {
 	}
 	fmt.Fprintln(os.Stderr, "allocated 2 GiB without crossing the threshold", len(held))
 	return 1
+}
+
+// production starts what the agent talks to on a production node besides the coordinator: a
+// kube-apiserver (with etcd) holding pods bound to node, and containerd. It returns the agent's
+// flags for them and a function that stops both.
+func production(log *slog.Logger, dir, node string, pods int) (flags []string, stop func(), err error) {
+	log.Info("starting etcd, kube-apiserver and containerd for the agent")
+	kube, err := kubetest.New("")
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube-apiserver: %w", err)
+	}
+	ctd, err := containerdtest.New()
+	if err != nil {
+		kube.Stop()
+		return nil, nil, fmt.Errorf("containerd: %w", err)
+	}
+	stop = func() { ctd.Stop(); kube.Stop() }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := kube.Clientset()
+	grace := int64(30)
+	for i := range pods {
+		_, err := cs.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("app-%d", i), Labels: map[string]string{"app": "bench"}},
+			Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: &grace,
+				Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("creating pod %d: %w", i, err)
+		}
+	}
+	rc := kube.Config()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["bench"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	kc.AuthInfos["bench"] = &clientcmdapi.AuthInfo{Token: rc.BearerToken}
+	kc.Contexts["bench"] = &clientcmdapi.Context{Cluster: "bench", AuthInfo: "bench"}
+	kc.CurrentContext = "bench"
+	path := filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return []string{"--kubeconfig=" + path, "--container-runtime-endpoint=" + ctd.Endpoint()}, stop, nil
 }
