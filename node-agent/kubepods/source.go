@@ -72,6 +72,14 @@ func NewSource(client *Client, node string, usage UsageReader, log *slog.Logger,
 	}
 	lw := cache.NewListWatchFromClient(client.core, "pods", metav1.NamespaceAll, fields.OneTermEqualSelector("spec.nodeName", node))
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// The cache keeps every pod of the node; their managed fields (often the largest part of a
+	// pod object) are never read here.
+	_ = inf.SetTransform(func(o any) (any, error) {
+		if p, ok := o.(*corev1.Pod); ok {
+			p.ManagedFields = nil
+		}
+		return o, nil
+	})
 	s := &Source{node: node, informer: inf, synced: inf.HasSynced, lister: corelisters.NewPodLister(inf.GetIndexer()),
 		usage: usage, log: log.With("component", "kubepods", "node", node)}
 	for _, o := range opts {

@@ -229,14 +229,18 @@ func footprint(bin string, args []string, d time.Duration) (rssMB, cpuPercent fl
 	}
 	start := time.Now()
 	var maxRSS int64
+	var parts string
 	for time.Since(start) < d {
 		time.Sleep(time.Second)
 		rss, err := rssKiB(pid)
 		if err != nil {
 			return 0, 0, fmt.Errorf("agent died? %w", err)
 		}
-		maxRSS = max(maxRSS, rss)
+		if rss > maxRSS {
+			maxRSS, parts = rss, rssParts(pid)
+		}
 	}
+	slog.Info("highest RSS", "kib", maxRSS, "parts", parts)
 	cpu1, err := cpuTicks(pid)
 	if err != nil {
 		return 0, 0, err
@@ -263,6 +267,24 @@ func cpuTicks(pid int) (int64, error) {
 		return 0, err
 	}
 	return ut + st, nil
+}
+
+// rssParts is the split of the RSS /proc/<pid>/status gives: anonymous memory (heap, stacks) and
+// file pages (the binary's code and data touched so far).
+func rssParts(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		for _, k := range []string{"RssAnon:", "RssFile:", "RssShmem:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				out = append(out, k+strings.Join(strings.Fields(v), ""))
+			}
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func rssKiB(pid int) (int64, error) {
