@@ -4,7 +4,10 @@
 //	{"bench":"agent","rss_mb":..,"cpu_percent":..,"pressure_detect_ms_p50":..,"pressure_detect_ms_p99":..}
 //
 // It serves a recording AgentService on 127.0.0.1 (the coordinator side of the stream: it acks
-// every message and timestamps condition changes) and runs the real node-agent binary against it:
+// every message and timestamps condition changes) and runs the real node-agent binary against it,
+// by default (--active) as in production: in Kubernetes mode against a real kube-apiserver (from
+// testbed/kube/kubetest) with --pods pods bound to the measured node, and with its CRI client on a
+// private containerd (testbed/containerdtest):
 //
 //  1. Footprint: the agent at 1 Hz sampling and heartbeats for --duration (default 60 s); RSS
 //     (VmRSS) and CPU (utime+stime) read from /proc/<pid> — CPU as a percentage of one core.
