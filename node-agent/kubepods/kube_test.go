@@ -549,3 +549,33 @@ func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
 		t.Errorf("a cancelled shutdown deleted a pod: %v", err)
 	}
 }
+
+// TestSourcePodGone answers the CRI container GC as kubelet's pod workers do once synced: a pod
+// still on the node and not finished keeps its newest dead containers; a finished pod, a pod
+// deleted or never bound here, does not.
+func TestSourcePodGone(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-gone"
+	running := createPod(ctx, t, ns, podSpec{name: "running", node: node})
+	finished := createPod(ctx, t, ns, podSpec{name: "finished", node: node})
+	finished.Status.Phase = corev1.PodFailed
+	if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, finished, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := createPod(ctx, t, ns, podSpec{name: "deleted", node: node})
+	elsewhere := createPod(ctx, t, ns, podSpec{name: "elsewhere", node: "node-gone-other"})
+	src := runSource(t, node, nil)
+	eventually(ctx, t, "the finished pod seen as gone", func() bool { return src.PodGone(string(finished.UID)) })
+	if src.PodGone(string(running.UID)) || src.PodGone(string(deleted.UID)) {
+		t.Error("a running pod counts as gone")
+	}
+	if !src.PodGone(string(elsewhere.UID)) || !src.PodGone("no-such-uid") {
+		t.Error("a pod not bound to the node counts as present")
+	}
+	zero := int64(0)
+	if err := admin.CoreV1().Pods(ns).Delete(ctx, deleted.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, "the deleted pod seen as gone", func() bool { return src.PodGone(string(deleted.UID)) })
+}
