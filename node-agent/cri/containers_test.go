@@ -3,6 +3,8 @@ package cri
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -258,7 +260,7 @@ func TestWritableLayersRankPods(t *testing.T) {
 // TestReclaimAsKubelet: the node-level reclaim against real containers, checked against kubelet's
 // container and image GC (default policy): per pod and container name, every container that is
 // not running goes but the newest (created-only ones too); a gone pod loses all of its dead
-// containers and its sandbox; a pod's older dead sandbox goes; running containers and ready
+// containers, its sandbox and its log directory; a pod's older dead sandbox goes; running containers and ready
 // sandboxes stay. Images: one no container uses goes once it is ImageMinAge old, the one dead and
 // running containers use stays.
 func TestReclaimAsKubelet(t *testing.T) {
@@ -286,12 +288,26 @@ func TestReclaimAsKubelet(t *testing.T) {
 	}
 
 	p.c.PodGone = func(uid string) bool { return uid == "uid-gone" }
+	// Pod log directories, kubelet's <namespace>_<name>_<uid>: the gone pod's go.
+	p.c.PodLogDir = t.TempDir()
+	p.c.PodRemoved = func(uid string) bool { return uid == "uid-gone" }
+	for _, d := range []string{"default_keep_uid-keep", "default_gone_uid-gone"} {
+		if err := os.MkdirAll(filepath.Join(p.c.PodLogDir, d, "main"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p.c.PodLogDir, d, "main", "0.log"), []byte("log\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	containersBefore, sandboxesBefore := p.containerIDs(), p.sandboxIDs()
 	got, err := p.c.Reclaim(p.ctx, true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Reclaimed{Containers: 3, Sandboxes: 2}); got != want {
+	if dirs, _ := os.ReadDir(p.c.PodLogDir); len(dirs) != 1 || dirs[0].Name() != "default_keep_uid-keep" {
+		t.Errorf("pod log directories after reclaim: %v, want only the present pod's", dirs)
+	}
+	if want := (Reclaimed{Containers: 3, Sandboxes: 2, LogDirs: 1}); got != want {
 		t.Errorf("Reclaim(containers) = %+v, want %+v", got, want)
 	}
 	if ids, want := p.containerIDs(), without(containersBefore, job0, idle0, gone0); !slices.Equal(ids, want) {

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +57,13 @@ type Client struct {
 	// manager asks, ShouldPodRuntimeBeRemoved). Such a pod's dead containers and sandboxes all go.
 	// Nil counts every pod as present: one dead container per name is kept.
 	PodGone func(uid string) bool
+	// PodLogDir is the kubelet's pod log directory (/var/log/pods); empty leaves pod logs alone.
+	// With PodRemoved set, the containers' reclaim also removes the log directories of pods
+	// kubelet would empty (kubelet's evictPodLogsDirectories).
+	PodLogDir string
+	// PodRemoved reports whether a pod's content (its logs) may go: the pod is no longer on the
+	// node, or it was evicted (kubelet's ShouldPodContentBeRemoved). Nil keeps every log.
+	PodRemoved func(uid string) bool
 
 	conn    *grpc.ClientConn
 	runtime runtimeapi.RuntimeServiceClient
@@ -152,11 +161,11 @@ func (c *Client) Writable(ctx context.Context) (map[string]Usage, error) {
 
 // Reclaimed says what a Reclaim removed.
 type Reclaimed struct {
-	Containers, Sandboxes, Images int
+	Containers, Sandboxes, LogDirs, Images int
 }
 
 func (r Reclaimed) String() string {
-	return fmt.Sprintf("%d containers, %d sandboxes, %d images", r.Containers, r.Sandboxes, r.Images)
+	return fmt.Sprintf("%d containers, %d sandboxes, %d pod log directories, %d images", r.Containers, r.Sandboxes, r.LogDirs, r.Images)
 }
 
 // Reclaim frees what kubelet's eviction manager frees before evicting pods for a filesystem
@@ -166,7 +175,8 @@ func (r Reclaimed) String() string {
 //     dead container kept per pod and container name, no total cap): every container that is not
 //     running, grouped by pod uid and container name, loses all but its newest - or all of them
 //     when the pod is gone (PodGone); then the sandboxes that are not ready and hold no container,
-//     all but each pod's newest (all of them when the pod is gone);
+//     all but each pod's newest (all of them when the pod is gone); then the log directories of
+//     pods whose content may go (PodRemoved, PodLogDir);
 //   - images: kubelet's DeleteUnusedImages: every image no container (of any state) uses, that is
 //     not pinned and was first seen at least ImageMinAge ago, oldest use first.
 //
@@ -184,6 +194,7 @@ func (c *Client) Reclaim(ctx context.Context, containers, images bool) (Reclaime
 		if out.Sandboxes, err = c.removeDeadSandboxes(ctx); err != nil {
 			return out, err
 		}
+		out.LogDirs = c.removePodLogDirs()
 	}
 	if images {
 		n, err := c.removeUnusedImages(ctx)
@@ -286,6 +297,34 @@ func (c *Client) removeDeadSandboxes(ctx context.Context) (int, error) {
 		}
 	}
 	return removed, nil
+}
+
+// removePodLogDirs is the first half of kubelet's evictPodLogsDirectories: every directory of
+// PodLogDir ("<namespace>_<name>_<uid>") whose pod's content may go is removed. (The second half,
+// dangling /var/log/containers symlinks, is not done: kubelet's own GC loop still does it.)
+func (c *Client) removePodLogDirs() int {
+	if c.PodLogDir == "" || c.PodRemoved == nil {
+		return 0
+	}
+	entries, err := os.ReadDir(c.PodLogDir)
+	if err != nil {
+		c.log.Warn("reading the pod log directory failed", "dir", c.PodLogDir, "error", err)
+		return 0
+	}
+	removed := 0
+	for _, e := range entries {
+		name := e.Name()
+		uid := name[strings.LastIndexByte(name, '_')+1:]
+		if !c.PodRemoved(uid) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(c.PodLogDir, name)); err != nil {
+			c.log.Warn("removing a pod log directory failed", "dir", name, "error", err)
+			continue
+		}
+		removed++
+	}
+	return removed
 }
 
 // imageRecord is what kubelet's image GC remembers of an image.

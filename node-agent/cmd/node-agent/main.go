@@ -473,7 +473,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				r, err := runtime.Reclaim(ctx, containers, images)
 				return r.String(), err
 			}
-			runtime.PodGone = kube.source.PodGone
+			runtime.PodGone, runtime.PodRemoved, runtime.PodLogDir = kube.source.PodGone, kube.source.PodRemoved, opts.podLogDir
 			go detectImages(ctx, runtime, log)
 			kube.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
 				w, err := runtime.Writable(ctx)
