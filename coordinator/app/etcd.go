@@ -169,7 +169,7 @@ const pruneEvery = 5 * time.Minute
 func (a *App) pruneHistory(term *leader.Term) {
 	for {
 		ctx, cancel := context.WithTimeout(term.Context(), time.Minute)
-		p, err := a.store.Prune(ctx, term, time.Now(), a.cfg.Retention)
+		p, err := a.store.Prune(ctx, term, a.now(), a.cfg.Retention)
 		cancel()
 		switch {
 		case err != nil && term.Context().Err() == nil:

@@ -72,7 +72,7 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := kube.New(rc, kube.Options{Log: a.log})
+	w, err := kube.New(rc, kube.Options{Log: a.log, Now: a.now})
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 		return nil, fmt.Errorf("--control-plane-selector: %w", err)
 	}
 	k := &kubeMode{a: a, core: core, writer: w, policy: p}
-	k.witness = kube.NewWitness(core, kube.WitnessOptions{ControlPlane: sel, Log: a.log,
+	k.witness = kube.NewWitness(core, kube.WitnessOptions{ControlPlane: sel, Log: a.log, Now: a.now,
 		Fenceable: func(node string) bool { return a.fences() != nil && a.fences().HasNode(node) }})
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: core.CoreV1().Events("")})
@@ -180,10 +180,10 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		_ = lp.Step(sctx, in)
 	})
 	r := kube.NewReconciler(k.writer, k.witness.Nodes, releaseFacts{a: k.a, lp: lp}, kube.ReconcilerOptions{
-		HealthyDelay: k.a.cfg.ReleaseHealthyDelay, Recorder: k.recorder, Log: k.a.log,
+		HealthyDelay: k.a.cfg.ReleaseHealthyDelay, Recorder: k.recorder, Log: k.a.log, Now: k.a.now,
 		OnRelease: func(node string, f *coordv1.NodeFence, rel kube.Released) {
 			if f.GetConfirmedOffAt() != nil {
-				k.a.metrics.ObserveStage("release", time.Since(f.ConfirmedOffAt.AsTime()))
+				k.a.metrics.ObserveStage("release", k.a.now().Sub(f.ConfirmedOffAt.AsTime()))
 			}
 			k.a.audit(term, node, "release", fmt.Sprintf("fence %s confirmed off: out-of-service taint; deleted pods %v; deleted volumeattachments %v; kept %v",
 				f.GetId(), rel.DeletedPods, rel.DeletedVolumeAttachments, rel.KeptPods))

@@ -186,6 +186,8 @@ type node struct {
 	agentDown          bool       // agent silent while the kubelet reports
 	kubeletDown        bool       // kubelet silent while the agent reports
 	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
+	poweredOff         string     // a fence confirmed the node off ("" once an agent says hello again)
+	helloAt            time.Time  // the latest agent hello
 }
 
 type zone struct {

@@ -53,6 +53,17 @@ type Config struct {
 	// Audit, if set, turns each engine event into an audit-trail put written with the state.
 	Audit func(ev engine.Event) clientv3.Op
 	Log   *slog.Logger
+	// Now is the clock the engine is ticked with and the ingest latencies are measured by; nil
+	// means time.Now. It must be the clock the inputs are stamped with (api.Deps.Now).
+	Now func() time.Time
+}
+
+func (l *Loop) now() time.Time {
+	clock := l.cfg.Now
+	if clock == nil {
+		clock = time.Now
+	}
+	return clock()
 }
 
 // Loop is the running owner of one engine.
@@ -146,9 +157,9 @@ func (l *Loop) observed(at time.Time, sample *agentv1.SignalSample) {
 		return
 	}
 	if sample != nil && sample.ObservedAt != nil {
-		m.ApplyLatency.Observe(time.Since(sample.ObservedAt.AsTime()).Seconds())
+		m.ApplyLatency.Observe(l.now().Sub(sample.ObservedAt.AsTime()).Seconds())
 	}
-	m.QueueLatency.Observe(time.Since(at).Seconds())
+	m.QueueLatency.Observe(l.now().Sub(at).Seconds())
 	m.Updates.Inc()
 }
 
@@ -196,8 +207,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 	}()
 	e := engine.New(l.cfg.Engine)
-	now := time.Now()
-	e.Step(engine.LeaderElected{At: now})
+	e.Step(engine.LeaderElected{At: l.now()})
 	recs, paused, err := l.load(ctx)
 	if err != nil {
 		l.err = err
@@ -237,9 +247,9 @@ func (l *Loop) Run(ctx context.Context) error {
 		case q := <-l.queries:
 			l.mu.Lock()
 			q(e)
-		case now := <-tick.C:
+		case <-tick.C:
 			l.mu.Lock()
-			e.Tick(now)
+			e.Tick(l.now())
 			if l.cfg.Metrics != nil {
 				l.cfg.Metrics.observeZones(e)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,5 +245,48 @@ func TestRefusedWriteDoesNotEndTheTerm(t *testing.T) {
 	}
 	if term.Context().Err() != nil {
 		t.Fatal("the term ended")
+	}
+}
+
+// The loop ticks the engine with its injected clock (the clock the API stamps inputs with): moving
+// that clock past the grace period makes a node Unknown, although no real time passed.
+func TestTicksReadTheInjectedClock(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, "/c/leader", leader.Info{ID: "one"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	cfg := engine.DefaultConfig()
+	l := New(Config{Engine: cfg, Term: term, Etcd: cli, Prefix: "/c", TickInterval: 10 * time.Millisecond, Log: log, Now: clock})
+	go l.Run(ctx)
+	if err := l.StepSync(ctx, engine.Hello{Node: "a", Zone: "z", BootID: "boot", At: clock()}); err != nil {
+		t.Fatal(err)
+	}
+	readiness := func() coordv1.Readiness {
+		var r coordv1.Readiness
+		if err := l.Query(ctx, func(e *engine.Engine) { r = e.Node("a").GetReadiness() }); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	time.Sleep(50 * time.Millisecond) // a few ticks at the same injected time: nothing changes
+	if r := readiness(); r != coordv1.Readiness_READINESS_READY {
+		t.Fatalf("readiness %s before the clock moved, want ready", r)
+	}
+	mu.Lock()
+	now = now.Add(cfg.NodeMonitorGracePeriod + time.Second)
+	mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for r := readiness(); r != coordv1.Readiness_READINESS_UNKNOWN; r = readiness() {
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness %s after the injected clock passed the grace period, want unknown", r)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -257,6 +257,7 @@ func TestFenceAndUnfenceAgainstIPMISim(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, good.bmc.Port, "admin", "password"); err != nil || p != "off" {
 		t.Fatalf("after fence: ipmitool = %q, %v; want off", p, err)
 	}
+	poweredOffView(t, ctx, cc, good.name, final.Id)
 
 	un, err := fc.Unfence(ctx, &coordv1.UnfenceRequest{Node: good.name})
 	if err != nil {
@@ -394,6 +395,29 @@ func TestAPIRejectsBadInput(t *testing.T) {
 	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !strings.Contains(ack.Fence.AcknowledgedBy, `"alice"`) || len(ack.Fence.Operations) != 0 {
 		t.Fatalf("Acknowledge = %v, %v", ack, err)
 	}
+	poweredOffView(t, ctx, cc, n.name, ack.Fence.Id)
+}
+
+// poweredOffView waits until the node's view says fence id confirmed it off.
+func poweredOffView(t *testing.T, ctx context.Context, cc *grpc.ClientConn, name, id string) {
+	t.Helper()
+	want := "powered off: fence " + id + " confirmed it"
+	reason := "(absent)"
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r, err := coordv1.NewClusterServiceClient(cc).ListNodes(ctx, &coordv1.ListNodesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range r.Nodes {
+			if n.Name == name {
+				reason = n.Reason
+			}
+		}
+		if strings.HasPrefix(reason, want) {
+			return
+		}
+	}
+	t.Fatalf("node %s reads %q, want it to start with %q", name, reason, want)
 }
 
 // Two coordinators on one etcd: the follower refuses mutations naming the leader; the leader dies;
