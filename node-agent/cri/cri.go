@@ -345,7 +345,12 @@ func (c *Client) DetectImages(ctx context.Context) (map[string]bool, error) {
 	}
 	used := map[string]bool{}
 	for _, ct := range cs.GetContainers() {
-		used[ct.GetImageRef()] = true
+		// kubelet's image id of a container: ImageId, or ImageRef from runtimes older than CRI 1.30.
+		id := ct.GetImageId()
+		if id == "" {
+			id = ct.GetImageRef()
+		}
+		used[id] = true
 	}
 	is, err := c.images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
 	if err != nil {
