@@ -237,9 +237,7 @@ func (m *Monitor) handleGrant(g *agentv1.EvictionGrant, now time.Time) {
 
 // reclaim acts on the first threshold to reclaim: kubelet's synchronize after the thresholds.
 func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time) {
-	if m.act.busy(now, func(c eviction.Candidate) bool {
-		return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c)
-	}) {
+	if m.act.busy(now, m.cleanedUp(ctx)) {
 		return
 	}
 	log := m.log.With("signal", r.Threshold.Signal, "hard", r.Hard(), "need", r.Need, "target", r.Target)

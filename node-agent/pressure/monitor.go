@@ -109,6 +109,11 @@ type Config struct {
 	// GrantTimeout is how long a soft-threshold candidate waits for the coordinator's grant before
 	// the agent evicts it itself. Default 2m.
 	GrantTimeout time.Duration
+	// EvaluateDuringCleanup keeps reading and evaluating the signals (node conditions included)
+	// while an evicted pod's cleanup is waited for. Off by default, as kubelet: its eviction
+	// manager evaluates nothing during that wait (waitForPodsCleanup, up to CleanupTimeout), so a
+	// condition cannot change then. On, only the next eviction is held back.
+	EvaluateDuringCleanup bool
 	// Actions evict the node's pods in Kubernetes mode; the zero value only reports.
 	Actions Actions
 	// Log nil means slog.Default().
@@ -237,6 +242,9 @@ func (m *Monitor) nextFast() time.Duration {
 
 // housekeeping reads every signal, evaluates, and proposes eviction candidates.
 func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
+	if m.waitingForCleanup(ctx, now) {
+		return
+	}
 	sigs, err := m.reader.Read()
 	if err != nil {
 		m.log.Warn("reading the eviction signals failed", "error", err)
@@ -259,6 +267,9 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 // fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at
 // once (kubelet waits for its next housekeeping).
 func (m *Monitor) fast(ctx context.Context, now time.Time) {
+	if m.waitingForCleanup(ctx, now) {
+		return
+	}
 	mem, err := m.reader.Memory()
 	if err != nil {
 		m.log.Debug("fast memory read failed", "error", err)
@@ -270,6 +281,20 @@ func (m *Monitor) fast(ctx context.Context, now time.Time) {
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 && eviction.IsMemorySignal(res.Reclaim[0].Threshold.Signal) {
 		m.reclaim(ctx, res.Reclaim[0], now)
+	}
+}
+
+// waitingForCleanup reports whether evaluation is suspended: kubelet's eviction manager does
+// nothing else while it waits for an evicted pod's cleanup (unless EvaluateDuringCleanup).
+func (m *Monitor) waitingForCleanup(ctx context.Context, now time.Time) bool {
+	return !m.cfg.EvaluateDuringCleanup && m.act.busy(now, m.cleanedUp(ctx))
+}
+
+// cleanedUp asks the CleanupChecker whether an evicted pod's resources are reclaimed; without
+// one they count as reclaimed at once.
+func (m *Monitor) cleanedUp(ctx context.Context) func(eviction.Candidate) bool {
+	return func(c eviction.Candidate) bool {
+		return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c)
 	}
 }
 

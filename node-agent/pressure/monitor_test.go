@@ -633,3 +633,57 @@ func TestNewStreamReproposesWithoutRestartingTheTimeout(t *testing.T) {
 		t.Errorf("fallback one grant timeout after the first proposal (-want +got):\n%s", diff)
 	}
 }
+
+// TestNothingEvaluatedDuringCleanup: as kubelet's eviction manager, the agent reads and evaluates
+// nothing while it waits for an evicted pod's cleanup, so a threshold crossed meanwhile (pids here)
+// is reported when the wait ends; with EvaluateDuringCleanup it is reported at once and only the
+// next eviction waits.
+func TestNothingEvaluatedDuringCleanup(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(fmt.Sprintf("EvaluateDuringCleanup=%v", during), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r := &reader{mem: 900 * mi, pid: 900}
+			s := make(sender, 64)
+			k := &killer{}
+			m, err := New(Config{
+				Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi,pid.available<100", PressureTransitionPeriod: time.Minute}),
+				HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler), EvaluateDuringCleanup: during,
+				Actions: Actions{Killer: k, Cleanup: k},
+			}, r, s, memPods, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pidPressure := func() bool {
+				found := false
+				for len(s) > 0 {
+					if describe(<-s) == "CONDITION_TYPE_PID_PRESSURE=CONDITION_STATUS_TRUE" {
+						found = true
+					}
+				}
+				return found
+			}
+			t0 := time.Unix(1000, 0)
+			m.housekeeping(ctx, t0)
+			pidPressure()
+			r.mu.Lock()
+			r.pid, r.fullReads = 50, 0
+			r.mu.Unlock()
+			m.housekeeping(ctx, t0.Add(10*time.Second))
+			m.fast(ctx, t0.Add(11*time.Second))
+			if got := pidPressure(); got != during {
+				t.Errorf("PIDPressure reported during the cleanup wait: %v, want %v", got, during)
+			}
+			if reads := r.fullReads; (reads > 0) != during {
+				t.Errorf("%d reads during the cleanup wait", reads)
+			}
+			m.housekeeping(ctx, t0.Add(30*time.Second)) // the wait is over
+			if !during && !pidPressure() {
+				t.Error("PIDPressure not reported once the wait is over")
+			}
+			if got := len(k.kills()); got != 2 {
+				t.Errorf("%d kills, want one before and one after the wait", got)
+			}
+		})
+	}
+}

@@ -209,6 +209,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		"minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi (repeatable)")
 	enforce := "pods"
 	fs.StringVar(&enforce, "enforce-node-allocatable", enforce, "kubelet's --enforce-node-allocatable: with \"pods\" in it (kubelet's default) the hard memory.available threshold is copied to allocatableMemory.available, measured on the pods' cgroup (kubepods)")
+	fs.BoolVar(&opts.pressure.EvaluateDuringCleanup, "eviction-evaluate-during-cleanup", false, "keep reading the signals and reporting node conditions while an evicted pod's cleanup is waited for (up to 30s); default false, as kubelet, which evaluates nothing during that wait")
 	fs.DurationVar(&opts.pressure.GrantTimeout, "eviction-grant-timeout", pressure.DefaultGrantTimeout,
 		"how long a soft-threshold candidate waits for the coordinator's grant before the agent evicts it itself (coordinator unreachable)")
 	duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
