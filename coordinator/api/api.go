@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -48,7 +47,6 @@ type Leadership interface {
 type Deps struct {
 	Leadership Leadership
 	Store      *store.Store
-	Etcd       *clientv3.Client
 	// Config returns the current fence configuration.
 	Config func() *fenceconfig.Config
 	// HeartbeatInterval and SampleInterval are sent to agents.
@@ -403,11 +401,7 @@ func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason strin
 	if err != nil {
 		return err
 	}
-	op := clientv3.OpDelete(loop.PausedKey(s.Store.Prefix()))
-	if paused {
-		op = clientv3.OpPut(loop.PausedKey(s.Store.Prefix()), "paused by "+identity.Name(ctx)+": "+reason)
-	}
-	if _, err := l.Term.Txn(ctx, nil, op); err != nil {
+	if err := s.Store.SetPaused(ctx, l.Term, paused, "paused by "+identity.Name(ctx)+": "+reason); err != nil {
 		return err
 	}
 	return l.Loop.StepSync(ctx, engine.Paused{Paused: paused})
@@ -431,7 +425,7 @@ func (s *ClusterServer) ListAudit(ctx context.Context, req *coordv1.ListAuditReq
 
 // GetLeader names the leader; any replica answers.
 func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderRequest) (*coordv1.GetLeaderResponse, error) {
-	info, epoch, ok, err := leader.Current(ctx, s.Etcd, s.Store.LeaderPrefix())
+	info, epoch, ok, err := s.Store.CurrentLeader(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.ErrUnreachable, err)
 	}
@@ -483,7 +477,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	}
 	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})
 	if err := onOwnStack(func() error {
-		return s.Store.PutNodeIfChanged(ctx, l.Term, store.NodeRecord{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
+		return s.Store.PutNodeIfChanged(ctx, l.Term, store.Registration{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
 	}); err != nil {
 		return err
 	}

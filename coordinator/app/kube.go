@@ -3,13 +3,13 @@ package app
 import (
 	"context"
 	"fmt"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -52,6 +52,14 @@ type kubeMode struct {
 	secretsMu sync.Mutex
 	secrets   map[string]string
 }
+
+// Timings of the Kubernetes mode.
+const (
+	// configReloadEvery is the backstop reload of the fence ConfigMaps (changes reload at once).
+	configReloadEvery = 30 * time.Second
+	// reconcileEvery is the reconciler's pass over every Node besides the passes events ask for.
+	reconcileEvery = 5 * time.Minute
+)
 
 func kubeRESTConfig(cfg Config) (*rest.Config, error) {
 	if cfg.KubeREST != nil {
@@ -135,7 +143,7 @@ func (k *kubeMode) run(ctx context.Context) {
 		AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() },
 	})
 	cms.Start(ctx.Done())
-	reload := time.NewTicker(30 * time.Second)
+	reload := time.NewTicker(configReloadEvery)
 	defer reload.Stop()
 	for {
 		select {
@@ -198,7 +206,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		k.rec.CompareAndSwap(r, nil)
 		k.witness.ClearSink(sink)
 	}()
-	go r.Run(ctx, 5*time.Minute)
+	go r.Run(ctx, reconcileEvery)
 	go func() {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous
 		// leader left undone (a release, a restore, a mirror) is finished.
