@@ -289,12 +289,12 @@ func (b *bench) round(ctx context.Context, side string, i int) (float64, error) 
 		return 0, err
 	}
 	pods := b.admin.CoreV1().Pods(namespace)
-	p, err := pods.Create(ctx, b.hogPod(name), metav1.CreateOptions{})
-	if err != nil {
+	if _, err := pods.Create(ctx, b.hogPod(name), metav1.CreateOptions{}); err != nil {
 		return 0, err
 	}
 	defer b.remove(name)
-	if p, err = b.running(ctx, name); err != nil {
+	p, err := b.running(ctx, name)
+	if err != nil {
 		return 0, err
 	}
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: p.ResourceVersion})
