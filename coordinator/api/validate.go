@@ -113,7 +113,7 @@ func checkText(v *fault.Invalid, field, value string) {
 	}
 }
 
-// checkID adds a problem when a record id is empty or not the shape NewID makes: a node name and
+// checkID adds a problem when a record id is empty or not the shape fencing.NewID makes: a node name and
 // a timestamp.
 func checkID(v *fault.Invalid, field, value string) {
 	if strings.TrimSpace(value) == "" {
