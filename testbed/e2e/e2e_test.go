@@ -190,10 +190,10 @@ func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 	return c
 }
 
-// conn dials addr as the operator.
+// conn dials addr as the operator alice.
 func conn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	return connAs(t, addr, tlsAs(t, identity.Operator, "e2e"))
+	return connAs(t, addr, tlsAs(t, identity.Operator, "alice"))
 }
 
 // connAs dials addr with files.
@@ -381,6 +381,8 @@ func TestAPIRejectsBadInput(t *testing.T) {
 	leaderReady(t, cc)
 	fc := coordv1.NewFenceServiceClient(cc)
 	cl := coordv1.NewClusterServiceClient(cc)
+	// The agent stream is the node's own agent's.
+	ac := agentv1.NewAgentServiceClient(connAs(t, c.app.Addr(), tlsAs(t, identity.Agent, n.name)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
@@ -409,7 +411,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "id"},
 		{"agent stream without hello", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx)
+			s, err := ac.Connect(ctx)
 			if err != nil {
 				return err
 			}
@@ -418,7 +420,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "hello"},
 		{"agent stream with bytes that are no request", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			s, err := ac.Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
 			if err != nil {
 				return err
 			}
@@ -427,7 +429,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "request"},
 		{"agent sample with a name that is not UTF-8", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			s, err := ac.Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
 			if err != nil {
 				return err
 			}
@@ -458,7 +460,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 		t.Fatalf("Acknowledge of a reporting node = %v, want FailedPrecondition", err)
 	}
 	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Operator: "alice", Reason: "pulled the plug", Force: true})
-	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !strings.Contains(ack.Fence.AcknowledgedBy, `"alice"`) || len(ack.Fence.Operations) != 0 {
+	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || ack.Fence.AcknowledgedBy != "alice" || len(ack.Fence.Operations) != 0 {
 		t.Fatalf("Acknowledge = %v, %v", ack, err)
 	}
 	poweredOffView(t, ctx, cc, n.name, ack.Fence.Id)
@@ -670,7 +672,7 @@ func TestGrpcurlListsServices(t *testing.T) {
 		driver:       {"grpc.health.v1.Health", "nodefence.driver.v1.FenceDriverService"},
 	} {
 		// Reflection is open to every identity, but the handshake wants a client certificate.
-		op := tlsAs(t, identity.Operator, "e2e")
+		op := tlsAs(t, identity.Operator, "alice")
 		out, err := exec.Command(grpcurl, "-cacert", op.CAFile, "-cert", op.CertFile, "-key", op.KeyFile, addr, "list").CombinedOutput()
 		if err != nil {
 			t.Fatalf("grpcurl list %s: %v\n%s", addr, err, out)

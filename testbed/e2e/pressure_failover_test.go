@@ -16,9 +16,9 @@ import (
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	"github.com/nodefence/nodefence/node-agent/pressure"
 	"github.com/nodefence/nodefence/node-agent/signals"
-	"github.com/nodefence/nodefence/services/identity"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	"github.com/nodefence/nodefence/services/identity"
 )
 
 // lowMemory is a pressure.Reader whose memory.available stays at 900 MiB of 8 GiB.
