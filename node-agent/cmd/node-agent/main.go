@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
@@ -99,6 +100,8 @@ type options struct {
 	cgroupDriver kubepods.Driver
 	// kubeletRootDir is the kubelet's --root-dir, where pods' emptyDir volumes are measured.
 	kubeletRootDir string
+	// kubeletCgroupRoot is the kubelet's --cgroup-root: the pods' cgroups are under it.
+	kubeletCgroupRoot string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
 	podLogDir string
 	// criEndpoint is the container runtime's CRI socket ("" = none).
@@ -249,6 +252,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		opts.cgroupDriver, err = kubepods.ParseDriver(s)
 		return err
 	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
+	fs.StringVar(&opts.kubeletCgroupRoot, "kubelet-cgroup-root", "/", "the kubelet's --cgroup-root (cgroupRoot): the pods' cgroups, and the pods cgroup allocatableMemory.available is measured on, are under it")
 	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
 	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
@@ -323,7 +327,9 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		switch strings.TrimSpace(k) {
 		case "pods":
 			ev.AllocatableMemory = true
-			opts.reader.PodsCgroups = signals.DefaultPodsCgroups
+			for _, c := range signals.DefaultPodsCgroups {
+				opts.reader.PodsCgroups = append(opts.reader.PodsCgroups, path.Join(opts.kubeletCgroupRoot, c))
+			}
 		case "", "none", "system-reserved", "kube-reserved", "system-reserved-compressible", "kube-reserved-compressible":
 		default:
 			errs.add("--enforce-node-allocatable: %q: unknown key (want pods, system-reserved, kube-reserved, none)", k)
@@ -366,7 +372,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	case opts.manageInhibitDelay && !filepath.IsAbs(opts.logindConfDir):
 		errs.add("--logind-conf-dir: %q: must be an absolute path", opts.logindConfDir)
 	}
-	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}} {
+	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}, {"--kubelet-cgroup-root", opts.kubeletCgroupRoot}} {
 		if !filepath.IsAbs(d.dir) {
 			errs.add("%s: %q: must be an absolute path", d.flag, d.dir)
 		}
@@ -659,7 +665,7 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver}
+	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver, KubeletRoot: opts.kubeletCgroupRoot}
 	disk := &kubepods.Disk{KubeletRoot: opts.kubeletRootDir, PodLogDir: opts.podLogDir}
 	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log, kubepods.WithDisk(disk))
 	if err != nil {
