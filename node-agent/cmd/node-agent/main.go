@@ -3,7 +3,7 @@
 // thresholds (every --housekeeping-interval, and memory.available every --memory-fast-interval),
 // sends pressure condition changes at once, and, with --shutdown-grace-period or
 // --shutdown-grace-period-by-pod-priority, holds a logind delay inhibitor lock to run a graceful
-// node shutdown. --metrics-listen serves Prometheus metrics.
+// node shutdown. --metrics-listen serves Prometheus metrics (over mutual TLS with --metrics-tls).
 //
 // As kubelet does, when logind's InhibitDelayMaxSec is below the shutdown grace period the agent
 // writes 99-nodefence.conf to --logind-conf-dir, has systemd reload logind, and refuses to start
@@ -24,12 +24,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path"
@@ -57,6 +59,7 @@ import (
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/identity/certs"
+	"github.com/nodefence/nodefence/services/server"
 )
 
 func main() {
@@ -88,6 +91,9 @@ type options struct {
 	logindConfDir string
 	// metricsListen is the metrics address ("" = no metrics endpoint).
 	metricsListen string
+	// metricsTLS serves metricsListen over mutual TLS with the agent's --tls-* files, answering only
+	// callers the identity policy allows for /metrics.
+	metricsTLS bool
 	// kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster" ("" = standalone).
 	kubeconfig string
 	// cgroupDriver is how the kubelet names pod cgroups.
@@ -250,6 +256,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
 	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
+	fs.BoolVar(&opts.metricsTLS, "metrics-tls", false, server.MetricsTLSFlagHelp)
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -279,6 +286,12 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		errs.add("--boot-id-file: %v", err)
 	} else if a.BootID = strings.TrimSpace(string(id)); a.BootID == "" {
 		errs.add("--boot-id-file: %s is empty", bootIDFile)
+	}
+	if opts.metricsTLS {
+		if opts.metricsListen == "" {
+			errs.add("--metrics-tls: needs --metrics-listen")
+		}
+		errs = append(errs, server.ValidateMetricsTLS(a.TLS)...)
 	}
 	if a.TLS.CertFile != "" && !a.TLS.Insecure {
 		// The coordinator accepts an agent only for the node its certificate names: say so now
@@ -531,10 +544,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var metricsLis net.Listener
+	var authorizeMetrics func(http.Handler) http.Handler
 	if opts.metricsListen != "" {
+		var metricsTLS *tls.Config
+		if opts.metricsTLS {
+			if metricsTLS, authorizeMetrics, err = server.SecureMetrics(opts.agent.TLS, nil, log); err != nil {
+				log.Error("cannot serve metrics over TLS", "error", err)
+				return 1
+			}
+		}
 		if metricsLis, err = net.Listen("tcp", opts.metricsListen); err != nil {
 			log.Error("cannot listen for metrics", "address", opts.metricsListen, "error", err)
 			return 1
+		}
+		if metricsTLS != nil {
+			metricsLis = tls.NewListener(metricsLis, metricsTLS)
 		}
 	}
 	log.Info("node-agent starting", "node", opts.agent.NodeName, "boot_id", opts.agent.BootID,
@@ -557,7 +581,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		tasks = append(tasks, task{"pod source", kube.source.Run}, task{"evictor", kube.evictor.Run})
 	}
 	if metricsLis != nil {
-		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, log) }})
+		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, authorizeMetrics, log) }})
 	}
 	errc := make(chan error, len(tasks))
 	for _, t := range tasks {
