@@ -75,7 +75,9 @@ func TestInstallCrash(t *testing.T) {
 	if _, err := os.Stat(kubectl); err != nil {
 		t.Fatalf("%s missing: build it with `%s`", kubectl, kubetest.BuildCommand)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	// In go test ./... other packages' clusters may hold the machine's cluster lock for minutes:
+	// Up waits for it within StartTimeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	tmp := t.TempDir()
@@ -89,7 +91,7 @@ func TestInstallCrash(t *testing.T) {
 
 	// 2. The cluster.
 	c, err := cluster.Up(ctx, cluster.Config{Dir: clusterDir, NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second,
-		StartTimeout: 4 * time.Minute}, nil)
+		StartTimeout: 12 * time.Minute}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
