@@ -131,11 +131,11 @@ bench-ingest: build
 bench-agent:
 	@mkdir -p $(BIN)/linux-amd64
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/linux-amd64/node-agent ./node-agent/cmd/node-agent
-	$(GO) run ./node-agent/cmd/bench-agent --agent=$(BIN)/linux-amd64/node-agent
+	$(GO) run ./testbed/cmd/bench-agent --agent=$(BIN)/linux-amd64/node-agent
 
 # bench-drivers: our driver service vs fence_ipmilan and fence_apc_snmp on the same simulators.
 bench-drivers: deps
-	$(GO) run ./fence-drivers/cmd/bench-drivers -rounds 20
+	$(GO) run ./testbed/cmd/bench-drivers -rounds 20
 
 # bench-recovery: first, seconds from a node's agent going silent to its StatefulSet pod being
 # released (power-off confirmed first), against a real kube-apiserver; 5 rounds, grace 2 s, fence

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/agentwire"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
@@ -52,7 +52,7 @@ type Deps struct {
 	Store      *store.Store
 	Etcd       *clientv3.Client
 	// Config returns the current fence configuration.
-	Config func() *config.Config
+	Config func() *fenceconfig.Config
 	// HeartbeatInterval and SampleInterval are sent to agents.
 	HeartbeatInterval, SampleInterval time.Duration
 	// Now is the clock; nil means time.Now.
@@ -147,7 +147,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	}
 	now := s.now()
 	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
-	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]config.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
+	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
 	rec.Reason, rec.RequestedBy, rec.Epoch = reason, identity.Name(ctx), l.Term.Epoch
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {

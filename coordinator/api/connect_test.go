@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
@@ -47,7 +47,7 @@ func TestConnectAcksByInjectedClock(t *testing.T) {
 		Leadership: fixedLeader{&Leading{Term: term, Loop: lp}},
 		Store:      store.New(cli, "/t"),
 		Etcd:       cli,
-		Config:     func() *config.Config { return nil },
+		Config:     func() *fenceconfig.Config { return nil },
 		KnownNode:  func(context.Context, string) error { return nil },
 		Now:        func() time.Time { return base.Add(time.Duration(ticks.Add(1)) * 2 * time.Second) },
 	}

@@ -28,9 +28,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodefence/nodefence/coordinator/api"
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kdump"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -347,10 +347,10 @@ func (c *Config) Validate() []error {
 
 func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != nil }
 
-func (c *Config) driverMap() map[string]config.Driver {
-	m := map[string]config.Driver{}
+func (c *Config) driverMap() map[string]fenceconfig.Driver {
+	m := map[string]fenceconfig.Driver{}
 	for name, addr := range c.DriverEndpoints {
-		m[name] = config.Driver{Endpoint: addr}
+		m[name] = fenceconfig.Driver{Endpoint: addr}
 	}
 	return m
 }
@@ -359,7 +359,7 @@ func (c *Config) driverMap() map[string]config.Driver {
 type App struct {
 	cfg     Config
 	log     *slog.Logger
-	fenceCf atomic.Pointer[config.Config]
+	fenceCf atomic.Pointer[fenceconfig.Config]
 	etcd    *etcdembed.Etcd
 	cli     *clientv3.Client
 	store   *store.Store
@@ -386,10 +386,10 @@ type App struct {
 func New(cfg Config, log *slog.Logger) (*App, error) {
 	cfg.SetDefaults()
 	errs := cfg.Validate()
-	var fences *config.Config
+	var fences *fenceconfig.Config
 	if cfg.FenceConfig != "" {
 		var err error
-		if fences, err = config.Load(cfg.FenceConfig); err != nil {
+		if fences, err = fenceconfig.Load(cfg.FenceConfig); err != nil {
 			var inv fault.Invalid
 			if errors.As(err, &inv) {
 				for _, fe := range inv {
@@ -500,7 +500,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 }
 
 // fences is the current fence configuration.
-func (a *App) fences() *config.Config { return a.fenceCf.Load() }
+func (a *App) fences() *fenceconfig.Config { return a.fenceCf.Load() }
 
 // nodeByAddress names the configured node with the address.
 func (a *App) nodeByAddress(ip netip.Addr) (string, bool) {
@@ -745,7 +745,7 @@ func (a *App) lead(term *leader.Term) {
 			cancel()
 		}
 	}()
-	var secrets config.SecretReader
+	var secrets fenceconfig.SecretReader
 	if a.kube != nil {
 		secrets = a.kube.secret
 	}
@@ -843,7 +843,7 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		delay += time.Duration(rand.Int64N(int64(nc.RandomDelay.Duration)))
 	}
 	rec := fencing.NewRecord(api.NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF,
-		func(step string) ([]config.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
+		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, delay, now)
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = "node not ready past the fence timeout", "coordinator", true, term.Epoch
 	rec.Evidence = append(req.Evidence, rec.Evidence...)
 	if !req.KdumpSince.IsZero() {

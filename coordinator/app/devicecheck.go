@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
@@ -28,7 +28,7 @@ func newDeviceChecks(reg prometheus.Registerer) *deviceChecks {
 }
 
 // run checks every configured method each interval until ctx (the leadership term) ends.
-func (d *deviceChecks) run(ctx context.Context, a *App, secrets config.SecretReader, every time.Duration) {
+func (d *deviceChecks) run(ctx context.Context, a *App, secrets fenceconfig.SecretReader, every time.Duration) {
 	if every <= 0 {
 		return
 	}
@@ -46,13 +46,13 @@ func (d *deviceChecks) run(ctx context.Context, a *App, secrets config.SecretRea
 	}
 }
 
-func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets config.SecretReader) {
+func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets fenceconfig.SecretReader) {
 	cfg := a.fences()
 	if cfg == nil {
 		return
 	}
 	d.ok.Reset()
-	eachMethod(cfg, func(node string, m config.Resolved) {
+	eachMethod(cfg, func(node string, m fenceconfig.Resolved) {
 		if ctx.Err() != nil {
 			return
 		}
@@ -66,10 +66,10 @@ func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets config.Secr
 
 // eachMethod calls f once for every fence method of every configured node, in the order of the
 // node's steps.
-func eachMethod(cfg *config.Config, f func(node string, m config.Resolved)) {
+func eachMethod(cfg *fenceconfig.Config, f func(node string, m fenceconfig.Resolved)) {
 	for _, node := range cfg.NodeNames() {
 		seen := map[string]bool{}
-		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			methods, err := cfg.Plan(node, step)
 			if err != nil {
 				continue
@@ -86,15 +86,15 @@ func eachMethod(cfg *config.Config, f func(node string, m config.Resolved)) {
 
 // warmSecrets reads every Secret a fence method refers to, so that their values are at hand if the
 // apiserver goes away before the first fence (kubeMode.secret keeps the last value read).
-func warmSecrets(cfg *config.Config, secrets config.SecretReader) {
+func warmSecrets(cfg *fenceconfig.Config, secrets fenceconfig.SecretReader) {
 	if cfg == nil || secrets == nil {
 		return
 	}
-	eachMethod(cfg, func(_ string, m config.Resolved) { _, _ = config.ResolveSecrets(m.Parameters, secrets) })
+	eachMethod(cfg, func(_ string, m fenceconfig.Resolved) { _, _ = fenceconfig.ResolveSecrets(m.Parameters, secrets) })
 }
 
-func (d *deviceChecks) check(ctx context.Context, a *App, secrets config.SecretReader, node string, m config.Resolved) bool {
-	params, err := config.ResolveSecrets(m.Parameters, secrets)
+func (d *deviceChecks) check(ctx context.Context, a *App, secrets fenceconfig.SecretReader, node string, m fenceconfig.Resolved) bool {
+	params, err := fenceconfig.ResolveSecrets(m.Parameters, secrets)
 	if err != nil {
 		a.log.Warn("fence device check: secret not readable", "node", node, "method", m.Name, "err", err)
 		return false

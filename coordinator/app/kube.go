@@ -21,8 +21,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/nodefence/nodefence/coordinator/config"
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
@@ -94,21 +94,21 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 }
 
 // loadConfig reads the seed's fence ConfigMaps from the namespace.
-func (k *kubeMode) loadConfig(ctx context.Context) (*config.Config, error) {
+func (k *kubeMode) loadConfig(ctx context.Context) (*fenceconfig.Config, error) {
 	list, err := k.core.CoreV1().ConfigMaps(k.a.cfg.FenceNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list fence ConfigMaps in %s: %w", k.a.cfg.FenceNamespace, err)
 	}
-	var cms []config.ConfigMap
+	var cms []fenceconfig.ConfigMap
 	for _, cm := range list.Items {
-		if !strings.HasPrefix(cm.Name, config.ConfigPrefix) && !strings.HasPrefix(cm.Name, config.MethodPrefix) {
+		if !strings.HasPrefix(cm.Name, fenceconfig.ConfigPrefix) && !strings.HasPrefix(cm.Name, fenceconfig.MethodPrefix) {
 			continue
 		}
-		c := config.ConfigMap{Kind: "ConfigMap", Data: cm.Data, Source: "ConfigMap " + cm.Namespace + "/" + cm.Name}
+		c := fenceconfig.ConfigMap{Kind: "ConfigMap", Data: cm.Data, Source: "ConfigMap " + cm.Namespace + "/" + cm.Name}
 		c.Metadata.Name, c.Metadata.Namespace = cm.Name, cm.Namespace
 		cms = append(cms, c)
 	}
-	c, err := config.FromConfigMaps(cms, k.a.cfg.driverMap())
+	c, err := fenceconfig.FromConfigMaps(cms, k.a.cfg.driverMap())
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/store"
@@ -44,7 +44,7 @@ func TestCrashAtEveryPointFencesExactlyOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfgYAML := fmt.Sprintf("drivers: {ipmi: {endpoint: %q}}\nnodes:\n  n1:\n    methods: {bmc: {driver: ipmi, parameters: {ip: 127.0.0.1, ipport: \"%d\", username: admin, password: password, cipher: \"3\"}}}\n    steps: {power_management: [bmc]}\n", driverAddr, bmc.Port)
-			cfg, err := config.Parse([]byte(cfgYAML), name)
+			cfg, err := fenceconfig.Parse([]byte(cfgYAML), name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +95,7 @@ func TestCrashAtEveryPointFencesExactlyOnce(t *testing.T) {
 
 // runCrashing creates a fence for n1 under a first leader whose runner crashes at the hook, then
 // lets a second leader resume the record to the end.
-func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *config.Config, drivers *fencing.Drivers, log *slog.Logger,
+func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *fenceconfig.Config, drivers *fencing.Drivers, log *slog.Logger,
 	hook func(string, *coordv1.NodeFence) bool) *coordv1.NodeFence {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -107,7 +107,7 @@ func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *config.Con
 		}
 		return term
 	}
-	plan := func(step string) ([]config.Resolved, error) { return cfg.Plan("n1", step) }
+	plan := func(step string) ([]fenceconfig.Resolved, error) { return cfg.Plan("n1", step) }
 	policy := fencing.Policy{Retries: 0, Backoff: time.Millisecond, PollInterval: time.Millisecond}
 
 	first := campaign("first")
@@ -116,13 +116,13 @@ func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *config.Con
 	if _, _, _, err := st.CreateFence(ctx, first, rec); err != nil {
 		t.Fatal(err)
 	}
-	r1 := &fencing.Runner{Store: st, Term: first, Config: func() *config.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log, Crash: hook}
+	r1 := &fencing.Runner{Store: st, Term: first, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log, Crash: hook}
 	_ = r1.Run(ctx, rec.Id) // crashes at the hook (or completes when the hook never fires)
 	first.Abandon()         // the process died: its lease expires on its own
 
 	second := campaign("second")
 	defer second.Resign(context.Background())
-	r2 := &fencing.Runner{Store: st, Term: second, Config: func() *config.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log}
+	r2 := &fencing.Runner{Store: st, Term: second, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log}
 	if err := r2.Run(ctx, rec.Id); err != nil {
 		t.Fatalf("resume: %v", err)
 	}

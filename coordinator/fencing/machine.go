@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -39,7 +39,7 @@ func DefaultPolicy() Policy {
 type Facts struct {
 	Now time.Time
 	// Plan returns the node's methods for a step.
-	Plan func(step string) ([]config.Resolved, error)
+	Plan func(step string) ([]fenceconfig.Resolved, error)
 	// NodeReady is the coordinator's current judgement of the node.
 	NodeReady bool
 	// KdumpUntil: a kernel dump is in progress; power management waits until then.
@@ -63,16 +63,16 @@ type Decision struct {
 func stepName(s coordv1.FenceStep) string {
 	switch s {
 	case coordv1.FenceStep_FENCE_STEP_ISOLATION:
-		return config.StepIsolation
+		return fenceconfig.StepIsolation
 	case coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT:
-		return config.StepPowerManagement
+		return fenceconfig.StepPowerManagement
 	}
-	return config.StepRecovery
+	return fenceconfig.StepRecovery
 }
 
 // FirstStep is where a power-off record starts: isolation when the node has isolation methods.
-func FirstStep(plan func(string) ([]config.Resolved, error)) coordv1.FenceStep {
-	if ms, err := plan(config.StepIsolation); err == nil && len(ms) > 0 {
+func FirstStep(plan func(string) ([]fenceconfig.Resolved, error)) coordv1.FenceStep {
+	if ms, err := plan(fenceconfig.StepIsolation); err == nil && len(ms) > 0 {
 		return coordv1.FenceStep_FENCE_STEP_ISOLATION
 	}
 	return coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT
@@ -81,19 +81,19 @@ func FirstStep(plan func(string) ([]config.Resolved, error)) coordv1.FenceStep {
 // Methods returns the methods a record runs in its current step. A power-on record (unfence) runs
 // the recovery methods, then powers the node on with the power-management methods that have an "on"
 // action — or, if none has, with every power-management method turned to "on".
-func Methods(rec *coordv1.NodeFence, plan func(string) ([]config.Resolved, error)) ([]config.Resolved, error) {
+func Methods(rec *coordv1.NodeFence, plan func(string) ([]fenceconfig.Resolved, error)) ([]fenceconfig.Resolved, error) {
 	if rec.Action != coordv1.FenceAction_FENCE_ACTION_ON {
 		return plan(stepName(rec.Step))
 	}
-	rec0, err := plan(config.StepRecovery)
+	rec0, err := plan(fenceconfig.StepRecovery)
 	if err != nil {
 		return nil, err
 	}
-	pm, err := plan(config.StepPowerManagement)
+	pm, err := plan(fenceconfig.StepPowerManagement)
 	if err != nil {
 		return nil, err
 	}
-	var on []config.Resolved
+	var on []fenceconfig.Resolved
 	for _, m := range pm {
 		if m.Action == "on" {
 			on = append(on, m)
@@ -188,7 +188,7 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 			if f.NodeReady {
 				return toStep(next, coordv1.FenceStep_FENCE_STEP_RECOVERY, f, "node ready again after isolation")
 			}
-			if ms, _ := f.Plan(config.StepPowerManagement); len(ms) == 0 {
+			if ms, _ := f.Plan(fenceconfig.StepPowerManagement); len(ms) == 0 {
 				finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
 				return Decision{Next: next}
 			}
@@ -240,7 +240,7 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 
 func toStep(next *coordv1.NodeFence, step coordv1.FenceStep, f Facts, why string) Decision {
 	if step == coordv1.FenceStep_FENCE_STEP_RECOVERY {
-		if ms, _ := f.Plan(config.StepRecovery); len(ms) == 0 {
+		if ms, _ := f.Plan(fenceconfig.StepRecovery); len(ms) == 0 {
 			next.Evidence = append(next.Evidence, why+"; no recovery methods")
 			finish(next, f.Now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
 			return Decision{Next: next}
@@ -305,7 +305,7 @@ func Record(rec *coordv1.NodeFence, opID string, state driverv1.PowerState, call
 // NewRecord returns a new record for node: a power-off starts at its first step (isolation when the
 // node has isolation methods), a power-on (unfence) at recovery. A node delay (fixed plus a random
 // part, drawn once here so every leader honours the same one) postpones the first dispatch.
-func NewRecord(id, node string, action coordv1.FenceAction, plan func(string) ([]config.Resolved, error), delay time.Duration, now time.Time) *coordv1.NodeFence {
+func NewRecord(id, node string, action coordv1.FenceAction, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, now time.Time) *coordv1.NodeFence {
 	step := coordv1.FenceStep_FENCE_STEP_RECOVERY
 	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
 		step = FirstStep(plan)

@@ -9,7 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -19,11 +19,11 @@ import (
 // readiness given by ready(now), and returns the finished record and a trace of the driver calls.
 func simulate(t *testing.T, cfg string, action coordv1.FenceAction, outcome func(method, action string) bool, ready func(time.Duration) bool) (*coordv1.NodeFence, []string) {
 	t.Helper()
-	c, err := config.Parse([]byte(cfg), "test")
+	c, err := fenceconfig.Parse([]byte(cfg), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan := func(step string) ([]config.Resolved, error) { return c.Plan("nd", step) }
+	plan := func(step string) ([]fenceconfig.Resolved, error) { return c.Plan("nd", step) }
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := start
 	rec := NewRecord("f", "nd", action, plan, 0, now)
@@ -153,11 +153,11 @@ func TestWrongStateIsNotConfirmation(t *testing.T) {
 
 // A node's fence delay (two-node races) holds the first dispatch back until it has passed.
 func TestNodeDelayHoldsTheFirstDispatch(t *testing.T) {
-	c, err := config.Parse([]byte(twoLevels), "test")
+	c, err := fenceconfig.Parse([]byte(twoLevels), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan := func(step string) ([]config.Resolved, error) { return c.Plan("nd", step) }
+	plan := func(step string) ([]fenceconfig.Resolved, error) { return c.Plan("nd", step) }
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	rec := NewRecord("f", "nd", coordv1.FenceAction_FENCE_ACTION_OFF, plan, 7*time.Second, now)
 	d := Decide(rec, Facts{Now: now.Add(2 * time.Second), Plan: plan, Policy: DefaultPolicy()})

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/dial"
@@ -75,7 +75,7 @@ type Runner struct {
 	Store *store.Store
 	Term  *leader.Term
 	// Config returns the current fence configuration (it may be reloaded while records run).
-	Config  func() *config.Config
+	Config  func() *fenceconfig.Config
 	Drivers *Drivers
 	// OpTimeout bounds one driver call including its read-back.
 	OpTimeout time.Duration
@@ -87,7 +87,7 @@ type Runner struct {
 	OnChange func(*coordv1.NodeFence)
 	Log      *slog.Logger
 	// Secrets reads Kubernetes Secrets for "<param>_secret" references (Kubernetes mode; nil elsewhere).
-	Secrets config.SecretReader
+	Secrets fenceconfig.SecretReader
 	// Crash is a test hook: returning true at a point makes Run stop there as if the process died
 	// (points: "before-write", "after-write", "after-call").
 	Crash func(point string, rec *coordv1.NodeFence) bool
@@ -128,7 +128,7 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 		if rec.FinishedAt != nil {
 			return nil
 		}
-		facts := Facts{Now: time.Now(), Policy: r.Policy, Plan: func(step string) ([]config.Resolved, error) { return r.Config().Plan(rec.Node, step) }}
+		facts := Facts{Now: time.Now(), Policy: r.Policy, Plan: func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) }}
 		if r.Facts != nil {
 			facts.NodeReady, facts.KdumpUntil = r.Facts(ctx, rec.Node)
 		}
@@ -236,11 +236,11 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 }
 
 func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
-	methods, err := Methods(rec, func(step string) ([]config.Resolved, error) { return r.Config().Plan(rec.Node, step) })
+	methods, err := Methods(rec, func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) })
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
-	var m *config.Resolved
+	var m *fenceconfig.Resolved
 	for i := range methods {
 		if methods[i].Name == op.Method && methods[i].Action == op.Action {
 			m = &methods[i]
@@ -249,7 +249,7 @@ func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1
 	if m == nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, fmt.Errorf("method %s (%s) is no longer configured for %s", op.Method, op.Action, rec.Node)
 	}
-	params, err := config.ResolveSecrets(m.Parameters, r.Secrets)
+	params, err := fenceconfig.ResolveSecrets(m.Parameters, r.Secrets)
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 )
 
@@ -73,16 +73,16 @@ func TestSeedConfigMaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cms []config.ConfigMap
+	var cms []fenceconfig.ConfigMap
 	for _, item := range list.Items {
 		if !strings.HasPrefix(item.Name, "fence-") {
 			continue
 		}
-		cm := config.ConfigMap{Kind: "ConfigMap", Data: item.Data, Source: "ConfigMap " + item.Name}
+		cm := fenceconfig.ConfigMap{Kind: "ConfigMap", Data: item.Data, Source: "ConfigMap " + item.Name}
 		cm.Metadata.Name, cm.Metadata.Namespace = item.Name, item.Namespace
 		cms = append(cms, cm)
 	}
-	cfg, err := config.FromConfigMaps(cms, nil)
+	cfg, err := fenceconfig.FromConfigMaps(cms, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,10 @@ package main
 import (
 	"strings"
 
-	"github.com/nodefence/nodefence/coordinator/config"
-	"github.com/nodefence/nodefence/fence-drivers/agent"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/fence-drivers/aws"
 	"github.com/nodefence/nodefence/fence-drivers/brocade"
+	"github.com/nodefence/nodefence/fence-drivers/fenceagent"
 	"github.com/nodefence/nodefence/fence-drivers/ipmi"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/fence-drivers/pdu"
@@ -26,9 +26,9 @@ const secretPlaceholder = "secret"
 
 // checkMethod validates a resolved method's parameters as its driver would, without any device:
 // canonical names, types, ranges, addresses. It returns the problems, each naming the parameter.
-func checkMethod(m config.Resolved) []string {
+func checkMethod(m fenceconfig.Resolved) []string {
 	if m.Driver == "agent" {
-		return problems(agent.CheckParameters(m.Parameters, nil))
+		return problems(fenceagent.CheckParameters(m.Parameters, nil))
 	}
 	d, ok := offlineDrivers[m.Driver]
 	if !ok {

@@ -28,7 +28,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nodefence/nodefence/coordinator/config"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
@@ -515,7 +515,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fencectl: usage: fencectl config check PATH")
 		return 2
 	}
-	c, err := config.LoadAny(args[1], nil)
+	c, err := fenceconfig.LoadAny(args[1], nil)
 	if err != nil {
 		var inv fault.Invalid
 		if errors.As(err, &inv) {
@@ -530,7 +530,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	var bad []string
 	for _, node := range c.NodeNames() {
-		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			ms, _ := c.Plan(node, step)
 			for _, m := range ms {
 				for _, p := range checkMethod(m) {
@@ -550,7 +550,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, node := range c.NodeNames() {
 		fmt.Fprintf(stdout, "node %s\n", node)
-		for _, step := range []string{config.StepIsolation, config.StepPowerManagement, config.StepRecovery} {
+		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			ms, _ := c.Plan(node, step)
 			if len(ms) == 0 {
 				fmt.Fprintf(stdout, "  %s: (none)\n", step)

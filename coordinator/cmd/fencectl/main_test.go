@@ -20,7 +20,7 @@ import (
 
 func TestConfigCheckPrintsThePlanWithSecretsMasked(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"config", "check", "../../config/testdata/seed-complete"}, &out, &errb)
+	code := run(context.Background(), []string{"config", "check", "../../fenceconfig/testdata/seed-complete"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
 	}
@@ -39,7 +39,7 @@ func TestConfigCheckPrintsThePlanWithSecretsMasked(t *testing.T) {
 
 func TestConfigCheckListsEveryProblem(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"config", "check", "../../config/testdata/seed/two-node.yaml"}, &out, &errb)
+	code := run(context.Background(), []string{"config", "check", "../../fenceconfig/testdata/seed/two-node.yaml"}, &out, &errb)
 	if code != 1 || !strings.Contains(errb.String(), "6 problem(s)") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
 	}

@@ -25,9 +25,9 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/nodefence/nodefence/fence-drivers/agent"
 	"github.com/nodefence/nodefence/fence-drivers/aws"
 	"github.com/nodefence/nodefence/fence-drivers/brocade"
+	"github.com/nodefence/nodefence/fence-drivers/fenceagent"
 	"github.com/nodefence/nodefence/fence-drivers/ipmi"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/fence-drivers/pdu"
@@ -39,7 +39,7 @@ import (
 // drivers are the drivers this binary can serve, by --driver name.
 var drivers = map[string]func(c *config, log *slog.Logger) kit.Driver{
 	"agent": func(c *config, _ *slog.Logger) kit.Driver {
-		return agent.NewWith(agent.Config{ExtraParameters: c.AgentExtraParameters})
+		return fenceagent.NewWith(fenceagent.Config{ExtraParameters: c.AgentExtraParameters})
 	},
 	"ipmi": func(*config, *slog.Logger) kit.Driver { return ipmi.New() },
 	"pdu":  func(*config, *slog.Logger) kit.Driver { return pdu.New() },

@@ -1,4 +1,4 @@
-package config
+package fenceconfig
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package agent
+package fenceagent
 
 import (
 	"encoding/xml"

@@ -15,7 +15,7 @@
 //     The child starts after a random pause of up to 200 ms, so that crossings fall at any phase of
 //     the agent's reads.
 //
-// Usage: go build -o bin/node-agent ./node-agent/cmd/node-agent && go run ./node-agent/cmd/bench-agent --agent=bin/node-agent
+// Usage: go build -o bin/node-agent ./node-agent/cmd/node-agent && go run ./testbed/cmd/bench-agent --agent=bin/node-agent
 package main
 
 import (

@@ -12,7 +12,7 @@
 // and, as its last line, one JSON object with the medians in milliseconds and the ratios
 // reference median / ours:
 //
-//	go run ./fence-drivers/cmd/bench-drivers -rounds 20
+//	go run ./testbed/cmd/bench-drivers -rounds 20
 package main
 
 import (

@@ -1,4 +1,4 @@
-package agent_test
+package fenceagent_test
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/nodefence/nodefence/fence-drivers/agent"
 	"github.com/nodefence/nodefence/fence-drivers/conformance"
+	"github.com/nodefence/nodefence/fence-drivers/fenceagent"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/fence-drivers/kit/kittest"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -36,7 +36,7 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 // TestFenceDummy drives fence_dummy (type=file): the status file is the true state.
 func TestFenceDummy(t *testing.T) {
 	// fence_dummy keeps its state in a file: only an administrator may allow that parameter.
-	c := serve(t, agent.NewWith(agent.Config{ExtraParameters: []string{"type", "status_file"}}))
+	c := serve(t, fenceagent.NewWith(fenceagent.Config{ExtraParameters: []string{"type", "status_file"}}))
 	ctx := testCtx(t, 60*time.Second)
 	file := filepath.Join(t.TempDir(), "status")
 	if err := os.WriteFile(file, []byte("on"), 0o644); err != nil {
@@ -106,7 +106,7 @@ func TestFenceDummy(t *testing.T) {
 		}
 	}
 
-	d, err := serve(t, agent.NewWith(agent.Config{Agent: "fence_ipmilan"})).Describe(ctx, &driverv1.DescribeRequest{})
+	d, err := serve(t, fenceagent.NewWith(fenceagent.Config{Agent: "fence_ipmilan"})).Describe(ctx, &driverv1.DescribeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestFenceDummy(t *testing.T) {
 
 // TestConformanceFenceIPMILAN runs the conformance suite with fence_ipmilan against ipmi_sim.
 func TestConformanceFenceIPMILAN(t *testing.T) {
-	c := serve(t, agent.New())
+	c := serve(t, fenceagent.New())
 	target := func(port int, extra ...string) *driverv1.Target {
 		p := map[string]string{"agent": "fence_ipmilan", "ip": "127.0.0.1", "ipport": strconv.Itoa(port), "username": "admin",
 			"password": "password", "lanplus": "1", "cipher": "3", "power_wait": "0"}
@@ -195,7 +195,7 @@ func serve(t *testing.T, d kit.Driver) driverv1.FenceDriverServiceClient {
 // Describe for a target describes the agent the target names, from its metadata XML; an unknown
 // agent is refused, never described as something else.
 func TestDescribeTheNamedAgent(t *testing.T) {
-	c := serve(t, agent.New())
+	c := serve(t, fenceagent.New())
 	ctx := testCtx(t, 20*time.Second)
 	resp, err := c.Describe(ctx, &driverv1.DescribeRequest{Target: &driverv1.Target{Parameters: map[string]string{"agent": "fence_dummy"}}})
 	if err != nil {
@@ -221,7 +221,7 @@ func TestDescribeTheNamedAgent(t *testing.T) {
 // Status, the call is refused and the program never runs. Before the allowlist this ran the
 // script as the driver's user (root in production).
 func TestNoParameterRunsAProgram(t *testing.T) {
-	c := serve(t, agent.New())
+	c := serve(t, fenceagent.New())
 	ctx := testCtx(t, 30*time.Second)
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "pwned")
@@ -254,7 +254,7 @@ func TestNoParameterRunsAProgram(t *testing.T) {
 		}
 	}
 	// An administrator cannot allow a program-naming parameter either.
-	c = serve(t, agent.NewWith(agent.Config{ExtraParameters: []string{"ipmitool_path"}}))
+	c = serve(t, fenceagent.NewWith(fenceagent.Config{ExtraParameters: []string{"ipmitool_path"}}))
 	params := map[string]string{"ipmitool_path": script}
 	for k, v := range base {
 		params[k] = v

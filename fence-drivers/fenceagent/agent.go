@@ -1,4 +1,4 @@
-// Package agent is the fence-agent runner: a fence driver that runs any installed ClusterLabs
+// Package fenceagent is the fence-agent runner: a fence driver that runs any installed ClusterLabs
 // fence_* agent through its stdin protocol.
 //
 // The runner execs the agent with no arguments (with arguments, agents ignore stdin) and writes
@@ -11,7 +11,7 @@
 // The parameter `agent` (or `agent_name`) names the agent. For an agent with plugs and a list
 // action, the plug is checked against the agent's list before anything else: fence_apc_snmp
 // reports a missing outlet as off, and the runner must not.
-package agent
+package fenceagent
 
 import (
 	"context"

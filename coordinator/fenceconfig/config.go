@@ -1,4 +1,4 @@
-// Package config loads the coordinator's standalone fence configuration: which driver services exist,
+// Package fenceconfig loads the coordinator's standalone fence configuration: which driver services exist,
 // method templates, and per node the methods (template plus overrides) used by each fencing step.
 // It is the YAML twin of the seed's ConfigMap model (fence-method-template-*, fence-method-*-<node>,
 // fence-config-<node>); the ConfigMap reader arrives with the Kubernetes mode.
@@ -6,7 +6,7 @@
 // Parameter names follow the ClusterLabs fence agents (ip, ipport, username, password, plug, lanplus,
 // cipher, ...). A parameter whose name ends in "_file" is a secret reference: the value is a path, read
 // when the driver is called, and passed under the name without the suffix (password_file -> password).
-package config
+package fenceconfig
 
 import (
 	"encoding/json"
