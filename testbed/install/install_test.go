@@ -54,13 +54,6 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(f), "..", "..")
 }
 
-type tlog struct{ t *testing.T }
-
-func (w tlog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 // TestInstallCrash installs nodefence as pods with one kubectl apply -k and runs the crash
 // scenario of testbed/clustere2e against it.
 func TestInstallCrash(t *testing.T) {
