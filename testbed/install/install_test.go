@@ -184,6 +184,9 @@ func TestInstallCrash(t *testing.T) {
 		t.Fatalf("the writer runs on %s, not on the victim %s it prefers", pod.Spec.NodeName, victim.Name)
 	}
 	waitLines(t, w, 3)
+	if n := driverCalls(t, ctx, admin, "PowerOff"); n != 0 {
+		t.Fatalf("the IPMI driver answered %d PowerOff calls before any node failed", n)
+	}
 	killed, err := victim.Crash()
 	if err != nil {
 		t.Fatal(err)
@@ -216,8 +219,36 @@ func TestInstallCrash(t *testing.T) {
 	if !confirmed {
 		t.Errorf("no NodeFence of %s with confirmedOffAt: %v", victim.Name, list.Items)
 	}
+	// The power-off went through the driver pod, called by a coordinator pod (nothing else holds a
+	// coordinator certificate or reaches the driver).
+	if n := driverCalls(t, ctx, admin, "PowerOff"); n == 0 {
+		t.Errorf("the IPMI driver pod's log shows no PowerOff answered OK")
+	} else {
+		t.Logf("the IPMI driver pod answered %d PowerOff call(s) OK", n)
+	}
 	checkLog(t, w, newPod)
 	t.Logf("install and crash scenario done in %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// driverCalls counts the IPMI driver pod's access-log lines of method answered OK.
+func driverCalls(t *testing.T, ctx context.Context, admin *kubernetes.Clientset, method string) int {
+	t.Helper()
+	pods, err := admin.CoreV1().Pods(nfcluster.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=ipmi"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the IPMI driver pod: %v (%d pods)", err, len(pods.Items))
+	}
+	raw, err := admin.CoreV1().Pods(nfcluster.Namespace).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("driver log: %v", err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, "finished call") && strings.Contains(l, method) &&
+			(strings.Contains(l, `"grpc.code":"OK"`) || strings.Contains(l, "grpc.code=OK")) {
+			n++
+		}
+	}
+	return n
 }
 
 // buildImages builds the binaries as `make images` does (static, trimmed) into bin and writes the
