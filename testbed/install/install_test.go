@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -92,8 +94,15 @@ func TestInstallCrash(t *testing.T) {
 		if err := c.Down(); err != nil {
 			t.Errorf("cluster down: %v", err)
 		}
-		if left := c.Leftovers(); len(left) > 0 {
+		left := c.Leftovers()
+		if len(left) > 0 {
 			t.Errorf("cluster left behind: %q", left)
+		}
+		// Its 2 GB go unless the test failed (logs kept) or anything is still mounted under it.
+		if t.Failed() || len(left) > 0 {
+			t.Logf("cluster directory kept: %s", clusterDir)
+		} else if err := os.RemoveAll(clusterDir); err != nil {
+			t.Errorf("remove %s: %v", clusterDir, err)
 		}
 	})
 	t.Logf("cluster up after %s", time.Since(t0).Round(time.Millisecond))
@@ -172,6 +181,17 @@ func TestInstallCrash(t *testing.T) {
 			break
 		}
 	}
+	// The victim also hosts etcd's leader, so its crash costs etcd a leader election too (the
+	// coordinators' watches and lease keepalives see it), as it does when the leader's node dies.
+	if err := moveEtcdLeader(ctx, c, filepath.Join(tmp, "pki"), victim); err != nil {
+		t.Fatal(err)
+	}
+	if leader, err = waitAgents(ctx, c, operator, time.Minute); err != nil {
+		t.Fatalf("after etcd's leader moved to %s: %v", victim.Name, err)
+	}
+	if leader == victim.Name {
+		t.Fatalf("the coordinators' leader moved to the victim %s", victim.Name)
+	}
 	w, err := nfcluster.CreateWriter(ctx, c, "crash", victim.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -249,6 +269,66 @@ func driverCalls(t *testing.T, ctx context.Context, admin *kubernetes.Clientset,
 		}
 	}
 	return n
+}
+
+// moveEtcdLeader makes the etcd member on node n the leader (etcd's MoveLeader), as the
+// coordinators' etcd client (their certificate).
+func moveEtcdLeader(ctx context.Context, c *cluster.Cluster, pkiDir string, n *cluster.Node) error {
+	tlsConf, err := tlsfiles.Files{CertFile: filepath.Join(pkiDir, "coordinator-nodefence-coordinator.crt"),
+		KeyFile: filepath.Join(pkiDir, "coordinator-nodefence-coordinator.key"), CAFile: filepath.Join(pkiDir, "ca.crt")}.Client()
+	if err != nil {
+		return err
+	}
+	client := func(ip string) (*clientv3.Client, string, error) {
+		ep := "https://" + net.JoinHostPort(ip, "2379")
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, TLS: tlsConf, DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+		return cli, ep, err
+	}
+	status := func(ip string) (member, leader uint64, err error) {
+		cli, ep, err := client(ip)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer cli.Close()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		st, err := cli.Status(sctx, ep)
+		if err != nil {
+			return 0, 0, fmt.Errorf("etcd status at %s: %w", ep, err)
+		}
+		return st.Header.MemberId, st.Leader, nil
+	}
+	target, leader, err := status(n.IP.String())
+	if err != nil {
+		return err
+	}
+	if target == leader {
+		return nil
+	}
+	for _, o := range c.Nodes {
+		id, _, err := status(o.IP.String())
+		if err != nil {
+			return err
+		}
+		if id != leader {
+			continue
+		}
+		cli, _, err := client(o.IP.String())
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := cli.MoveLeader(mctx, target); err != nil {
+			return fmt.Errorf("etcd move leader from %s to %s: %w", o.Name, n.Name, err)
+		}
+		if _, now, err := status(n.IP.String()); err != nil || now != target {
+			return fmt.Errorf("etcd's leader after the move: %x, want %s's %x (%v)", now, n.Name, target, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("etcd's leader %x is on no node", leader)
 }
 
 // buildImages builds the binaries as `make images` does (static, trimmed) into bin and writes the
