@@ -247,6 +247,7 @@ func TestInstallCrash(t *testing.T) {
 		t.Logf("the IPMI driver pod answered %d PowerOff call(s) OK", n)
 	}
 	checkLog(t, w, newPod)
+	logLeadership(t, c)
 	t.Logf("install and crash scenario done in %s", time.Since(t0).Round(time.Millisecond))
 }
 
@@ -601,6 +602,21 @@ func checkLog(t *testing.T, w *nfcluster.Writer, newPod *corev1.Pod) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the new pod %s is not writing: episodes %+v", newPod.UID, eps)
+		}
+	}
+}
+
+// logLeadership logs the coordinator pods' election lines (who led when, and why a term ended).
+func logLeadership(t *testing.T, c *cluster.Cluster) {
+	for _, n := range c.Nodes {
+		logs, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", nfcluster.Namespace+"_nodefence-coordinator-*", "*", "*.log"))
+		for _, l := range logs {
+			data, _ := os.ReadFile(l)
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, "became leader") || strings.Contains(line, "leadership") || strings.Contains(line, "stepping down") {
+					t.Logf("%s: %s", n.Name, line[strings.Index(line, "msg="):])
+				}
+			}
 		}
 	}
 }
