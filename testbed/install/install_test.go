@@ -613,8 +613,9 @@ func logLeadership(t *testing.T, c *cluster.Cluster) {
 		for _, l := range logs {
 			data, _ := os.ReadFile(l)
 			for _, line := range strings.Split(string(data), "\n") {
-				if strings.Contains(line, "became leader") || strings.Contains(line, "leadership") || strings.Contains(line, "stepping down") {
-					t.Logf("%s: %s", n.Name, line[strings.Index(line, "msg="):])
+				i := strings.Index(line, "msg=")
+				if i >= 0 && (strings.Contains(line, "became leader") || strings.Contains(line, "leadership") || strings.Contains(line, "stepping down")) {
+					t.Logf("%s: %s", n.Name, line[i:])
 				}
 			}
 		}
