@@ -15,9 +15,9 @@ GRPCURL_VERSION            := v1.9.3
 STATICCHECK_VERSION        := v0.8.2
 
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
-APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc
+APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
+.PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
 
 build:
 	@mkdir -p $(BIN)
@@ -114,8 +114,15 @@ cluster-down:
 	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
 	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) down
 
-run: deps build
-	$(BIN)/nodefence-testbed run
+# run-tools: the tools the README's "Calling it" uses besides bin/ (curl comes with deps).
+run-tools:
+	$(call tool,grpcurl,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION))
+
+# run: fixed ports from 7400 (RUN_FLAGS="--port-base N" or NODEFENCE_TESTBED_PORT_BASE=N moves them),
+# state in bin/run, and bin/run/env for a second terminal to source; everything stops on Ctrl-C.
+RUN_FLAGS ?=
+run: deps build run-tools
+	$(BIN)/nodefence-testbed $(RUN_FLAGS) run
 
 demo: deps build
 	$(BIN)/nodefence-testbed demo
@@ -127,7 +134,8 @@ bench-ingest: build
 	$(BIN)/bench-ingest $(INGEST_FLAGS)
 
 # bench-agent: the agent's footprint at 1 Hz over 60 s and its memory-pressure detection latency,
-# measured on the binary as `make images` ships it (static, trimmed).
+# measured on the binary as `make images` ships it (static, trimmed), in Kubernetes mode against a
+# real kube-apiserver and a private containerd (--active=false: standalone).
 bench-agent:
 	@mkdir -p $(BIN)/linux-amd64
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/linux-amd64/node-agent ./node-agent/cmd/node-agent

@@ -3,10 +3,15 @@
 //
 //   - etcdembed: the embedded single-member etcd used when no --etcd-endpoints are given
 //   - leader: election and the epoch-guarded writes every leader write goes through
-//   - store: fence and node records in etcd
+//   - store: everything the coordinator keeps in etcd, and the only package that knows its keys:
+//     fence records and their indexes, node registrations, the audit trail, the engine's state and
+//     the pause flag
 //   - config: the standalone YAML fence configuration
 //   - nodes: agent contact bookkeeping and the pure readiness judgement
+//   - engine: the pure node lifecycle state machine (Step, Tick, Ready, Advance)
+//   - loop: one term's owner of the engine, persisting its Ready through store
 //   - fencing: the fence runner that calls drivers and confirms by read-back
 //   - api: the gRPC handlers (AgentService, FenceService, ClusterService)
-//   - app: wiring of all of the above into one process
+//   - app: one process of all of the above: its configuration, the wiring built before it runs,
+//     and what each leadership term starts
 package coordinator

@@ -1,7 +1,8 @@
 // Package api holds the coordinator's gRPC handlers. Mutations and the hot node view are served only
 // by the leader; a follower answers them with a fault.NotLeaderError (UNAVAILABLE naming the leader,
 // also in the "nodefence-leader" trailer). Reads of durable records (GetFence, ListFences,
-// WatchFence, GetLeader) are answered by any replica straight from etcd.
+// WatchFence, GetLeader) are answered by any replica straight from etcd, and GetConfig by any replica
+// from its own configuration.
 package api
 
 import (
@@ -9,14 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/agentwire"
 	"github.com/nodefence/nodefence/coordinator/engine"
@@ -50,7 +48,6 @@ type Leadership interface {
 type Deps struct {
 	Leadership Leadership
 	Store      *store.Store
-	Etcd       *clientv3.Client
 	// Config returns the current fence configuration.
 	Config func() *fenceconfig.Config
 	// HeartbeatInterval and SampleInterval are sent to agents.
@@ -63,6 +60,15 @@ type Deps struct {
 	// KubeletReporting reports whether the node's kubelet still reports (Kubernetes mode), so that
 	// Acknowledge refuses a node one of whose witnesses is alive. Nil in standalone mode.
 	KubeletReporting func(ctx context.Context, node string) (bool, error)
+	// CheckDevices checks every fence method of a node without changing anything (CheckNode); nil
+	// makes CheckNode unimplemented.
+	CheckDevices DeviceChecker
+	// LiveConfig returns the configuration GetConfig shows, secrets redacted; nil makes GetConfig
+	// unimplemented.
+	LiveConfig func() *coordv1.GetConfigResponse
+
+	checkOnce  sync.Once
+	checkSlots chan struct{} // maxConcurrentChecks; see ClusterServer.CheckNode
 }
 
 // configuredPlace refuses a hello that moves its node out of the zone or region the fence
@@ -98,10 +104,11 @@ func (d *Deps) knownNode(ctx context.Context, node string) error {
 }
 
 func (d *Deps) now() time.Time {
-	if d.Now != nil {
-		return d.Now()
+	clock := d.Now
+	if clock == nil {
+		clock = time.Now
 	}
-	return time.Now()
+	return clock()
 }
 
 // FenceServer implements FenceService.
@@ -122,11 +129,6 @@ type AgentServer struct {
 	*Deps
 }
 
-// NewID returns a record id that sorts by creation time per node.
-func NewID(node string, now time.Time) string {
-	return fmt.Sprintf("%s-%s", node, now.UTC().Format("20060102T150405.000000000"))
-}
-
 // start creates (or returns the active) record for node with action, and runs it.
 func (s *FenceServer) start(ctx context.Context, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
 	l, err := s.Leadership.Leading(ctx)
@@ -136,7 +138,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
-	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+	if action != coordv1.FenceAction_FENCE_ACTION_ON { // a reboot powers the node off too
 		var refused string
 		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
 			return nil, err
@@ -145,17 +147,16 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
 		}
 	}
-	now := s.now()
-	// An operator's fence is not delayed: the node delay exists for automatic fencing races.
-	rec := fencing.NewRecord(NewID(node, now), node, action, func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, 0, now)
-	rec.Reason, rec.RequestedBy, rec.Epoch = reason, identity.Name(ctx), l.Term.Epoch
+	rec := fencing.OperatorRecord(node, action, reason, identity.Name(ctx),
+		func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, l.Term.Epoch, s.now())
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {
 		return nil, err
 	}
-	if !created && got.Action != action {
-		return nil, fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
-			node, strings.ToLower(strings.TrimPrefix(got.Action.String(), "FENCE_ACTION_")), got.Id, fault.ErrFailedPrecondition)
+	if !created {
+		if err := fencing.Joined(got, action); err != nil {
+			return nil, err
+		}
 	}
 	l.Runner.Start(got.Id)
 	return got, nil
@@ -192,12 +193,9 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 	if err := Validate(req); err != nil {
 		return nil, err
 	}
-	var v fault.Invalid
 	id, _ := identity.From(ctx)
-	if req.GetOperator() != "" && id.Role == identity.Operator && req.GetOperator() != id.Name {
-		v.Add("operator", "%q is not the caller: the operator is %s, from the client certificate", req.GetOperator(), id.Name)
-	}
-	if err := v.Err(); err != nil {
+	who, err := fencing.AckCaller(id, req.GetOperator())
+	if err != nil {
 		return nil, err
 	}
 	l, err := s.Leadership.Leading(ctx)
@@ -207,69 +205,57 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 	if !s.Config().HasNode(req.Node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", req.Node, fault.ErrNotFound)
 	}
-	who := id.String()
-	if id.Role == identity.Operator {
-		who = id.Name
-	} else if id.Role == identity.Any && req.GetOperator() != "" {
-		who = fmt.Sprintf("%s (says %q)", id, req.GetOperator())
-	}
 	live, err := s.witnesses(ctx, l, req.Node)
 	if err != nil {
 		return nil, err
 	}
-	note := req.Reason
-	if live != "" {
-		if !req.GetForce() {
-			return nil, fmt.Errorf("node %s is not silent (%s): it may be running; acknowledge only a node you know is off, with force and a reason: %w",
-				req.Node, live, fault.ErrFailedPrecondition)
-		}
-		note = fmt.Sprintf("FORCED while %s: %s", live, req.Reason)
+	note, err := fencing.AckNote(req.Node, live, req.Reason, req.GetForce())
+	if err != nil {
+		return nil, err
 	}
-	s.audit(ctx, l, req.Node, "acknowledge", fmt.Sprintf("%s acknowledged node %s off: %s", who, req.Node, note))
-	req = &coordv1.AcknowledgeRequest{Node: req.Node, Operator: who, Reason: note}
+	s.audit(ctx, l, req.Node, "acknowledge", fencing.AckAudit(who, req.Node, note))
+	ack := fencing.Ack{Node: req.Node, Operator: who, Note: note, RequestedBy: identity.Name(ctx), Epoch: l.Term.Epoch}
 	for attempt := 0; attempt < 5; attempt++ {
-		now := s.now()
 		cur, err := s.Store.ActiveFence(ctx, req.Node)
 		if err != nil {
 			return nil, err
 		}
+		var f *coordv1.NodeFence
+		if cur != nil {
+			f = cur.Fence
+		}
+		next, err := fencing.Acknowledged(f, ack, s.now())
+		if err != nil {
+			return nil, err
+		}
 		if cur == nil {
-			rec := &coordv1.NodeFence{
-				Id: NewID(req.Node, now), Node: req.Node, Action: coordv1.FenceAction_FENCE_ACTION_OFF,
-				Step: coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, Status: coordv1.FenceStatus_FENCE_STATUS_DONE,
-				Reason: "acknowledged: " + req.Reason, RequestedBy: identity.Name(ctx), AcknowledgedBy: req.Operator,
-				Epoch: l.Term.Epoch, CreatedAt: timestamppb.New(now), UpdatedAt: timestamppb.New(now), FinishedAt: timestamppb.New(now),
-				ConfirmedOffAt: timestamppb.New(now), Evidence: []string{"acknowledged by " + req.Operator + ": " + req.Reason},
-			}
-			got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
+			got, _, created, err := s.Store.CreateFence(ctx, l.Term, next)
 			if err != nil {
 				return nil, err
 			}
 			if created {
+				poweredOff(ctx, l.Loop, got)
 				return &coordv1.AcknowledgeResponse{Fence: got}, nil
 			}
 			continue
 		}
-		f := cur.Fence
-		if f.Action != coordv1.FenceAction_FENCE_ACTION_OFF {
-			return nil, fmt.Errorf("node %s has an active unfence %s: %w", req.Node, f.Id, fault.ErrFailedPrecondition)
-		}
-		f.Status, f.AcknowledgedBy, f.Error = coordv1.FenceStatus_FENCE_STATUS_DONE, req.Operator, ""
-		f.Reason = strings.TrimSpace(f.Reason + "; acknowledged: " + req.Reason)
-		f.Epoch, f.UpdatedAt, f.FinishedAt = l.Term.Epoch, timestamppb.New(now), timestamppb.New(now)
-		if f.ConfirmedOffAt == nil {
-			f.ConfirmedOffAt = timestamppb.New(now)
-		}
-		f.Evidence = append(f.Evidence, "acknowledged by "+req.Operator+": "+req.Reason)
-		if _, err := s.Store.UpdateFence(ctx, l.Term, f, cur.Revision); err != nil {
+		if _, err := s.Store.UpdateFence(ctx, l.Term, next, cur.Revision); err != nil {
 			if errors.Is(err, leader.ErrConflict) {
 				continue
 			}
 			return nil, err
 		}
-		return &coordv1.AcknowledgeResponse{Fence: f}, nil
+		poweredOff(ctx, l.Loop, next)
+		return &coordv1.AcknowledgeResponse{Fence: next}, nil
 	}
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
+}
+
+// poweredOff tells the engine an acknowledged node is off, for its node view.
+func poweredOff(ctx context.Context, lp *loop.Loop, f *coordv1.NodeFence) {
+	if f.GetConfirmedOffAt() != nil {
+		_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+	}
 }
 
 // witnesses returns why the node looks alive ("" when every witness is silent): its agent is
@@ -279,22 +265,14 @@ func (s *FenceServer) witnesses(ctx context.Context, l *Leading, node string) (s
 	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(node) }); err != nil {
 		return "", err
 	}
-	switch {
-	case n != nil && n.Connected:
-		return "its agent is connected", nil
-	case n != nil && n.Readiness == coordv1.Readiness_READINESS_READY:
-		return "its agent reported within the grace period", nil
+	if live := fencing.Witness(n, false); live != "" || s.KubeletReporting == nil {
+		return live, nil
 	}
-	if s.KubeletReporting != nil {
-		up, err := s.KubeletReporting(ctx, node)
-		if err != nil {
-			return "", fmt.Errorf("cannot tell whether the kubelet of %s reports: %w", node, err)
-		}
-		if up {
-			return "its kubelet reports Ready", nil
-		}
+	up, err := s.KubeletReporting(ctx, node)
+	if err != nil {
+		return "", fmt.Errorf("cannot tell whether the kubelet of %s reports: %w", node, err)
 	}
-	return "", nil
+	return fencing.Witness(n, up), nil
 }
 
 // audit appends an entry to the audit trail under the term's epoch.
@@ -387,11 +365,12 @@ func (s *ClusterServer) GetNode(ctx context.Context, req *coordv1.GetNodeRequest
 		return nil, err
 	}
 	var n *coordv1.Node
-	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(req.Name) }); err != nil {
+	name := NodeName(req)
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(name) }); err != nil {
 		return nil, err
 	}
 	if n == nil {
-		return nil, fmt.Errorf("node %q: %w", req.Name, fault.ErrNotFound)
+		return nil, fmt.Errorf("node %q: %w", name, fault.ErrNotFound)
 	}
 	return &coordv1.GetNodeResponse{Node: n}, nil
 }
@@ -433,11 +412,7 @@ func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason strin
 	if err != nil {
 		return err
 	}
-	op := clientv3.OpDelete(loop.PausedKey(s.Store.Prefix()))
-	if paused {
-		op = clientv3.OpPut(loop.PausedKey(s.Store.Prefix()), "paused by "+identity.Name(ctx)+": "+reason)
-	}
-	if _, err := l.Term.Txn(ctx, nil, op); err != nil {
+	if err := s.Store.SetPaused(ctx, l.Term, paused, "paused by "+identity.Name(ctx)+": "+reason); err != nil {
 		return err
 	}
 	return l.Loop.StepSync(ctx, engine.Paused{Paused: paused})
@@ -461,7 +436,7 @@ func (s *ClusterServer) ListAudit(ctx context.Context, req *coordv1.ListAuditReq
 
 // GetLeader names the leader; any replica answers.
 func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderRequest) (*coordv1.GetLeaderResponse, error) {
-	info, epoch, ok, err := leader.Current(ctx, s.Etcd, s.Store.LeaderPrefix())
+	info, epoch, ok, err := s.Store.CurrentLeader(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.ErrUnreachable, err)
 	}
@@ -513,7 +488,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	}
 	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})
 	if err := onOwnStack(func() error {
-		return s.Store.PutNodeIfChanged(ctx, l.Term, store.NodeRecord{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
+		return s.Store.PutNodeIfChanged(ctx, l.Term, store.Registration{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
 	}); err != nil {
 		return err
 	}

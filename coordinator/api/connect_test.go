@@ -38,7 +38,7 @@ func TestConnectAcksByInjectedClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lp := loop.New(loop.Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/t", TickInterval: 20 * time.Millisecond, Log: log})
+	lp := loop.New(loop.Config{Engine: engine.DefaultConfig(), Term: term, Store: store.New(cli, "/t"), TickInterval: 20 * time.Millisecond, Log: log})
 	go lp.Run(ctx)
 
 	var ticks atomic.Int64
@@ -46,7 +46,6 @@ func TestConnectAcksByInjectedClock(t *testing.T) {
 	deps := &Deps{
 		Leadership: fixedLeader{&Leading{Term: term, Loop: lp}},
 		Store:      store.New(cli, "/t"),
-		Etcd:       cli,
 		Config:     func() *fenceconfig.Config { return nil },
 		KnownNode:  func(context.Context, string) error { return nil },
 		Now:        func() time.Time { return base.Add(time.Duration(ticks.Add(1)) * 2 * time.Second) },

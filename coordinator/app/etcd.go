@@ -14,10 +14,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
-	"github.com/nodefence/nodefence/coordinator/leader"
-	"github.com/nodefence/nodefence/coordinator/store"
 )
 
 // EtcdAccess is what the coordinator presents to etcd: TLS files and an etcd user. For an
@@ -144,43 +144,25 @@ func embeddedAccess(f etcdembed.Files) EtcdAccess {
 	return EtcdAccess{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, Username: f.Username, PasswordFile: f.PasswordFile}
 }
 
-// registerRetentionFlags binds the history retention flags.
-func (c *Config) registerRetentionFlags(fs *flag.FlagSet) {
-	d := store.DefaultRetention()
-	fs.DurationVar(&c.Retention.FenceMaxAge, "fence-history-max-age", d.FenceMaxAge, "delete finished fence records older than this (0: no age limit)")
-	fs.IntVar(&c.Retention.FenceMaxRecords, "fence-history-max-records", d.FenceMaxRecords, "keep at most this many fence records, deleting the oldest finished ones (0: no limit)")
-	fs.DurationVar(&c.Retention.AuditMaxAge, "audit-max-age", d.AuditMaxAge, "delete audit entries older than this (0: no age limit)")
-	fs.IntVar(&c.Retention.AuditMaxEntries, "audit-max-entries", d.AuditMaxEntries, "keep at most this many audit entries (0: no limit)")
-}
-
-func (c *Config) validateRetention() []error {
-	r := c.Retention
-	if r.FenceMaxAge < 0 || r.FenceMaxRecords < 0 || r.AuditMaxAge < 0 || r.AuditMaxEntries < 0 {
-		return []error{errors.New("--fence-history-max-age, --fence-history-max-records, --audit-max-age, --audit-max-entries: must not be negative")}
-	}
-	return nil
-}
-
-// pruneEvery is how often the leader prunes the history beyond the retention.
-const pruneEvery = 5 * time.Minute
-
-// pruneHistory deletes history beyond the retention at the start of the term and every
-// pruneEvery, until the term ends.
-func (a *App) pruneHistory(term *leader.Term) {
-	for {
-		ctx, cancel := context.WithTimeout(term.Context(), time.Minute)
-		p, err := a.store.Prune(ctx, term, time.Now(), a.cfg.Retention)
-		cancel()
-		switch {
-		case err != nil && term.Context().Err() == nil:
-			a.log.Warn("pruning the history failed; retrying at the next pass", "err", err)
-		case p.Fences > 0 || p.Audit > 0:
-			a.log.Info("pruned the history", "fence_records", p.Fences, "audit_entries", p.Audit)
-		}
-		select {
-		case <-term.Context().Done():
-			return
-		case <-time.After(pruneEvery):
-		}
+// etcdClientConfig is the etcd client's configuration: keepalive pings find a connection that a
+// partition left dead (etcd refuses pings more often than every 5 s), and every unary call without
+// a deadline of its own gets one, so no etcd read or write can block a coordinator for ever.
+func etcdClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialKeepAliveTime: 6 * time.Second, DialKeepAliveTimeout: 3 * time.Second, PermitWithoutStream: true,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if _, ok := ctx.Deadline(); !ok {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, etcdCallTimeout)
+					defer cancel()
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
 	}
 }
+
+// etcdCallTimeout is the deadline of an etcd call made without one (listing many records is the
+// slowest; the election's own calls have leader.CallTimeout).
+const etcdCallTimeout = 10 * time.Second

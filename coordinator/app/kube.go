@@ -3,13 +3,13 @@ package app
 import (
 	"context"
 	"fmt"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -53,6 +53,14 @@ type kubeMode struct {
 	secrets   map[string]string
 }
 
+// Timings of the Kubernetes mode.
+const (
+	// configReloadEvery is the backstop reload of the fence ConfigMaps (changes reload at once).
+	configReloadEvery = 30 * time.Second
+	// reconcileEvery is the reconciler's pass over every Node besides the passes events ask for.
+	reconcileEvery = 5 * time.Minute
+)
+
 func kubeRESTConfig(cfg Config) (*rest.Config, error) {
 	if cfg.KubeREST != nil {
 		return cfg.KubeREST, nil
@@ -72,7 +80,7 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := kube.New(rc, kube.Options{Log: a.log})
+	w, err := kube.New(rc, kube.Options{Log: a.log, Now: a.now})
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +93,7 @@ func newKubeMode(a *App, rc *rest.Config) (*kubeMode, error) {
 		return nil, fmt.Errorf("--control-plane-selector: %w", err)
 	}
 	k := &kubeMode{a: a, core: core, writer: w, policy: p}
-	k.witness = kube.NewWitness(core, kube.WitnessOptions{ControlPlane: sel, Log: a.log,
+	k.witness = kube.NewWitness(core, kube.WitnessOptions{ControlPlane: sel, Log: a.log, Now: a.now,
 		Fenceable: func(node string) bool { return a.fences() != nil && a.fences().HasNode(node) }})
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: core.CoreV1().Events("")})
@@ -135,7 +143,7 @@ func (k *kubeMode) run(ctx context.Context) {
 		AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() },
 	})
 	cms.Start(ctx.Done())
-	reload := time.NewTicker(30 * time.Second)
+	reload := time.NewTicker(configReloadEvery)
 	defer reload.Stop()
 	for {
 		select {
@@ -180,10 +188,10 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		_ = lp.Step(sctx, in)
 	})
 	r := kube.NewReconciler(k.writer, k.witness.Nodes, releaseFacts{a: k.a, lp: lp}, kube.ReconcilerOptions{
-		HealthyDelay: k.a.cfg.ReleaseHealthyDelay, Recorder: k.recorder, Log: k.a.log,
+		HealthyDelay: k.a.cfg.ReleaseHealthyDelay, Recorder: k.recorder, Log: k.a.log, Now: k.a.now,
 		OnRelease: func(node string, f *coordv1.NodeFence, rel kube.Released) {
 			if f.GetConfirmedOffAt() != nil {
-				k.a.metrics.ObserveStage("release", time.Since(f.ConfirmedOffAt.AsTime()))
+				k.a.metrics.ObserveStage("release", k.a.now().Sub(f.ConfirmedOffAt.AsTime()))
 			}
 			k.a.audit(term, node, "release", fmt.Sprintf("fence %s confirmed off: out-of-service taint; deleted pods %v; deleted volumeattachments %v; kept %v",
 				f.GetId(), rel.DeletedPods, rel.DeletedVolumeAttachments, rel.KeptPods))
@@ -198,7 +206,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		k.rec.CompareAndSwap(r, nil)
 		k.witness.ClearSink(sink)
 	}()
-	go r.Run(ctx, 5*time.Minute)
+	go r.Run(ctx, reconcileEvery)
 	go func() {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous
 		// leader left undone (a release, a restore, a mirror) is finished.

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -51,16 +52,9 @@ func newProof(a *App, reg prometheus.Registerer) *proof {
 	return p
 }
 
-// window is how long the agent must stay silent after a confirmed power-off, and slack how late a
-// heartbeat sent before the power-off may still arrive.
-func (p *proof) window() (window, slack time.Duration) {
-	hb := p.a.cfg.AgentHeartbeatInterval
-	return 3*hb + time.Second, min(hb, time.Second)
-}
-
 // observe starts the check of a record confirmed off by a driver, once per record.
 func (p *proof) observe(term *leader.Term, f *coordv1.NodeFence) {
-	if f.GetAction() != coordv1.FenceAction_FENCE_ACTION_OFF || f.GetConfirmedOffAt() == nil || f.GetAcknowledgedBy() != "" || f.GetWrongMachineAt() != nil {
+	if !fencing.NeedsProof(f) {
 		return
 	}
 	p.mu.Lock()
@@ -79,7 +73,7 @@ func (p *proof) check(term *leader.Term, id, node string, off time.Time) {
 		delete(p.checks, id)
 		p.mu.Unlock()
 	}()
-	window, slack := p.window()
+	window, slack := fencing.ProofWindow(p.a.cfg.AgentHeartbeatInterval)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -87,13 +81,11 @@ func (p *proof) check(term *leader.Term, id, node string, off time.Time) {
 		if !ok {
 			return // the term ended: the next leader checks again
 		}
-		if last.After(off.Add(slack)) {
+		switch fencing.ProofVerdict(off, last, p.a.now(), window, slack) {
+		case fencing.ProofWrongMachine:
 			p.raise(term, id, node, off, last)
 			return
-		}
-		// Dark once no heartbeat in flight can still come and the agent has been silent for the
-		// window (a node dead before the fence was silent long before it: no wait).
-		if now := time.Now(); now.After(off.Add(slack)) && now.Sub(last) >= window {
+		case fencing.ProofDark:
 			p.remember(id, proofDark)
 			p.a.audit(term, node, "proof", fmt.Sprintf("fence %s: node silent for %s and since the confirmed power-off: the right machine went dark", id, window))
 			return
@@ -143,7 +135,7 @@ func (p *proof) raise(term *leader.Term, id, node string, off, last time.Time) {
 			break
 		}
 		f := v.Fence
-		f.WrongMachineAt = timestamppb.Now()
+		f.WrongMachineAt = timestamppb.New(p.a.now())
 		f.Evidence = append(f.Evidence, "wrong machine: agent reported after the confirmed power-off")
 		if _, err := p.a.store.UpdateFence(ctx, term, f, v.Revision); err != nil {
 			if errors.Is(err, leader.ErrConflict) {
@@ -160,7 +152,7 @@ func (p *proof) raise(term *leader.Term, id, node string, off, last time.Time) {
 
 // event writes a Warning Event on the Node.
 func (p *proof) event(ctx context.Context, node, text string) {
-	now := metav1.Now()
+	now := metav1.NewTime(p.a.now())
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + ".wrong-machine.", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: "", APIVersion: "v1"},

@@ -1,27 +1,3 @@
-// Package engine is the coordinator's judgement, as a pure state machine in the style of etcd's raft
-// RawNode: no goroutines, no clock, no I/O. Inputs arrive through Step (agent contact, samples,
-// conditions, shutdown announcements, configuration, leadership, and in Kubernetes mode the kubelets'
-// heartbeats, Node deletions and the apiserver's readability) and Tick (the passage of time, as a
-// value); decisions leave through Ready — store writes to persist first, then taint changes (the
-// pacing tokens; in Kubernetes mode kube-controller-manager taints Nodes itself and these are never
-// written), paced evictions, fence requests and events — and the caller acknowledges them with
-// Advance.
-//
-// The semantics are kube-controller-manager's node lifecycle controller (seed 004): a node is Unknown
-// after the node-monitor grace period without contact (the startup grace period if it never reported;
-// in Kubernetes mode only when both its agent and its kubelet are silent); zones are Normal,
-// PartialDisruption or FullDisruption by ComputeZoneState (never-reported nodes count not ready,
-// exclude-disruption nodes do not count); not-ready nodes are queued per zone and released one token
-// at a time by a token bucket whose rate follows the zone state (a new bucket starts empty when the
-// old one was); when every zone is fully disrupted the engine assumes it is the one cut off, withdraws
-// granted taints, empties the queues and halts. A leader change, leaving the halt and the apiserver
-// readable again give every node a fresh grace period. A released node is fenced after the fence
-// timeout counted from its release, once silent a full grace period since the last grace restart and
-// once the storm guard has let it pass for the settle window.
-//
-// Beyond kube-controller-manager, the engine paces the agents' soft-threshold pod evictions per
-// zone (pods.go): candidates in, grants out through Ready.Grants, under a token bucket and a cap on
-// grants in flight.
 package engine
 
 import (
@@ -70,10 +46,13 @@ type Config struct {
 	PodEviction PodEvictionConfig
 }
 
-// DefaultConfig is kube-controller-manager's defaults.
+// DefaultConfig is kube-controller-manager's defaults, and the defaults of what the engine adds
+// (automatic fencing, kdump, pod-eviction pacing). It is the one place they are written; the
+// coordinator's flags take their defaults from it.
 func DefaultConfig() Config {
-	c := Config{NodeEvictionRate: 0.1, SecondaryNodeEvictionRate: 0.01,
-		Fence:       FenceConfig{Enabled: true, Timeout: time.Minute, MaxUnresponsivePercent: 50, Budget: 3, BudgetWindow: 10 * time.Minute, Settle: DefaultFenceSettle},
+	c := Config{NodeEvictionRate: DefaultNodeEvictionRate, SecondaryNodeEvictionRate: DefaultSecondaryNodeEvictionRate,
+		Fence: FenceConfig{Enabled: DefaultFenceEnabled, Timeout: DefaultFenceTimeout, MaxUnresponsivePercent: DefaultMaxUnresponsivePercent,
+			Budget: DefaultFenceBudget, BudgetWindow: DefaultFenceBudgetWindow, Settle: DefaultFenceSettle},
 		PodEviction: PodEvictionConfig{Rate: DefaultPodEvictionRate}}
 	c.SetDefaults()
 	return c
@@ -89,19 +68,19 @@ func (c *Config) SetDefaults() {
 		c.NodeStartupGracePeriod = DefaultNodeStartupGracePeriod
 	}
 	if c.LargeClusterSizeThreshold == 0 {
-		c.LargeClusterSizeThreshold = 50
+		c.LargeClusterSizeThreshold = DefaultLargeClusterSizeThreshold
 	}
 	if c.UnhealthyZoneThreshold == 0 {
-		c.UnhealthyZoneThreshold = 0.55
+		c.UnhealthyZoneThreshold = DefaultUnhealthyZoneThreshold
 	}
 	if c.KdumpIdle == 0 {
-		c.KdumpIdle = 30 * time.Second
+		c.KdumpIdle = DefaultKdumpIdle
 	}
 	if c.KdumpTimeout == 0 {
-		c.KdumpTimeout = 10 * time.Minute
+		c.KdumpTimeout = DefaultKdumpTimeout
 	}
 	if c.Fence.BudgetWindow == 0 {
-		c.Fence.BudgetWindow = 10 * time.Minute
+		c.Fence.BudgetWindow = DefaultFenceBudgetWindow
 	}
 	if c.Fence.Settle == 0 {
 		c.Fence.Settle = DefaultFenceSettle
@@ -111,8 +90,28 @@ func (c *Config) SetDefaults() {
 
 // kube-controller-manager's defaults (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
 const (
-	DefaultNodeMonitorGracePeriod = 50 * time.Second
-	DefaultNodeStartupGracePeriod = 60 * time.Second
+	DefaultNodeMonitorGracePeriod    = 50 * time.Second
+	DefaultNodeStartupGracePeriod    = 60 * time.Second
+	DefaultNodeEvictionRate          = 0.1
+	DefaultSecondaryNodeEvictionRate = 0.01
+	DefaultLargeClusterSizeThreshold = 50
+	DefaultUnhealthyZoneThreshold    = 0.55
+)
+
+// Defaults of what the engine adds to kube-controller-manager (DefaultFenceSettle is in fence.go,
+// the pod-eviction defaults in pods.go).
+const (
+	// DefaultKdumpIdle is three of fence_kdump_send's default 10 s intervals.
+	DefaultKdumpIdle    = 30 * time.Second
+	DefaultKdumpTimeout = 10 * time.Minute
+	// Automatic fencing is on by default: a node not ready for a minute after its release is
+	// fenced, unless more than half of the cluster or zone is not ready, or its zone used its
+	// three fences in ten minutes.
+	DefaultFenceEnabled           = true
+	DefaultFenceTimeout           = time.Minute
+	DefaultMaxUnresponsivePercent = 50.0
+	DefaultFenceBudget            = 3
+	DefaultFenceBudgetWindow      = 10 * time.Minute
 )
 
 // Taint is the NoExecute taint the engine wants on a node.
@@ -186,6 +185,8 @@ type node struct {
 	agentDown          bool       // agent silent while the kubelet reports
 	kubeletDown        bool       // kubelet silent while the agent reports
 	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
+	poweredOff         string     // a fence confirmed the node off ("" once an agent says hello again)
+	helloAt            time.Time  // the latest agent hello
 }
 
 type zone struct {

@@ -83,6 +83,15 @@ type Kdump struct {
 	At   time.Time
 }
 
+// PoweredOff is a fence record's confirmation, by read-back from the node's device (or an operator's
+// acknowledgement), that the node is off or isolated. The node's view says so until an agent of it
+// says hello again; its readiness stays the judgement of the grace period, as kube-controller-manager's
+// would.
+type PoweredOff struct {
+	Node, Fence string
+	At          time.Time
+}
+
 // Paused pauses or resumes evictions cluster-wide.
 type Paused struct {
 	Paused bool
@@ -99,6 +108,7 @@ func (Disconnected) isInput()  {}
 func (Message) isInput()       {}
 func (LeaderElected) isInput() {}
 func (Paused) isInput()        {}
+func (PoweredOff) isInput()    {}
 func (Kdump) isInput()         {}
 func (Restored) isInput()      {}
 func (Kubelet) isInput()       {}
@@ -123,6 +133,7 @@ func (e *Engine) Step(in Input) {
 			}
 		}
 		n.bootID = in.BootID
+		n.poweredOff, n.helloAt = "", in.At // the node is up again
 		n.streams++
 		n.contact(in.At)
 		if in.Region != "" || in.Zone != "" {
@@ -131,6 +142,12 @@ func (e *Engine) Step(in Input) {
 	case Disconnected:
 		if n, ok := e.nodes[in.Node]; ok && n.streams > 0 {
 			n.streams--
+		}
+	case PoweredOff:
+		// A confirmation older than the node's latest hello is history (a record's later versions
+		// repeat it).
+		if n, ok := e.nodes[in.Node]; ok && !in.At.Before(n.helloAt) {
+			n.poweredOff = "powered off: fence " + in.Fence + " confirmed it at " + in.At.UTC().Format(time.RFC3339)
 		}
 	case Configured:
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
@@ -471,6 +488,13 @@ func (e *Engine) view(n *node) *coordv1.Node {
 	}
 	if !n.lastContact.IsZero() {
 		v.LastSeen = timestamppb.New(n.lastContact)
+	}
+	if n.poweredOff != "" {
+		// Ready until the grace period ends, but known to be off: say so first.
+		v.Reason = n.poweredOff + "; " + n.reason
+		if n.readiness == coordv1.Readiness_READINESS_READY {
+			v.Reason = n.poweredOff + "; its agent's last contact is still within the grace period"
+		}
 	}
 	if !n.kubeletProbe.IsZero() {
 		v.KubeletLastSeen = timestamppb.New(n.kubeletProbe)

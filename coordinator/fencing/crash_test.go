@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -109,6 +111,10 @@ func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *fenceconfi
 	}
 	plan := func(step string) ([]fenceconfig.Resolved, error) { return cfg.Plan("n1", step) }
 	policy := fencing.Policy{Retries: 0, Backoff: time.Millisecond, PollInterval: time.Millisecond}
+	// The runners' clock runs 100 days ahead of the machine's: every time they write must be read
+	// from it (one clock), never from the machine's.
+	ahead := 100 * 24 * time.Hour
+	clock := func() time.Time { return time.Now().Add(ahead) }
 
 	first := campaign("first")
 	rec := fencing.NewRecord(fmt.Sprintf("n1-%d", time.Now().UnixNano()), "n1", coordv1.FenceAction_FENCE_ACTION_OFF, plan, 0, time.Now())
@@ -116,19 +122,29 @@ func runCrashing(t *testing.T, endpoint string, st *store.Store, cfg *fenceconfi
 	if _, _, _, err := st.CreateFence(ctx, first, rec); err != nil {
 		t.Fatal(err)
 	}
-	r1 := &fencing.Runner{Store: st, Term: first, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log, Crash: hook}
+	r1 := &fencing.Runner{Store: st, Term: first, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log, Crash: hook, Now: clock}
 	_ = r1.Run(ctx, rec.Id) // crashes at the hook (or completes when the hook never fires)
 	first.Abandon()         // the process died: its lease expires on its own
 
 	second := campaign("second")
 	defer second.Resign(context.Background())
-	r2 := &fencing.Runner{Store: st, Term: second, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log}
+	r2 := &fencing.Runner{Store: st, Term: second, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers, OpTimeout: 5 * time.Second, Policy: policy, Log: log, Now: clock}
 	if err := r2.Run(ctx, rec.Id); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	v, err := st.GetFence(ctx, rec.Id)
 	if err != nil {
 		t.Fatal(err)
+	}
+	earliest := time.Now().Add(ahead - time.Hour)
+	times := map[string]*timestamppb.Timestamp{"updated_at": v.Fence.UpdatedAt, "finished_at": v.Fence.FinishedAt, "confirmed_off_at": v.Fence.ConfirmedOffAt}
+	for _, op := range v.Fence.Operations {
+		times["operation "+op.OperationId+" started_at"], times["operation "+op.OperationId+" finished_at"] = op.StartedAt, op.FinishedAt
+	}
+	for name, ts := range times {
+		if ts != nil && ts.AsTime().Before(earliest) {
+			t.Errorf("%s %s was not read from the runner's clock (100 days ahead)", name, ts.AsTime())
+		}
 	}
 	return v.Fence
 }

@@ -121,51 +121,6 @@ func TestSeedFlow(t *testing.T) {
 	}
 }
 
-const twoLevels = `
-drivers: {ipmi: {endpoint: "x:1"}, pdu: {endpoint: "x:2"}}
-nodes:
-  nd:
-    methods: {bmc: {driver: ipmi}, pdu: {driver: pdu}}
-    steps: {power_management: [bmc, pdu]}
-`
-
-// Pacemaker's fencing topology: when the first level fails the next is tried; a node left off is
-// done (fenced until an operator unfences it); unfence powers it on with the same methods.
-func TestEscalationAndUnfence(t *testing.T) {
-	rec, trace := simulate(t, twoLevels, coordv1.FenceAction_FENCE_ACTION_OFF, func(m, a string) bool { return m == "pdu" }, func(time.Duration) bool { return false })
-	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || rec.ConfirmedOffAt == nil || strings.Join(trace, ", ") != "power_management bmc/off false, power_management pdu/off true" {
-		t.Fatalf("escalation: %s %q", rec.Status, trace)
-	}
-	rec, trace = simulate(t, twoLevels, coordv1.FenceAction_FENCE_ACTION_ON, always, func(time.Duration) bool { return false })
-	if rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || rec.ConfirmedOffAt != nil || strings.Join(trace, ", ") != "recovery bmc/on true, recovery pdu/on true" {
-		t.Fatalf("unfence: %s %q confirmed_off %v", rec.Status, trace, rec.ConfirmedOffAt)
-	}
-}
-
-// A driver that answers OK with the wrong state is not a confirmation.
-func TestWrongStateIsNotConfirmation(t *testing.T) {
-	rec := &coordv1.NodeFence{Action: coordv1.FenceAction_FENCE_ACTION_OFF, Operations: []*coordv1.Operation{{OperationId: "x", Action: "off"}}}
-	Record(rec, "x", driverv1.PowerState_POWER_STATE_UNKNOWN, nil, "", time.Now(), 0)
-	if rec.Operations[0].Result != coordv1.OperationResult_OPERATION_RESULT_FAILED || rec.ConfirmedOffAt != nil {
-		t.Fatalf("UNKNOWN read back counted as off: %v", rec)
-	}
-}
-
-// A node's fence delay (two-node races) holds the first dispatch back until it has passed.
-func TestNodeDelayHoldsTheFirstDispatch(t *testing.T) {
-	c, err := fenceconfig.Parse([]byte(twoLevels), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := func(step string) ([]fenceconfig.Resolved, error) { return c.Plan("nd", step) }
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	rec := NewRecord("f", "nd", coordv1.FenceAction_FENCE_ACTION_OFF, plan, 7*time.Second, now)
-	d := Decide(rec, Facts{Now: now.Add(2 * time.Second), Plan: plan, Policy: DefaultPolicy()})
-	if d.Next != nil || d.Wait != 5*time.Second {
-		t.Fatalf("before the delay: %+v, want a 5s wait", d)
-	}
-	d = Decide(rec, Facts{Now: now.Add(7 * time.Second), Plan: plan, Policy: DefaultPolicy()})
-	if d.Next == nil || d.Next.Status != coordv1.FenceStatus_FENCE_STATUS_RUNNING {
-		t.Fatalf("after the delay: %+v, want RUNNING", d)
-	}
-}
+// A driver answering without the requested state read back, and a node's fence delay holding the
+// first dispatch back, are replayed in coordinator/engine/testdata/fence_flow.txt; the escalation
+// from one power-management method to the next and the unfence in fence_levels.txt.

@@ -3,6 +3,12 @@
 // record DONE only when a driver confirmed the power state by read-back. A record is resumable: a new
 // leader re-reads it and re-sends an unfinished call with the same operation id, which the driver
 // answers without acting twice.
+//
+// The rules are pure functions over explicit inputs (record, facts, identity, now), so that the API,
+// the wiring and the engine's scenario scripts apply and replay the same ones: the flow's next step
+// (Decide, Record: machine.go), the records an operator's fence, an automatic fence and their ids
+// make (NewRecord, AutoRecord, NewID: records.go), the Acknowledge rules (acknowledge.go) and the
+// proof that the right machine went dark (proof.go). Only the Runner and Drivers do I/O.
 package fencing
 
 import (
@@ -80,6 +86,8 @@ type Runner struct {
 	// OpTimeout bounds one driver call including its read-back.
 	OpTimeout time.Duration
 	Policy    Policy
+	// Now is the clock (decisions, record times, call times); nil means time.Now.
+	Now func() time.Time
 	// Facts is the live node view; nil means "not ready, no dump" for every node.
 	Facts NodeFacts
 	// OnChange, if set, sees every record version the runner wrote (for the Kubernetes mirror and
@@ -128,7 +136,7 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 		if rec.FinishedAt != nil {
 			return nil
 		}
-		facts := Facts{Now: time.Now(), Policy: r.Policy, Plan: func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) }}
+		facts := Facts{Now: r.now(), Policy: r.Policy, Plan: func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) }}
 		if r.Facts != nil {
 			facts.NodeReady, facts.KdumpUntil = r.Facts(ctx, rec.Node)
 		}
@@ -172,6 +180,14 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 	}
 }
 
+func (r *Runner) now() time.Time {
+	clock := r.Now
+	if clock == nil {
+		clock = time.Now
+	}
+	return clock()
+}
+
 // errCrashed is returned by Run when the Crash hook stopped it.
 var errCrashed = errors.New("crashed (test hook)")
 
@@ -189,7 +205,7 @@ func (r *Runner) write(ctx context.Context, next *coordv1.NodeFence, rev int64) 
 			op.Epoch = r.Term.Epoch // the epoch the call is (re)sent with
 		}
 	}
-	next.UpdatedAt = timestamppb.Now()
+	next.UpdatedAt = timestamppb.New(r.now())
 	if next.FinishedAt != nil {
 		next.FinishedAt = next.UpdatedAt
 	}
@@ -215,7 +231,7 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 			op = o
 		}
 	}
-	start := time.Now()
+	start := r.now()
 	state, err := r.invoke(ctx, rec, op)
 	errText := ""
 	if err != nil {
@@ -228,11 +244,12 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 	if ctx.Err() != nil {
 		return // not an answer: the next leader re-sends
 	}
-	Record(rec, opID, state, err, errText, time.Now(), time.Since(start))
+	end := r.now()
+	Record(rec, opID, state, err, errText, end, end.Sub(start))
 	op.Epoch = r.Term.Epoch
 	r.Log.Info("driver call", "fence", rec.Id, "node", rec.Node, "step", op.Step.String(), "method", op.Method, "action", op.Action,
 		"operation_id", op.OperationId, "epoch", r.Term.Epoch, "result", op.Result.String(), "error", op.Error,
-		"elapsed", time.Since(start).Round(time.Millisecond))
+		"elapsed", end.Sub(start).Round(time.Millisecond))
 }
 
 func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {

@@ -120,7 +120,9 @@ type Listener struct {
 	Live func(node string) bool
 	// Seen is called for every accepted message.
 	Seen func(node string, from netip.Addr, at time.Time)
-	Log  *slog.Logger
+	// Now is the clock messages are stamped and rate-limited with; nil means time.Now.
+	Now func() time.Time
+	Log *slog.Logger
 	// Limits bound the accepted rate; zero values take DefaultLimits.
 	Limits Limits
 	// Messages counts datagrams by result (NewMessageCounter); nil counts nothing.
@@ -165,6 +167,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	l.global = NewBucket(l.Limits.Global, l.Limits.GlobalBurst)
 	l.perSource = map[netip.Addr]*Bucket{}
 	buf := make([]byte, 64)
+	clock := l.Now
+	if clock == nil {
+		clock = time.Now
+	}
 	for {
 		n, from, err := l.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -173,7 +179,7 @@ func (l *Listener) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		now := time.Now()
+		now := clock()
 		src := from.Addr().Unmap()
 		node, result := l.judge(buf[:n], src, now)
 		l.count(result, src, now)

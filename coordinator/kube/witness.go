@@ -97,7 +97,9 @@ type WitnessOptions struct {
 	// ProbeInterval is how often the apiserver's /readyz is read (2 s); three failures in a row
 	// make it unreadable.
 	ProbeInterval time.Duration
-	Log           *slog.Logger
+	// Now is the clock of the inputs the witness emits; nil means time.Now.
+	Now func() time.Time
+	Log *slog.Logger
 }
 
 // NewWitness returns a Witness on core. Run starts it.
@@ -106,9 +108,12 @@ func NewWitness(core kubernetes.Interface, opts WitnessOptions) *Witness {
 	leases := informers.NewSharedInformerFactoryWithOptions(core, 0, informers.WithNamespace(NodeLeaseNamespace))
 	w := &Witness{core: core, log: opts.Log, controlPlane: opts.ControlPlane, fenceable: opts.Fenceable,
 		nodeInf: nodes.Core().V1().Nodes().Informer(), leaseInf: leases.Coordination().V1().Leases().Informer(),
-		Nodes: nodes.Core().V1().Nodes().Lister(), now: time.Now, sink: make(chan sink, 1), probeEvery: opts.ProbeInterval}
+		Nodes: nodes.Core().V1().Nodes().Lister(), now: opts.Now, sink: make(chan sink, 1), probeEvery: opts.ProbeInterval}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
+	}
+	if w.now == nil {
+		w.now = time.Now
 	}
 	if w.fenceable == nil {
 		w.fenceable = func(string) bool { return false }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/fault"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -38,9 +39,9 @@ type Config struct {
 	Engine engine.Config
 	// Term is the leadership term the loop runs in; the loop stops when it ends.
 	Term *leader.Term
-	// Etcd and Prefix locate the persisted engine state (Prefix + "/state/...").
-	Etcd   *clientv3.Client
-	Prefix string
+	// Store holds the persisted engine state: the loop restores it at the start and saves the
+	// engine's writes there.
+	Store *store.Store
 	// TickInterval is how often time-based decisions are made (100 ms, like the controller's passes).
 	TickInterval time.Duration
 	// Initial inputs applied after LeaderElected and the restore (configured nodes).
@@ -53,6 +54,17 @@ type Config struct {
 	// Audit, if set, turns each engine event into an audit-trail put written with the state.
 	Audit func(ev engine.Event) clientv3.Op
 	Log   *slog.Logger
+	// Now is the clock the engine is ticked with and the ingest latencies are measured by; nil
+	// means time.Now. It must be the clock the inputs are stamped with (api.Deps.Now).
+	Now func() time.Time
+}
+
+func (l *Loop) now() time.Time {
+	clock := l.cfg.Now
+	if clock == nil {
+		clock = time.Now
+	}
+	return clock()
 }
 
 // Loop is the running owner of one engine.
@@ -146,9 +158,9 @@ func (l *Loop) observed(at time.Time, sample *agentv1.SignalSample) {
 		return
 	}
 	if sample != nil && sample.ObservedAt != nil {
-		m.ApplyLatency.Observe(time.Since(sample.ObservedAt.AsTime()).Seconds())
+		m.ApplyLatency.Observe(l.now().Sub(sample.ObservedAt.AsTime()).Seconds())
 	}
-	m.QueueLatency.Observe(time.Since(at).Seconds())
+	m.QueueLatency.Observe(l.now().Sub(at).Seconds())
 	m.Updates.Inc()
 }
 
@@ -195,18 +207,10 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	e := engine.New(l.cfg.Engine)
-	now := time.Now()
-	e.Step(engine.LeaderElected{At: now})
-	recs, paused, err := l.load(ctx)
+	e, err := l.start(ctx)
 	if err != nil {
 		l.err = err
 		return err
-	}
-	e.Step(engine.Restored{Nodes: recs})
-	e.Step(engine.Paused{Paused: paused})
-	for _, in := range l.cfg.Initial {
-		e.Step(in)
 	}
 	tick := time.NewTicker(l.cfg.TickInterval)
 	defer tick.Stop()
@@ -237,9 +241,9 @@ func (l *Loop) Run(ctx context.Context) error {
 		case q := <-l.queries:
 			l.mu.Lock()
 			q(e)
-		case now := <-tick.C:
+		case <-tick.C:
 			l.mu.Lock()
-			e.Tick(now)
+			e.Tick(l.now())
 			if l.cfg.Metrics != nil {
 				l.cfg.Metrics.observeZones(e)
 			}
@@ -256,6 +260,56 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		waiting = waiting[:0]
 	}
+}
+
+// start makes the term's engine: elected now, restored from the store (the persisted node
+// records and the pause flag), then given the initial inputs (step 1 of the engine's Ready
+// contract).
+func (l *Loop) start(ctx context.Context) (*engine.Engine, error) {
+	e := engine.New(l.cfg.Engine)
+	e.Step(engine.LeaderElected{At: l.now()})
+	st, err := l.cfg.Store.LoadEngineState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.Step(engine.Restored{Nodes: l.nodeRecords(st.Nodes)})
+	e.Step(engine.Paused{Paused: st.Paused})
+	for _, in := range l.cfg.Initial {
+		e.Step(in)
+	}
+	return e, nil
+}
+
+// nodeRecords decodes the stored node records, skipping (and logging) any that is not one.
+func (l *Loop) nodeRecords(raw []json.RawMessage) []engine.NodeRecord {
+	recs := make([]engine.NodeRecord, 0, len(raw))
+	for _, b := range raw {
+		var r engine.NodeRecord
+		if err := json.Unmarshal(b, &r); err != nil || r.Name == "" {
+			l.cfg.Log.Warn("skipping unreadable node record", "record", string(b[:min(len(b), 200)]), "err", err)
+			continue
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+// stateWrites are the engine's writes as the store persists them.
+func stateWrites(writes []engine.Write) []store.StateWrite {
+	out := make([]store.StateWrite, 0, len(writes))
+	for _, w := range writes {
+		switch {
+		case w.Node != nil:
+			out = append(out, store.StateWrite{Node: w.Node.Name, Record: w.Node})
+		case w.Zone != nil:
+			out = append(out, store.StateWrite{Zone: w.Zone.Key, Record: w.Zone})
+		case w.Halted != nil:
+			out = append(out, store.StateWrite{Halted: w.Halted})
+		case w.Forget != "":
+			out = append(out, store.StateWrite{Forget: w.Forget})
+		}
+	}
+	return out
 }
 
 // syncedInput carries a StepSync input through the same queue as every other input, so it is
@@ -373,40 +427,10 @@ func (l *Loop) deliver(g engine.Grant) {
 // maxOps stays under etcd's default --max-txn-ops (128) with room for the guard.
 const maxOps = 100
 
-// persist writes the engine's writes; a key written twice in one batch keeps its last value (etcd
-// refuses a transaction that names a key twice).
+// persist writes the engine's writes and the audit entries of its events, in batches under
+// etcd's limit of operations per transaction.
 func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engine.Event) error {
-	index := map[string]int{}
-	var ops []clientv3.Op
-	put := func(key string, v any) {
-		b, _ := json.Marshal(v)
-		op := clientv3.OpPut(key, string(b))
-		if i, ok := index[key]; ok {
-			ops[i] = op
-			return
-		}
-		index[key] = len(ops)
-		ops = append(ops, op)
-	}
-	for _, w := range writes {
-		switch {
-		case w.Node != nil:
-			put(l.cfg.Prefix+"/state/nodes/"+w.Node.Name, w.Node)
-		case w.Zone != nil:
-			put(l.cfg.Prefix+"/state/zones/"+w.Zone.Key, w.Zone)
-		case w.Halted != nil:
-			put(l.cfg.Prefix+"/state/halted", *w.Halted)
-		case w.Forget != "":
-			key := l.cfg.Prefix + "/state/nodes/" + w.Forget
-			op := clientv3.OpDelete(key)
-			if i, ok := index[key]; ok {
-				ops[i] = op
-			} else {
-				index[key] = len(ops)
-				ops = append(ops, op)
-			}
-		}
-	}
+	ops := l.cfg.Store.StateOps(stateWrites(writes))
 	if l.cfg.Audit != nil {
 		for _, ev := range events {
 			ops = append(ops, l.cfg.Audit(ev))
@@ -464,31 +488,6 @@ func refused(err error) bool {
 	return errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrTooManyOps) ||
 		errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
 		status.Code(err) == codes.ResourceExhausted || status.Code(err) == codes.InvalidArgument
-}
-
-// PausedKey is where the operator's pause flag lives.
-func PausedKey(prefix string) string { return prefix + "/state/evictions-paused" }
-
-// load reads the persisted node records and the pause flag.
-func (l *Loop) load(ctx context.Context) ([]engine.NodeRecord, bool, error) {
-	resp, err := l.cfg.Etcd.Get(ctx, l.cfg.Prefix+"/state/nodes/", clientv3.WithPrefix())
-	if err != nil {
-		return nil, false, fmt.Errorf("load engine state: %w", err)
-	}
-	var recs []engine.NodeRecord
-	for _, kv := range resp.Kvs {
-		var r engine.NodeRecord
-		if err := json.Unmarshal(kv.Value, &r); err != nil {
-			l.cfg.Log.Warn("skipping unreadable node record", "key", string(kv.Key), "err", err)
-			continue
-		}
-		recs = append(recs, r)
-	}
-	p, err := l.cfg.Etcd.Get(ctx, PausedKey(l.cfg.Prefix))
-	if err != nil {
-		return nil, false, fmt.Errorf("load pause flag: %w", err)
-	}
-	return recs, len(p.Kvs) > 0, nil
 }
 
 // Metrics are the loop's Prometheus collectors, with kube-controller-manager's names under the

@@ -2,16 +2,17 @@ package loop
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/testbed/etcdtest"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -36,7 +37,7 @@ func TestStateSurvivesLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	var released []string
-	l1 := New(Config{Engine: cfg, Term: term1, Etcd: cli, Prefix: "/t", TickInterval: 20 * time.Millisecond, Log: log,
+	l1 := New(Config{Engine: cfg, Term: term1, Store: store.New(cli, "/t"), TickInterval: 20 * time.Millisecond, Log: log,
 		OnReady: func(r engine.Ready) {
 			for _, ev := range r.Evictions {
 				released = append(released, ev.Node)
@@ -82,7 +83,7 @@ func TestStateSurvivesLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	var released2 []string
-	l2 := New(Config{Engine: cfg, Term: term2, Etcd: cli, Prefix: "/t", TickInterval: 20 * time.Millisecond, Log: log,
+	l2 := New(Config{Engine: cfg, Term: term2, Store: store.New(cli, "/t"), TickInterval: 20 * time.Millisecond, Log: log,
 		OnReady: func(r engine.Ready) {
 			for _, ev := range r.Evictions {
 				released2 = append(released2, ev.Node)
@@ -136,7 +137,7 @@ func TestObserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/o", TickInterval: 10 * time.Millisecond, Log: log})
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Store: store.New(cli, "/o"), TickInterval: 10 * time.Millisecond, Log: log})
 	if ok, err := l.Observe("a", time.Now(), nil); ok || err != nil {
 		t.Fatalf("Observe before the loop runs: %v, %v; want false, nil", ok, err)
 	}
@@ -197,7 +198,8 @@ func TestRemovedNodeRecordIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/r", TickInterval: 20 * time.Millisecond, Log: log})
+	st := store.New(cli, "/r")
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Store: st, TickInterval: 20 * time.Millisecond, Log: log})
 	go l.Run(ctx)
 	shutdown := &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED}}}
 	if err := l.StepSync(ctx, engine.Hello{Node: "gone", Zone: "z", At: time.Now()}); err != nil {
@@ -206,15 +208,14 @@ func TestRemovedNodeRecordIsDeleted(t *testing.T) {
 	if err := l.StepSync(ctx, engine.Message{Node: "gone", At: time.Now(), Msg: shutdown}); err != nil {
 		t.Fatal(err)
 	}
-	key := "/r/state/nodes/gone"
-	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("record of gone before removal: %v, %v", resp, err)
+	if nodes, err := storedNodes(ctx, st); err != nil || len(nodes) != 1 || nodes[0] != "gone" {
+		t.Fatalf("records before removal: %v, %v; want gone's", nodes, err)
 	}
 	if err := l.StepSync(ctx, engine.Removed{Node: "gone", At: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 0 {
-		t.Fatalf("record of gone after removal: %v, %v", resp.Kvs, err)
+	if nodes, err := storedNodes(ctx, st); err != nil || len(nodes) != 0 {
+		t.Fatalf("records after removal: %v, %v; want none", nodes, err)
 	}
 }
 
@@ -229,20 +230,78 @@ func TestRefusedWriteDoesNotEndTheTerm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Etcd: cli, Prefix: "/r", TickInterval: time.Second, Log: log})
+	st := store.New(cli, "/r")
+	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Store: st, TickInterval: time.Second, Log: log})
 	huge := &engine.NodeRecord{Name: "huge", Reason: strings.Repeat("x", 3<<20)}
 	fine := &engine.NodeRecord{Name: "fine", Zone: "z"}
 	if err := l.persist(ctx, []engine.Write{{Node: huge}, {Node: fine}}, nil); err != nil {
 		t.Fatalf("persist with one refused record: %v", err)
 	}
-	got, err := cli.Get(ctx, "/r/state/nodes/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	nodes, err := storedNodes(ctx, st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Kvs) != 1 || string(got.Kvs[0].Key) != "/r/state/nodes/fine" {
-		t.Fatalf("saved %v, want only the fine record", got.Kvs)
+	if len(nodes) != 1 || nodes[0] != "fine" {
+		t.Fatalf("saved %v, want only the fine record", nodes)
 	}
 	if term.Context().Err() != nil {
 		t.Fatal("the term ended")
+	}
+}
+
+// storedNodes names the nodes whose engine records are stored.
+func storedNodes(ctx context.Context, st *store.Store) ([]string, error) {
+	es, err := st.LoadEngineState(ctx)
+	var names []string
+	for _, n := range es.Nodes {
+		var r engine.NodeRecord
+		if err := json.Unmarshal(n, &r); err != nil {
+			return nil, err
+		}
+		names = append(names, r.Name)
+	}
+	return names, err
+}
+
+// The loop ticks the engine with its injected clock (the clock the API stamps inputs with): moving
+// that clock past the grace period makes a node Unknown, although no real time passed.
+func TestTicksReadTheInjectedClock(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(cli, "/c/leader", leader.Info{ID: "one"}, 1, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	cfg := engine.DefaultConfig()
+	l := New(Config{Engine: cfg, Term: term, Store: store.New(cli, "/c"), TickInterval: 10 * time.Millisecond, Log: log, Now: clock})
+	go l.Run(ctx)
+	if err := l.StepSync(ctx, engine.Hello{Node: "a", Zone: "z", BootID: "boot", At: clock()}); err != nil {
+		t.Fatal(err)
+	}
+	readiness := func() coordv1.Readiness {
+		var r coordv1.Readiness
+		if err := l.Query(ctx, func(e *engine.Engine) { r = e.Node("a").GetReadiness() }); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	time.Sleep(50 * time.Millisecond) // a few ticks at the same injected time: nothing changes
+	if r := readiness(); r != coordv1.Readiness_READINESS_READY {
+		t.Fatalf("readiness %s before the clock moved, want ready", r)
+	}
+	mu.Lock()
+	now = now.Add(cfg.NodeMonitorGracePeriod + time.Second)
+	mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for r := readiness(); r != coordv1.Readiness_READINESS_UNKNOWN; r = readiness() {
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness %s after the injected clock passed the grace period, want unknown", r)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,5 +1,7 @@
 // Package store keeps the coordinator's durable state in etcd: fence records, the one-active-fence-
-// per-node index, a creation-time index, and node registrations. Reads are plain; every write goes
+// per-node index, a creation-time index, node registrations, the audit trail, the engine's state
+// and the pause flag. It is the only package that knows the key layout (the election's keys live
+// under LeaderPrefix, which the leader package is handed). Reads are plain; every write goes
 // through a leader.Term, so it is valid only while the writer's epoch is the leader's. Records are
 // stored as protobuf JSON so operators can read them with etcdctl.
 //
@@ -10,7 +12,10 @@
 //	fences-by-time/<ns>/<id>       empty; <ns> is the record's creation time (20 digits), so
 //	                               listings and pruning walk records in time order a page at a time
 //	audit/<ns>-<seq>               one audit entry
-//	nodes/<node>                   the node's registration
+//	nodes/<node>                   the node's registration (Registration, JSON)
+//	fences-by-time-complete        marker: the creation-time index holds every record
+//	state/...                      the engine's state and the pause flag (state.go)
+//	leader/<lease>                 the election (package leader)
 //
 // A record that cannot be decoded (written by something other than the coordinator, or damaged)
 // is skipped by every listing, logged once and counted (CorruptRecords); it never stops a listing,
@@ -450,8 +455,9 @@ func (s *Store) WatchFence(ctx context.Context, id string) (<-chan Versioned, <-
 	return out, errc
 }
 
-// NodeRecord is what the leader persists about a node when its agent says hello.
-type NodeRecord struct {
+// Registration is what the leader persists about a node when its agent says hello (the engine's
+// own record of the node is engine.NodeRecord, under state/nodes/).
+type Registration struct {
 	Name   string `json:"name"`
 	BootID string `json:"boot_id"`
 	Zone   string `json:"zone"`
@@ -462,7 +468,7 @@ type NodeRecord struct {
 // Registrations are read once per term (one range read) and compared in memory: after a failover
 // every agent says hello again, and a write for each would be thousands of etcd proposals for
 // nothing.
-func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n NodeRecord) error {
+func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n Registration) error {
 	raw, err := json.Marshal(n)
 	if err != nil {
 		return err

@@ -303,7 +303,7 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 		}
 		return r.RaftIndex
 	}
-	a := store.NodeRecord{Name: "a", BootID: "boot-1", Zone: "z"}
+	a := store.Registration{Name: "a", BootID: "boot-1", Zone: "z"}
 	if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
 		t.Fatal(err)
 	}

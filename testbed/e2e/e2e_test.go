@@ -204,7 +204,7 @@ func runAgent(t *testing.T, cc *grpc.ClientConn, addr, name, zone string) {
 	go func() { defer close(done); a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	eventually(t, 10*time.Second, name+" ready with its agent connected", func() error {
-		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Name: name})
+		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Node: name})
 		if err != nil {
 			return err
 		}
@@ -257,6 +257,7 @@ func TestFenceAndUnfenceAgainstIPMISim(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, good.bmc.Port, "admin", "password"); err != nil || p != "off" {
 		t.Fatalf("after fence: ipmitool = %q, %v; want off", p, err)
 	}
+	poweredOffView(t, ctx, cc, good.name, final.Id)
 
 	un, err := fc.Unfence(ctx, &coordv1.UnfenceRequest{Node: good.name})
 	if err != nil {
@@ -332,7 +333,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 		{"get unknown id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{Id: "nope"}); return err }, codes.NotFound, "nope"},
 		{"list with bad limit", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Limit: -1}); return err }, codes.InvalidArgument, "limit"},
 		{"list with bad status", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Status: 99}); return err }, codes.InvalidArgument, "status"},
-		{"get node without name", func() error { _, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{}); return err }, codes.InvalidArgument, "name"},
+		{"get node without name", func() error { _, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{}); return err }, codes.InvalidArgument, "node"},
 		{"watch without id or node", func() error {
 			s, err := fc.WatchFence(ctx, &coordv1.WatchFenceRequest{})
 			if err != nil {
@@ -394,6 +395,29 @@ func TestAPIRejectsBadInput(t *testing.T) {
 	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !strings.Contains(ack.Fence.AcknowledgedBy, `"alice"`) || len(ack.Fence.Operations) != 0 {
 		t.Fatalf("Acknowledge = %v, %v", ack, err)
 	}
+	poweredOffView(t, ctx, cc, n.name, ack.Fence.Id)
+}
+
+// poweredOffView waits until the node's view says fence id confirmed it off.
+func poweredOffView(t *testing.T, ctx context.Context, cc *grpc.ClientConn, name, id string) {
+	t.Helper()
+	want := "powered off: fence " + id + " confirmed it"
+	reason := "(absent)"
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r, err := coordv1.NewClusterServiceClient(cc).ListNodes(ctx, &coordv1.ListNodesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range r.Nodes {
+			if n.Name == name {
+				reason = n.Reason
+			}
+		}
+		if strings.HasPrefix(reason, want) {
+			return
+		}
+	}
+	t.Fatalf("node %s reads %q, want it to start with %q", name, reason, want)
 }
 
 // Two coordinators on one etcd: the follower refuses mutations naming the leader; the leader dies;
@@ -505,7 +529,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		t.Cleanup(cancels[name])
 	}
 	get := func(name string) *coordv1.Node {
-		r, err := cl.GetNode(context.Background(), &coordv1.GetNodeRequest{Name: name})
+		r, err := cl.GetNode(context.Background(), &coordv1.GetNodeRequest{Node: name})
 		if err != nil {
 			t.Logf("GetNode(%s): %v", name, err)
 			return &coordv1.Node{Name: name, Reason: err.Error()}
@@ -797,7 +821,7 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 	runAgent(t, cc, c.app.Addr(), n.name, "a")
 	cl := coordv1.NewClusterServiceClient(cc)
 	ready := func() error {
-		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
+		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Node: n.name})
 		if err != nil {
 			return err
 		}

@@ -1,5 +1,6 @@
 // Package procs starts and stops the child processes of the local testbed: each in its own process
-// group, output to a log file, stopped by PID (SIGTERM, then SIGKILL after a deadline).
+// group, output to a log file, stopped by PID (SIGTERM, then SIGKILL after a deadline), and killed
+// by the kernel if the process that started it dies first (SIGKILL included).
 package procs
 
 import (
@@ -28,7 +29,9 @@ func Start(name, logPath, bin string, args ...string) (*Proc, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group keeps a terminal's Ctrl-C from reaching it before the testbed stops
+	// it in order; Pdeathsig kills it when the testbed dies without stopping it (SIGKILL).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

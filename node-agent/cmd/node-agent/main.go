@@ -32,7 +32,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,6 +60,12 @@ import (
 )
 
 func main() {
+	// The agent's live heap is a few MiB: a heap goal of 1.5 times it rather than Go's default 2
+	// keeps the agent's RSS near its budget for a GC cost make bench-agent does not see. GOGC in
+	// the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -86,11 +94,15 @@ type options struct {
 	cgroupDriver kubepods.Driver
 	// kubeletRootDir is the kubelet's --root-dir, where pods' emptyDir volumes are measured.
 	kubeletRootDir string
+	// kubeletCgroupRoot is the kubelet's --cgroup-root: the pods' cgroups are under it.
+	kubeletCgroupRoot string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
 	podLogDir string
 	// criEndpoint is the container runtime's CRI socket ("" = none).
 	criEndpoint string
-	logLevel    slog.Level
+	// imageMinGCAge is kubelet's --image-minimum-gc-age for the node-level image reclaim.
+	imageMinGCAge time.Duration
+	logLevel      slog.Level
 }
 
 // problems collects flag value errors so that all of them are reported, not just the first.
@@ -200,6 +212,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		"minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi (repeatable)")
 	enforce := "pods"
 	fs.StringVar(&enforce, "enforce-node-allocatable", enforce, "kubelet's --enforce-node-allocatable: with \"pods\" in it (kubelet's default) the hard memory.available threshold is copied to allocatableMemory.available, measured on the pods' cgroup (kubepods)")
+	fs.BoolVar(&opts.pressure.EvaluateDuringCleanup, "eviction-evaluate-during-cleanup", false, "keep reading the signals and reporting node conditions while an evicted pod's cleanup is waited for (up to 30s); default false, as kubelet, which evaluates nothing during that wait")
 	fs.DurationVar(&opts.pressure.GrantTimeout, "eviction-grant-timeout", pressure.DefaultGrantTimeout,
 		"how long a soft-threshold candidate waits for the coordinator's grant before the agent evicts it itself (coordinator unreachable)")
 	duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
@@ -216,6 +229,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
 	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: the runtime's image filesystem from CRI ImageFsInfo, else --nodefs-path)")
 	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: the runtime's container filesystem from CRI, else --imagefs-path)")
+	fs.DurationVar(&opts.imageMinGCAge, "image-minimum-gc-age", cri.DefaultImageMinAge, "kubelet's --image-minimum-gc-age: an unused image is removed before evicting for disk pressure only once the agent has seen it this long")
 	fs.StringVar(&opts.criEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "kubelet's --container-runtime-endpoint (a unix socket): image filesystem discovery, writable layers for disk ranking, and dead containers and unused images freed before evicting for disk pressure; a socket that does not exist turns these off (logged); empty: off")
 	duration("shutdown-grace-period", &opts.shutdown.GracePeriod, "kubelet's shutdownGracePeriod: how long a node shutdown is delayed for pod termination (0 and 0 critical: off)")
 	duration("shutdown-grace-period-critical-pods", &opts.shutdown.CriticalGracePeriod, "kubelet's shutdownGracePeriodCriticalPods: the part of --shutdown-grace-period kept for critical pods")
@@ -232,6 +246,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		opts.cgroupDriver, err = kubepods.ParseDriver(s)
 		return err
 	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
+	fs.StringVar(&opts.kubeletCgroupRoot, "kubelet-cgroup-root", "/", "the kubelet's --cgroup-root (cgroupRoot): the pods' cgroups, and the pods cgroup allocatableMemory.available is measured on, are under it")
 	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
 	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
@@ -299,7 +314,9 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 		switch strings.TrimSpace(k) {
 		case "pods":
 			ev.AllocatableMemory = true
-			opts.reader.PodsCgroups = signals.DefaultPodsCgroups
+			for _, c := range signals.DefaultPodsCgroups {
+				opts.reader.PodsCgroups = append(opts.reader.PodsCgroups, path.Join(opts.kubeletCgroupRoot, c))
+			}
 		case "", "none", "system-reserved", "kube-reserved", "system-reserved-compressible", "kube-reserved-compressible":
 		default:
 			errs.add("--enforce-node-allocatable: %q: unknown key (want pods, system-reserved, kube-reserved, none)", k)
@@ -342,7 +359,7 @@ func parse(args []string, stderr io.Writer) (opts options, errs problems, help b
 	case opts.manageInhibitDelay && !filepath.IsAbs(opts.logindConfDir):
 		errs.add("--logind-conf-dir: %q: must be an absolute path", opts.logindConfDir)
 	}
-	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}} {
+	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}, {"--kubelet-cgroup-root", opts.kubeletCgroupRoot}} {
 		if !filepath.IsAbs(d.dir) {
 			errs.add("%s: %q: must be an absolute path", d.flag, d.dir)
 		}
@@ -393,6 +410,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		} else {
 			defer runtime.Close()
+			runtime.ImageMinAge = opts.imageMinGCAge
 			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			image, container, err := runtime.ImageFS(ictx)
 			cancel()
@@ -432,6 +450,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// them to the evictor; the monitor needs the agent to send, so it is set once both exist.
 	relay := &grantRelay{}
 	opts.agent.Grants = relay
+	opts.agent.Connected = relay.connected
 
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
@@ -459,8 +478,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if runtime != nil {
 			opts.pressure.Actions.Node = func(ctx context.Context, containers, images bool) (string, error) {
 				r, err := runtime.Reclaim(ctx, containers, images)
-				return fmt.Sprintf("%d dead containers, %d unused images", r.Containers, r.Images), err
+				return r.String(), err
 			}
+			runtime.PodGone, runtime.PodRemoved, runtime.PodLogDir = kube.source.PodGone, kube.source.PodRemoved, opts.podLogDir
+			go detectImages(ctx, runtime, log)
 			kube.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
 				w, err := runtime.Writable(ctx)
 				out := make(map[string][2]int64, len(w))
@@ -584,6 +605,17 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 	m.Grant(g)
 }
 
+// connected tells the monitor about a new coordinator stream, so that it proposes its pending
+// candidate again.
+func (r *grantRelay) connected() {
+	r.mu.Lock()
+	m := r.mon
+	r.mu.Unlock()
+	if m != nil {
+		m.Connected()
+	}
+}
+
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
 // fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
@@ -609,7 +641,7 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver}
+	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver, KubeletRoot: opts.kubeletCgroupRoot}
 	disk := &kubepods.Disk{KubeletRoot: opts.kubeletRootDir, PodLogDir: opts.podLogDir}
 	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log, kubepods.WithDisk(disk))
 	if err != nil {
@@ -621,4 +653,22 @@ func newKubeMode(opts options, log *slog.Logger) (*kubeMode, error) {
 		killer:     kubepods.NewKiller(cs, opts.agent.NodeName, src, 0, log),
 		terminator: kubepods.NewTerminator(cs, kubepods.TerminatorConfig{Log: log}),
 	}, nil
+}
+
+// detectImages has the runtime client look at the images at start and every cri.DetectPeriod, as
+// kubelet's image GC loop does, so that an image's minimum GC age counts from when the node first
+// had it.
+func detectImages(ctx context.Context, runtime *cri.Client, log *slog.Logger) {
+	t := time.NewTicker(cri.DetectPeriod)
+	defer t.Stop()
+	for {
+		if _, err := runtime.DetectImages(ctx); err != nil {
+			log.Debug("listing the runtime's images failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -5,17 +5,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/metrics"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
@@ -30,6 +32,7 @@ import (
 type options struct {
 	binDir, workDir string
 	simulated       int
+	portBase        int // 0: free ports
 	grace           time.Duration
 	fenceTimeout    time.Duration
 	keep            bool
@@ -42,15 +45,32 @@ type sim struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	mu         sync.Mutex // guards cancel, done and unpowered
-	unpowered  bool       // the agent was stopped because the BMC switched the node off
+	unpowered  bool       // the BMC switched the node off; it starts again when switched on
+	metrics    *metrics.Metrics
+	agent      atomic.Pointer[agent.Agent] // the running agent, nil while the node is down
+}
+
+// Connected and Unacked are the current agent's, for its metrics.
+func (s *sim) Connected() bool {
+	a := s.agent.Load()
+	return a != nil && a.Connected()
+}
+
+func (s *sim) Unacked() int {
+	if a := s.agent.Load(); a != nil {
+		return a.Unacked()
+	}
+	return 0
 }
 
 type cluster struct {
 	opts                  options
 	dir                   string
-	ownDir                bool
 	hostName              string
 	coordAddr, driverAddr string
+	etcdAddr              string
+	ports                 portPlan
+	control               net.Listener // the control socket `crash` talks to, nil until served
 	procs                 []*procs.Proc
 	sims                  []*sim
 	conn                  *grpc.ClientConn
@@ -62,7 +82,8 @@ type cluster struct {
 }
 
 // followPower stops a simulated node's agent when its BMC is off and restarts it when it is on
-// again; an agent stopped by silence (the demo's "death") stays stopped.
+// again, as a machine's power would; an agent stopped by silence (a crash) stays stopped until the
+// BMC has switched the node off and on.
 func (c *cluster) followPower(ctx context.Context, s *sim) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
@@ -80,8 +101,10 @@ func (c *cluster) followPower(ctx context.Context, s *sim) {
 		running, unpowered := s.cancel != nil, s.unpowered
 		s.mu.Unlock()
 		switch {
-		case !on && running:
-			s.silence()
+		case !on && !unpowered:
+			if running {
+				s.silence()
+			}
 			s.mu.Lock()
 			s.unpowered = true
 			s.mu.Unlock()
@@ -98,12 +121,16 @@ func (c *cluster) followPower(ctx context.Context, s *sim) {
 
 func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
 	c := &cluster{opts: opts, dir: opts.workDir, log: log}
-	if c.dir == "" {
-		d, err := os.MkdirTemp("", "nodefence-testbed-")
-		if err != nil {
-			return nil, err
-		}
-		c.dir, c.ownDir = d, true
+	// Ports first: a taken port is an error naming it, before anything was started.
+	var err error
+	if c.ports, err = planPorts(opts.portBase, opts.simulated); err != nil {
+		return nil, err
+	}
+	if err := prepareRunDir(c.dir); err != nil {
+		return nil, err
+	}
+	if c.dir, err = filepath.Abs(c.dir); err != nil {
+		return c, err
 	}
 	step := func(format string, args ...any) {
 		fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
@@ -114,7 +141,6 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		c.hostName = "this-host"
 	}
 	// Every component has its certificate: mutual TLS everywhere, as in production.
-	var err error
 	if c.pki, err = pki.New(filepath.Join(c.dir, "pki")); err != nil {
 		return c, err
 	}
@@ -134,14 +160,14 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		return c, err
 	}
 	step("issued a CA and certificates (mutual TLS) in %s", c.pki.Dir)
-	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), 0, "admin", "password"); err != nil {
+	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), c.ports.hostBMC, "admin", "password"); err != nil {
 		return c, fmt.Errorf("start BMC for %s: %w", c.hostName, err)
 	}
 
 	// BMCs, one per simulated node.
 	for i := 1; i <= opts.simulated; i++ {
 		name := fmt.Sprintf("sim-%d", i)
-		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), 0, "admin", "password")
+		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), c.ports.simBMC[i-1], "admin", "password")
 		if err != nil {
 			return c, fmt.Errorf("start BMC for %s: %w", name, err)
 		}
@@ -153,20 +179,20 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		}
 		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
 	}
-	step("started %d ipmi_sim BMCs: %s", len(c.sims), strings.Join(c.bmcList(), ", "))
+	step("started %d ipmi_sim BMCs: %s", len(c.sims)+1, strings.Join(c.bmcList(), ", "))
 
-	driverPort, err := procs.FreePort()
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	c.driverAddr = "127.0.0.1:" + strconv.Itoa(driverPort)
+	c.driverAddr = loopback(c.ports.driver)
 	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(opts.binDir, "fence-driver"),
-		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
+		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--metrics-listen", loopback(c.ports.driverMetrics),
+			"--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
-	if err := p.WaitTCP(c.driverAddr, 15*time.Second); err != nil {
+	if err := waitTCP(ctx, p, c.driverAddr, 15*time.Second); err != nil {
 		return c, err
 	}
 	step("fence-driver (ipmi) listening on %s, pid %d", c.driverAddr, p.PID())
@@ -175,46 +201,54 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	if err != nil {
 		return c, err
 	}
-	coordPort, err := procs.FreePort()
-	if err != nil {
-		return c, err
-	}
-	c.coordAddr = "127.0.0.1:" + strconv.Itoa(coordPort)
+	c.coordAddr = loopback(c.ports.coord)
+	c.etcdAddr = loopback(c.ports.etcdClient)
 	coordArgs := append(pki.Args("", coordTLS), pki.Args("driver-", coordTLS)...)
 	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"), append(coordArgs,
-		"--listen", c.coordAddr, "--config", cfgPath,
-		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
+		"--listen", c.coordAddr, "--metrics-listen", loopback(c.ports.coordMetrics), "--config", cfgPath,
+		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", c.etcdAddr, "--etcd-peer-listen", loopback(c.ports.etcdPeer),
 		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2*opts.grace).String(),
 		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
 		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
-		"--kdump-listen", "127.0.0.1:0")...)
+		"--kdump-listen", loopback(c.ports.kdump))...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
-	if err := p.WaitTCP(c.coordAddr, 60*time.Second); err != nil {
+	if err := waitTCP(ctx, p, c.coordAddr, 60*time.Second); err != nil {
 		return c, err
 	}
 	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
 
 	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"), append(pki.Args("", hostTLS),
-		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local")...)
+		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local",
+		"--metrics-listen", loopback(c.ports.agentMetrics))...)
 	if err != nil {
 		return c, err
 	}
 	c.procs = append(c.procs, p)
 	step("node-agent for this host (%s) started, pid %d", c.hostName, p.PID())
+	if err := ctx.Err(); err != nil {
+		return c, err
+	}
 
-	for _, s := range c.sims {
+	// Simulated agents, each with its metrics endpoint; a simulated node is powered by its BMC: its
+	// agent stops when the BMC switches it off and starts again when it switches it on, as a real
+	// machine's would.
+	powerCtx, stopPower := context.WithCancel(context.Background())
+	c.stopPower = stopPower
+	for i, s := range c.sims {
+		s.metrics = metrics.New(s)
+		lis, err := net.Listen("tcp", loopback(c.ports.simMetrics[i]))
+		if err != nil {
+			return c, fmt.Errorf("metrics of %s: %w", s.name, err)
+		}
+		go func() { _ = s.metrics.Serve(powerCtx, lis, c.log) }()
 		if err := c.startSim(s); err != nil {
 			return c, err
 		}
 	}
 	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
-	// A simulated node is powered by its BMC: its agent stops when the BMC switches it off and
-	// starts again when it switches it on, as a real machine's would.
-	powerCtx, stopPower := context.WithCancel(context.Background())
-	c.stopPower = stopPower
 	for _, s := range c.sims {
 		go c.followPower(powerCtx, s)
 	}
@@ -263,10 +297,11 @@ func (c *cluster) startSim(s *sim) error {
 		Coordinators: []string{c.coordAddr}, TLS: files,
 		NodeName: s.name, BootID: "boot-" + s.name, Zone: s.zone, Region: "local", Log: c.log,
 		Capacity: &agentv1.Capacity{MemoryBytes: 64 << 30, CpuMillis: 32000, Pids: 4194304},
-	}, simSampler{})
+	}, simSampler{s.metrics})
 	if err != nil {
 		return err
 	}
+	s.agent.Store(a)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -276,12 +311,14 @@ func (c *cluster) startSim(s *sim) error {
 	return nil
 }
 
-// simSampler reports a healthy, slowly varying memory.available.
-type simSampler struct{}
+// simSampler reports a healthy, slowly varying memory.available, to the coordinator and the
+// node's metrics.
+type simSampler struct{ metrics *metrics.Metrics }
 
-func (simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
+func (ss simSampler) Sample(context.Context) (*agentv1.SignalSample, error) {
 	now := time.Now()
 	avail := int64(40<<30) + int64(now.Second())<<24
+	ss.metrics.Signal("memory.available", avail, 64<<30)
 	return &agentv1.SignalSample{ObservedAt: timestamppb.New(now), Signals: []*agentv1.Signal{
 		{Name: "memory.available", Available: avail, Capacity: 64 << 30},
 	}}, nil
@@ -293,6 +330,7 @@ func (s *sim) silence() {
 	cancel, done := s.cancel, s.done
 	s.cancel = nil
 	s.mu.Unlock()
+	s.agent.Store(nil)
 	if cancel != nil {
 		cancel()
 		<-done
@@ -345,7 +383,21 @@ func (c *cluster) bmcList() []string {
 	for _, s := range c.sims {
 		out = append(out, fmt.Sprintf("%s=udp/%d", s.name, s.bmc.Port))
 	}
+	if c.host != nil {
+		out = append([]string{fmt.Sprintf("%s=udp/%d", c.hostName, c.host.Port)}, out...)
+	}
 	return out
+}
+
+// victim is the simulated node a crash is shown on: the last one sharing zone-a with this host,
+// where the storm guard lets a single dead node be fenced.
+func (c *cluster) victim() *sim {
+	for i := len(c.sims) - 1; i >= 0; i-- {
+		if c.sims[i].zone == "zone-a" {
+			return c.sims[i]
+		}
+	}
+	return c.sims[0]
 }
 
 func (c *cluster) simNames() []string {
@@ -357,12 +409,15 @@ func (c *cluster) simNames() []string {
 }
 
 // stop stops everything this cluster started, agents first, by PID.
-func (c *cluster) stop(out io.Writer) {
+func (c *cluster) stop(out io.Writer, keep bool) {
 	if c.stopPower != nil {
 		c.stopPower()
 	}
 	for _, s := range c.sims {
 		s.silence()
+	}
+	if c.control != nil {
+		c.control.Close()
 	}
 	if c.conn != nil {
 		c.conn.Close()
@@ -380,9 +435,11 @@ func (c *cluster) stop(out io.Writer) {
 	if c.host != nil {
 		_ = c.host.Stop()
 	}
-	if c.ownDir && !c.opts.keep {
-		os.RemoveAll(c.dir)
+	if !keep {
+		if err := os.RemoveAll(c.dir); err != nil {
+			fmt.Fprintln(out, "warning:", err)
+		}
 	} else {
-		fmt.Fprintf(out, "logs and state kept in %s\n", c.dir)
+		fmt.Fprintf(out, "logs and state kept in %s (the next start clears it)\n", c.dir)
 	}
 }

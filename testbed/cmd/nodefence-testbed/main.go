@@ -2,14 +2,23 @@
 // coordinator, the IPMI fence-driver, ipmi_sim BMCs, one real node-agent for this host and a few
 // simulated agents (each simulated node has its own BMC).
 //
-//	nodefence-testbed run    start everything, print how to call it, run until Ctrl-C
-//	nodefence-testbed demo   the same, scripted: a node goes silent, is fenced, the BMC is confirmed
-//	                         off by ipmitool; prints the timeline and, last, one JSON line; exit 0
-//	                         only on success
+//	nodefence-testbed run         start everything on fixed ports, write the run directory's env file
+//	                              (source it in another terminal), run until Ctrl-C, SIGTERM or SIGHUP
+//	nodefence-testbed crash NODE  make a simulated node of the running testbed die (its agent stops,
+//	                              its BMC still says on) and follow the coordinator fencing it; exit 0
+//	                              once the power-off is confirmed
+//	nodefence-testbed demo        the same as run then crash, scripted: a node goes silent, is fenced,
+//	                              the BMC is confirmed off by ipmitool; prints the timeline and, last,
+//	                              one JSON line; exit 0 only on success
+//
+// Everything run starts is stopped on every way out: a signal, a failure while starting, a closed
+// stdout (`make run | tee log`, then Ctrl-C), and the testbed being killed (its children have a
+// parent-death signal).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,13 +26,32 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
+// portBaseEnv moves every port of `run` when the defaults are taken.
+const portBaseEnv = "NODEFENCE_TESTBED_PORT_BASE"
+
+// runDirEnv names the run directory of the testbed `crash` talks to; the env file sets it.
+const runDirEnv = "NODEFENCE_TESTBED_RUN_DIR"
+
+// defaultPortBase is run's first port; see portPlan for the layout.
+const defaultPortBase = 7400
+
 func main() {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A write to a closed stdout (`make run | tee log`, Ctrl-C ends tee first) must fail, not kill the
+	// testbed by SIGPIPE before it has stopped what it started.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	// Ctrl-C (or kill -INT), SIGTERM and a closed terminal stop everything; SIGHUP stays ignored
+	// when it was (`nohup make run`).
+	stops := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stops = append(stops, syscall.SIGHUP)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), stops...)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	cancel()
 	os.Exit(code)
@@ -35,22 +63,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	exe, _ := os.Executable()
 	var opts options
 	fs.StringVar(&opts.binDir, "bin", filepath.Dir(exe), "directory with coordinator, fence-driver, node-agent, fencectl")
-	fs.StringVar(&opts.workDir, "workdir", "", "working directory for logs and state (default: a new temporary directory)")
+	fs.StringVar(&opts.workDir, "workdir", "", "run directory for logs, state, certificates, the env file and the control socket (default for run and crash: $"+runDirEnv+", else bin/run next to the binary; for demo: bin/demo); cleared at start, removed at exit")
 	fs.IntVar(&opts.simulated, "simulated", 3, "simulated nodes, each with its own ipmi_sim BMC")
+	fs.IntVar(&opts.portBase, "port-base", -1, "first of run's fixed ports (default $"+portBaseEnv+", else "+strconv.Itoa(defaultPortBase)+"; 0 picks free ports; demo's default is 0)")
 	fs.DurationVar(&opts.grace, "grace", 0, "node-monitor grace period (default 10s for run, 3s for demo)")
 	fs.DurationVar(&opts.fenceTimeout, "fence-timeout", 0, "not-ready time before automatic fencing (default 30s for run, 2s for demo)")
-	fs.BoolVar(&opts.keep, "keep", false, "keep the working directory after stopping")
+	fs.BoolVar(&opts.keep, "keep", false, "keep the run directory after stopping (it is kept anyway after a failure)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: nodefence-testbed [flags] run|demo")
+		fmt.Fprintln(stderr, "       nodefence-testbed [--workdir DIR] crash NODE")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	if fs.NArg() != 1 || (fs.Arg(0) != "run" && fs.Arg(0) != "demo") {
+	cmd := fs.Arg(0)
+	switch {
+	case cmd == "crash" && fs.NArg() == 2:
+		return crash(ctx, runDir(opts), fs.Arg(1), stdout, stderr)
+	case (cmd == "run" || cmd == "demo") && fs.NArg() == 1:
+	default:
 		fs.Usage()
 		return 2
 	}
+	demo := cmd == "demo"
 	var problems []string
 	if opts.simulated < 1 || opts.simulated > 20 {
 		problems = append(problems, "--simulated: must be between 1 and 20")
@@ -60,13 +99,38 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			problems = append(problems, fmt.Sprintf("--bin: %s not found in %s (run `make build`)", b, opts.binDir))
 		}
 	}
+	if opts.portBase == -1 {
+		opts.portBase = defaultPortBase
+		if v := os.Getenv(portBaseEnv); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("$%s: %q is not a port number", portBaseEnv, v))
+			}
+			opts.portBase = n
+		} else if demo {
+			opts.portBase = 0
+		}
+	}
+	if opts.portBase != 0 && (opts.portBase < 1024 || opts.portBase > 65535-portSpan(opts.simulated)) {
+		problems = append(problems, fmt.Sprintf("--port-base: %d: must be 0 (free ports) or between 1024 and %d", opts.portBase, 65535-portSpan(opts.simulated)))
+	}
 	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(stderr, "nodefence-testbed:", p)
 		}
 		return 2
 	}
-	demo := fs.Arg(0) == "demo"
+	if demo && opts.workDir == "" {
+		opts.workDir = filepath.Join(opts.binDir, "demo")
+	}
+	if !demo {
+		opts.workDir = runDir(opts)
+		// The control socket's path must fit a unix socket address (108 bytes with its NUL).
+		if abs, err := filepath.Abs(socketIn(opts.workDir)); err == nil && len(abs) > 107 {
+			fmt.Fprintf(stderr, "nodefence-testbed: --workdir: %s is too long for the control socket's path %s (at most 107 bytes); give a shorter --workdir\n", opts.workDir, abs)
+			return 2
+		}
+	}
 	if opts.grace == 0 {
 		opts.grace = 10 * time.Second
 		if demo {
@@ -79,49 +143,111 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			opts.fenceTimeout = 2 * time.Second
 		}
 	}
+	out := &lockedWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := startCluster(ctx, opts, stdout, log)
+	// Everything started is stopped on the way out; the run directory stays after a failure, for
+	// its logs.
+	code := 1
+	c, err := startCluster(ctx, opts, out, log)
 	if c != nil {
-		defer c.stop(stdout)
+		defer func() { c.stop(out, opts.keep || (code != 0 && ctx.Err() == nil)) }()
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "nodefence-testbed:", err)
-		return 1
+		return code
 	}
 	if demo {
-		return runDemo(ctx, c, stdout, stderr)
+		code = runDemo(ctx, c, out, stderr)
+		return code
 	}
-	c.printHelp(stdout)
-	<-ctx.Done()
-	fmt.Fprintln(stdout, "\nstopping ...")
-	return 0
+	if err := c.serveControl(ctx, out); err != nil {
+		fmt.Fprintln(stderr, "nodefence-testbed:", err)
+		return 1
+	}
+	if err := c.writeEnv(); err != nil {
+		fmt.Fprintln(stderr, "nodefence-testbed:", err)
+		return 1
+	}
+	c.printHelp(out)
+	if err := c.watchProcs(ctx); err != nil {
+		fmt.Fprintf(stderr, "nodefence-testbed: %v; stopping everything\n", err)
+		return 1
+	}
+	fmt.Fprintln(out, "\nstopping ...")
+	code = 0
+	return code
+}
+
+// watchProcs waits until ctx ends (nil) or one of the started processes exits (an error naming it).
+func (c *cluster) watchProcs(ctx context.Context) error {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for _, p := range c.procs {
+			if exited, err := p.Exited(); exited {
+				return fmt.Errorf("%s (pid %d) exited (%v); see %s", p.Name, p.PID(), err, p.Log)
+			}
+		}
+	}
+}
+
+// runDir is the run directory of `run` and `crash`.
+func runDir(opts options) string {
+	switch {
+	case opts.workDir != "":
+		return opts.workDir
+	case os.Getenv(runDirEnv) != "":
+		return os.Getenv(runDirEnv)
+	}
+	return filepath.Join(opts.binDir, "run")
 }
 
 // printHelp tells the user how to talk to the running system.
 func (c *cluster) printHelp(w io.Writer) {
+	var metrics []string
+	for _, m := range c.metrics() {
+		metrics = append(metrics, fmt.Sprintf("%-13s http://%s/metrics", m.name, m.addr))
+	}
+	ports := "Ports are fixed; --port-base or $" + portBaseEnv + " moves them all."
+	if c.opts.portBase == 0 {
+		ports = "Ports were picked free (--port-base 0); the env file has them."
+	}
 	fmt.Fprintf(w, `
-nodefence is running (work directory %[1]s):
-  coordinator  %[2]s   (embedded etcd, grace period %[3]s, automatic fencing %[11]s after that)
-  fence-driver %[4]s   (driver ipmi)
-  BMCs         %[5]s
-  agents       %[6]s (real node-agent for this host) and %[7]s (simulated)
+nodefence is running; run directory %[1]s (logs, state, certificates; removed when it stops):
+  coordinator  %[2]s   (embedded etcd on %[3]s, grace period %[4]s, automatic fencing %[5]s after that)
+  fence-driver %[6]s   (driver ipmi)
+  BMCs         %[7]s
+  agents       %[8]s (real node-agent for this host) and %[9]s (simulated)
+  metrics      %[10]s
+%[11]s
 
-Everything speaks mutual TLS; you are operator/testbed (certificates in %[12]s):
-  TLS="--tls-ca %[13]s --tls-cert %[14]s --tls-key %[15]s"
-  GRPCURL="-cacert %[13]s -cert %[14]s -key %[15]s"
+Everything speaks mutual TLS; you are operator/testbed. In another terminal, from the repository:
+  . %[12]s      # NF_COORDINATOR, TLS, GRPCURL, NF_*_METRICS; puts grpcurl on PATH
+  grpcurl $GRPCURL $NF_COORDINATOR nodefence.coordinator.v1.ClusterService/ListNodes
+  bin/fencectl $TLS --coordinator $NF_COORDINATOR nodes
+  bin/nodefence-testbed crash %[13]s     # %[13]s dies; watch the coordinator fence it
+  curl -s $NF_COORDINATOR_METRICS | grep '^nodefence_'
+Press Ctrl-C to stop everything.
+`, shortPath(c.dir), c.coordAddr, c.etcdAddr, c.opts.grace, c.opts.fenceTimeout, c.driverAddr,
+		strings.Join(c.bmcList(), ", "), c.hostName, strings.Join(c.simNames(), ", "),
+		strings.Join(metrics, "\n               "), ports, shortPath(c.envFile()), c.victim().name)
+}
 
-Try, in another terminal:
-  grpcurl $GRPCURL %[2]s list
-  grpcurl $GRPCURL %[2]s nodefence.coordinator.v1.ClusterService/ListNodes
-  grpcurl $GRPCURL -d '{"node":"%[8]s","reason":"try it"}' %[2]s nodefence.coordinator.v1.FenceService/Fence
-  %[9]s/fencectl $TLS --coordinator %[2]s nodes
-  %[9]s/fencectl $TLS --coordinator %[2]s fence %[8]s
-  %[9]s/fencectl $TLS --coordinator %[2]s unfence %[8]s
-  ipmitool -I lanplus -H 127.0.0.1 -p %[10]d -U admin -P password -C 3 chassis power status
-(grpcurl is in %[9]s/tools.) Press Ctrl-C to stop everything.
-`, c.dir, c.coordAddr, c.opts.grace, c.driverAddr, strings.Join(c.bmcList(), ", "), c.hostName,
-		strings.Join(c.simNames(), ", "), c.sims[0].name, c.opts.binDir, c.sims[0].bmc.Port, c.opts.fenceTimeout,
-		c.pki.Dir, c.operator.CAFile, c.operator.CertFile, c.operator.KeyFile)
+// shortPath is path relative to the working directory when it is below it.
+func shortPath(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil && !strings.HasPrefix(rel, "..") {
+		return rel
+	}
+	return path
 }
 
 // result is the demo's last line.

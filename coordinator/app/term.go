@@ -1,0 +1,309 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/nodefence/nodefence/coordinator/api"
+	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/services/cli"
+	"github.com/nodefence/nodefence/services/fault"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// Leading implements api.Leadership.
+func (a *App) Leading(ctx context.Context) (*api.Leading, error) {
+	a.mu.Lock()
+	l := a.leading
+	a.mu.Unlock()
+	if l != nil && l.Term.Context().Err() == nil {
+		return l, nil
+	}
+	v := a.follower.View(ctx)
+	switch {
+	case v.Err != nil:
+		return nil, fmt.Errorf("not the leader, and this coordinator cannot reach etcd to name one; try another: %w", fault.ErrUnreachable)
+	case !v.Found || v.Leader.ID == a.cfg.ID:
+		return nil, &fault.NotLeaderError{}
+	case !v.Answers:
+		return nil, fmt.Errorf("not the leader; the leader %s at %s does not answer, an election is under way; retry shortly: %w",
+			v.Leader.ID, v.Leader.Address, fault.ErrUnreachable)
+	}
+	return nil, &fault.NotLeaderError{LeaderID: v.Leader.ID, LeaderAddress: v.Leader.Address}
+}
+
+// Term returns the current leadership term, or nil when not leading.
+func (a *App) Term() *leader.Term {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.leading == nil || a.leading.Term.Context().Err() != nil {
+		return nil
+	}
+	return a.leading.Term
+}
+
+// Run serves and campaigns until ctx ends, then stops everything it started.
+func (a *App) Run(ctx context.Context) error {
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- a.srv.Serve() }()
+	a.srv.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if a.kube != nil {
+		go a.kube.run(ctx)
+	}
+	if a.kdump != nil {
+		go func() {
+			if err := a.kdump.Run(ctx); err != nil {
+				a.log.Error("kdump listener stopped", "err", err)
+			}
+		}()
+	}
+	defer a.Close()
+	go a.follower.Run(ctx, followerPoll)
+	for ctx.Err() == nil {
+		select {
+		case err := <-serveErr:
+			return fmt.Errorf("grpc server: %w", err)
+		default:
+		}
+		var term *leader.Term
+		err := a.reachable(ctx)
+		if err == nil {
+			term, err = a.elector.Campaign(ctx)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			a.log.Warn("campaign failed, retrying", "err", err)
+			select {
+			case <-time.After(campaignRetry):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		a.lead(term)
+		select {
+		case <-term.Context().Done():
+			a.log.Warn("leadership term ended", "epoch", term.Epoch)
+		case <-ctx.Done():
+			rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
+			_ = term.Resign(rctx)
+			cancel()
+		}
+		a.mu.Lock()
+		a.leading = nil
+		a.mu.Unlock()
+		a.fenceMx.reset()
+	}
+	return nil
+}
+
+// reachable checks that this replica's advertised address accepts connections before it campaigns:
+// other replicas remove the election key of a leader whose address refuses them.
+func (a *App) reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, reachTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", a.advertise)
+	if err != nil {
+		return fmt.Errorf("--advertise %s does not accept connections, not campaigning: %w", a.advertise, err)
+	}
+	return c.Close()
+}
+
+// lead builds one term's parts and starts them.
+func (a *App) lead(term *leader.Term) { a.newTerm(term).start() }
+
+// termParts is what one leadership term runs: an engine loop (every node gets a fresh grace
+// period; persisted state is restored) and a fence runner that resumes every active record, with
+// the device checks, the history's index and pruning, and in Kubernetes mode the mirror's term.
+// newTerm builds every part before start runs any of them: the loop's OnReady starts automatic
+// fences on the runner, and the runner's Facts query the loop, so neither may run before the other
+// exists.
+type termParts struct {
+	a       *App
+	term    *leader.Term
+	loop    *loop.Loop
+	runner  *fencing.Runner
+	secrets fenceconfig.SecretReader // nil in standalone mode
+}
+
+// newTerm builds a term's parts; nothing runs until start.
+func (a *App) newTerm(term *leader.Term) *termParts {
+	t := &termParts{a: a, term: term}
+	if a.kube != nil {
+		t.secrets = a.kube.secret
+	}
+	var initial []engine.Input
+	now := a.now()
+	for _, n := range a.fences().NodeNames() {
+		nc := a.fences().Nodes[n]
+		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
+	}
+	t.loop = loop.New(loop.Config{
+		Engine: a.cfg.Engine, Term: term, Store: a.store,
+		Initial: initial, Metrics: a.metrics, Log: a.log, Now: a.now,
+		Audit: func(ev engine.Event) clientv3.Op {
+			return a.store.AuditOp(ev.At, term.Epoch, ev.Node, ev.Kind, ev.Text)
+		},
+		OnReady: t.onReady,
+	})
+	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
+		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, Log: a.log,
+		OnChange: t.fenceChanged, Facts: t.facts}
+	return t
+}
+
+// onReady passes the engine's decisions on: automatic fences to the runner, the rest to the
+// Kubernetes mirror. It runs on the loop goroutine.
+func (t *termParts) onReady(rd engine.Ready) {
+	for _, f := range rd.Fences {
+		go t.a.autoFence(t.term, t.runner, f)
+	}
+	if t.a.kube != nil {
+		t.a.kube.onReady(rd)
+	}
+}
+
+// fenceChanged follows a fence record's change: the Kubernetes mirror and the audit hear of it,
+// and a confirmed power-off reaches the engine's view of the node at once.
+func (t *termParts) fenceChanged(f *coordv1.NodeFence) {
+	t.a.fenceChanged(t.term, f)
+	if f.Action == coordv1.FenceAction_FENCE_ACTION_OFF && f.ConfirmedOffAt != nil {
+		ctx, cancel := context.WithTimeout(t.term.Context(), 5*time.Second)
+		_ = t.loop.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+		cancel()
+	}
+}
+
+// facts tells the runner whether the node is ready and until when it may be dumping its memory.
+func (t *termParts) facts(ctx context.Context, node string) (bool, time.Time) {
+	var ready bool
+	var kdumpUntil time.Time
+	_ = t.loop.Query(ctx, func(e *engine.Engine) {
+		n := e.Node(node)
+		ready = n != nil && n.Readiness == coordv1.Readiness_READINESS_READY
+		kdumpUntil = e.KdumpUntil(node)
+	})
+	return ready, kdumpUntil
+}
+
+// start runs the term's parts until the term ends: the loop first, then the API's access to the
+// term, the device checks, the history's upkeep, the Kubernetes mirror's term, and the resumption
+// of every active fence record.
+func (t *termParts) start() {
+	a, term := t.a, t.term
+	go func() {
+		if err := t.loop.Run(term.Context()); err != nil {
+			a.log.Error("engine loop stopped; resigning", "err", err)
+			rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
+			_ = term.Resign(rctx)
+			cancel()
+		}
+	}()
+	a.mu.Lock()
+	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop}
+	a.mu.Unlock()
+	go a.devices.run(term.Context(), a, t.secrets, a.cfg.DeviceCheckInterval)
+	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
+		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
+	} else if n > 0 {
+		a.log.Info("indexed the fence history by time", "records", n)
+	}
+	go a.pruneHistory(term)
+	if a.kube != nil {
+		a.kube.startTerm(term, t.loop)
+	}
+	active, err := a.store.ActiveFences(term.Context())
+	if err != nil {
+		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
+		return
+	}
+	for _, f := range active {
+		a.log.Info("resuming fence record", "fence", f.Id, "node", f.Node, "status", f.Status.String())
+		t.runner.Start(f.Id)
+	}
+}
+
+// fenceChanged audits a fence record's new version and observes its stage durations.
+func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
+	text := fmt.Sprintf("fence %s (%s, attempt %d): %s %s", f.Id, cli.EnumWord(f.Action.String()), f.Retries+1,
+		cli.EnumWord(f.Step.String()), cli.EnumWord(f.Status.String()))
+	if n := len(f.Operations); n > 0 {
+		op := f.Operations[n-1]
+		text += fmt.Sprintf("; %s %s via %s: %s", op.Method, op.Action, op.Driver, cli.EnumWord(op.Result.String()))
+		if op.Error != "" {
+			text += " (" + op.Error + ")"
+		}
+	}
+	if f.FinishedAt != nil {
+		text += "; finished"
+		if f.Error != "" {
+			text += ": " + f.Error
+		}
+	}
+	a.audit(term, f.Node, "fence", text)
+	a.metrics.ObserveFence(f)
+	a.proof.observe(term, f)
+	a.fenceMx.observe(f)
+	if a.kube != nil {
+		a.kube.onFence(f)
+	}
+}
+
+// audit appends one entry to the audit trail under the term's epoch.
+func (a *App) audit(term *leader.Term, node, kind, text string) {
+	ctx, cancel := context.WithTimeout(term.Context(), auditTimeout)
+	defer cancel()
+	if _, err := term.Txn(ctx, nil, a.store.AuditOp(a.now(), term.Epoch, node, kind, text)); err != nil {
+		a.log.Warn("audit entry not written", "node", node, "kind", kind, "err", err)
+	}
+}
+
+// Timings of the election loop and the term's upkeep.
+const (
+	// followerPoll is how often a replica that does not lead rereads who does.
+	followerPoll = 100 * time.Millisecond
+	// campaignRetry is the pause after a failed campaign.
+	campaignRetry = time.Second
+	// reachTimeout bounds the check that the advertised address accepts connections.
+	reachTimeout = 2 * time.Second
+	// resignTimeout bounds the resignation when the replica stops or its loop fails.
+	resignTimeout = 2 * time.Second
+	// auditTimeout bounds one audit entry's write.
+	auditTimeout = 5 * time.Second
+	// pruneEvery is how often the leader prunes the history beyond the retention, and
+	// pruneTimeout bounds one pass.
+	pruneEvery, pruneTimeout = 5 * time.Minute, time.Minute
+)
+
+// pruneHistory deletes history beyond the retention at the start of the term and every
+// pruneEvery, until the term ends.
+func (a *App) pruneHistory(term *leader.Term) {
+	for {
+		ctx, cancel := context.WithTimeout(term.Context(), pruneTimeout)
+		p, err := a.store.Prune(ctx, term, a.now(), a.cfg.Retention)
+		cancel()
+		switch {
+		case err != nil && term.Context().Err() == nil:
+			a.log.Warn("pruning the history failed; retrying at the next pass", "err", err)
+		case p.Fences > 0 || p.Audit > 0:
+			a.log.Info("pruned the history", "fence_records", p.Fences, "audit_entries", p.Audit)
+		}
+		select {
+		case <-term.Context().Done():
+			return
+		case <-time.After(pruneEvery):
+		}
+	}
+}

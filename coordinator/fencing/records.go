@@ -1,0 +1,80 @@
+package fencing
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+	"github.com/nodefence/nodefence/services/fault"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// The rules in this file and in acknowledge.go and proof.go decide what a fence record says. They
+// are pure — state, identity and time come in as arguments, nothing is read or written — so that the
+// API handlers, the wiring and the engine's scenario scripts (coordinator/engine/testdata) all apply
+// the same rules and a script can replay them.
+
+// NewID returns a record id that sorts by creation time per node.
+func NewID(node string, now time.Time) string {
+	return fmt.Sprintf("%s-%s", node, now.UTC().Format("20060102T150405.000000000"))
+}
+
+// NodeDelay is how long a node's automatic fence waits before its first dispatch: the node's fixed
+// delay plus a random part below randomDelay (Pacemaker's pcmk_delay_base and pcmk_delay_max).
+// draw returns a number in [0, n), math/rand/v2's Int64N in production; the part is drawn once, when
+// the record is built, so that every leader honours the same delay.
+func NodeDelay(delay, randomDelay time.Duration, draw func(n int64) int64) time.Duration {
+	if randomDelay > 0 {
+		delay += time.Duration(draw(int64(randomDelay)))
+	}
+	return delay
+}
+
+// AutoRequest is an automatic fence request as the record rules see it (the engine's FenceRequest,
+// with what the caller learnt besides).
+type AutoRequest struct {
+	Node string
+	// Evidence says why the node is fenced, in order: the engine's judgement and signals, then
+	// anything the caller added (Kubernetes mode: what the node runs).
+	Evidence []string
+	// Dumping is set when the node sends fence_kdump messages.
+	Dumping bool
+}
+
+// AutoReason is the reason of every automatic fence record.
+const AutoReason = "node not ready past the fence timeout"
+
+// AutoRecord returns the record an automatic fence creates under the leader's epoch: a power-off
+// requested by the coordinator, held back by the node's delay.
+func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, epoch int64, now time.Time) *coordv1.NodeFence {
+	rec := NewRecord(NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF, plan, delay, now)
+	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = AutoReason, "coordinator", true, epoch
+	rec.Evidence = append(append([]string(nil), req.Evidence...), rec.Evidence...)
+	if req.Dumping {
+		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is
+		// confirmed by the driver's read-back after power management, which waits for the dump.
+		rec.Evidence = append(rec.Evidence, "dumping its memory (fence_kdump, unauthenticated evidence); power management waits for the dump")
+	}
+	return rec
+}
+
+// OperatorRecord returns the record an operator's fence (power-off) or unfence (power-on) creates
+// under the leader's epoch. It is not delayed: the node delay exists for automatic fencing races.
+func OperatorRecord(node string, action coordv1.FenceAction, reason, requestedBy string, plan func(string) ([]fenceconfig.Resolved, error), epoch int64, now time.Time) *coordv1.NodeFence {
+	rec := NewRecord(NewID(node, now), node, action, plan, 0, now)
+	rec.Reason, rec.RequestedBy, rec.Epoch = reason, requestedBy, epoch
+	return rec
+}
+
+// Joined applies the rule for an operator's request that meets the node's active record (one
+// active record per node): the request joins a record of the same action, and is refused
+// (fault.ErrFailedPrecondition) while a record of the other action runs.
+func Joined(active *coordv1.NodeFence, action coordv1.FenceAction) error {
+	if active.Action == action {
+		return nil
+	}
+	return fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
+		active.Node, strings.ToLower(strings.TrimPrefix(active.Action.String(), "FENCE_ACTION_")), active.Id, fault.ErrFailedPrecondition)
+}
