@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -290,7 +289,7 @@ func (e *Evictor) Evict(ctx context.Context, c eviction.Candidate) (out Outcome,
 		uid := types.UID(c.UID)
 		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
-	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, DeleteOptions: opts}
+	ev := &Eviction{Metadata: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, DeleteOptions: opts}
 	err = e.client.Evict(ctx, ev)
 	switch {
 	case err == nil:

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,16 +28,16 @@ const (
 )
 
 // resourceOf is kubelet's signalToResource.
-func resourceOf(signal string) (corev1.ResourceName, resource.Format) {
+func resourceOf(signal string) (ResourceName, resource.Format) {
 	switch {
 	case eviction.IsMemorySignal(signal):
-		return corev1.ResourceMemory, resource.BinarySI
+		return ResourceMemory, resource.BinarySI
 	case signal == eviction.SignalPIDAvailable:
 		return "pids", resource.DecimalSI
 	case strings.HasSuffix(signal, ".inodesFree"):
 		return "inodes", resource.DecimalSI
 	}
-	return corev1.ResourceEphemeralStorage, resource.BinarySI
+	return ResourceEphemeralStorage, resource.BinarySI
 }
 
 // EvictionMessage is kubelet's eviction message for r: "The node was low on resource: memory.
@@ -98,9 +97,9 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	status := map[string]any{
 		"metadata": map[string]any{"uid": c.UID},
 		"status": map[string]any{
-			"phase": corev1.PodFailed, "reason": EvictedReason, "message": msg,
+			"phase": PodFailed, "reason": EvictedReason, "message": msg,
 			"conditions": []any{map[string]any{
-				"type": corev1.DisruptionTarget, "status": corev1.ConditionTrue, "reason": TerminationByKubeletReason,
+				"type": "DisruptionTarget", "status": "True", "reason": TerminationByKubeletReason,
 				"message": msg, "lastTransitionTime": now.UTC().Format(time.RFC3339),
 			}},
 		},
@@ -119,12 +118,12 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 
 // event records the eviction on the pod, as kubelet's recorder does; a failure is only logged.
 func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, now metav1.Time) {
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, GenerateName: c.Name + "."},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: c.Namespace, Name: c.Name,
-			UID: types.UID(c.UID)},
-		Reason: EvictedReason, Message: msg, Type: corev1.EventTypeWarning,
-		Source:         corev1.EventSource{Component: EventSource, Host: k.node},
+	ev := &Event{
+		Metadata: metav1.ObjectMeta{Namespace: c.Namespace, GenerateName: c.Name + "."},
+		InvolvedObject: ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: c.Namespace, Name: c.Name,
+			UID: c.UID},
+		Reason: EvictedReason, Message: msg, Type: "Warning",
+		Source:         EventSourceRef{Component: EventSource, Host: k.node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "nodefence.io/node-agent", ReportingInstance: k.node,
 	}
@@ -142,16 +141,16 @@ func (k *Killer) CleanedUp(_ context.Context, c eviction.Candidate) bool {
 	if k.src == nil {
 		return true
 	}
-	p, err := k.src.lister.Pods(c.Namespace).Get(c.Name)
-	if err != nil || string(p.UID) != c.UID {
-		return apierrors.IsNotFound(err) || err == nil
+	p, ok := k.src.store.get(c.Namespace, c.Name)
+	if !ok || string(p.UID) != c.UID {
+		return true
 	}
 	return containersTerminated(p)
 }
 
 // containersTerminated reports whether the pod has container statuses and all of them are
 // terminated.
-func containersTerminated(p *corev1.Pod) bool {
+func containersTerminated(p *Pod) bool {
 	all := append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...)
 	if len(p.Status.ContainerStatuses) == 0 {
 		return false

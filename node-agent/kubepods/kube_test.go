@@ -420,7 +420,7 @@ func cmpString(a, b string) int {
 func TestTerminatorWaitsForThePods(t *testing.T) {
 	ctx := testContext(t)
 	ns := namespace(ctx, t)
-	p := Convert(createPod(ctx, t, ns, podSpec{name: "stuck", node: "node-stuck"}))
+	p := Convert(local(t, createPod(ctx, t, ns, podSpec{name: "stuck", node: "node-stuck"})))
 	term := NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)})
 	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
@@ -521,8 +521,8 @@ func TestKillerEvictsLikeKubelet(t *testing.T) {
 func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
 	ctx := testContext(t)
 	ns := namespace(ctx, t)
-	zeroPod := Convert(createPod(ctx, t, ns, podSpec{name: "zero-phase", node: "node-z"}))
-	shortPod := Convert(createPod(ctx, t, ns, podSpec{name: "short-grace", node: "node-z", grace: 5}))
+	zeroPod := Convert(local(t, createPod(ctx, t, ns, podSpec{name: "zero-phase", node: "node-z"})))
+	shortPod := Convert(local(t, createPod(ctx, t, ns, podSpec{name: "short-grace", node: "node-z", grace: 5})))
 	term := NewTerminator(agentClient(t, nil), TerminatorConfig{PollInterval: 20 * time.Millisecond, Log: testLog(t)})
 
 	expired, cancel := context.WithTimeout(ctx, 0)
@@ -543,7 +543,7 @@ func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
 
 	cancelled, cancel3 := context.WithCancel(ctx)
 	cancel3()
-	never := Convert(createPod(ctx, t, ns, podSpec{name: "called-off", node: "node-z"}))
+	never := Convert(local(t, createPod(ctx, t, ns, podSpec{name: "called-off", node: "node-z"})))
 	_ = term.Terminate(cancelled, []eviction.Pod{never}, time.Minute)
 	if got, err := admin.CoreV1().Pods(ns).Get(ctx, "called-off", metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
 		t.Errorf("a cancelled shutdown deleted a pod: %v", err)

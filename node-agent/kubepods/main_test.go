@@ -2,6 +2,7 @@ package kubepods
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -223,3 +224,17 @@ func (l *requestLog) count(method, suffix string) int {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// local is p as the agent reads it (its own Pod type), through the API's JSON.
+func local(t *testing.T, p *corev1.Pod) *Pod {
+	t.Helper()
+	raw, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Pod
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}

@@ -22,7 +22,6 @@ package kubepods
 import (
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
@@ -41,18 +40,18 @@ const (
 )
 
 // qosResources are the resources the QoS class is computed from.
-var qosResources = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory}
+var qosResources = []ResourceName{ResourceCPU, ResourceMemory}
 
 // QoS computes a pod's QoS class from its requests and limits the way the kubelet does
 // (GetPodQOS): no CPU or memory request or limit in any container (init containers included) is
 // BestEffort; every container having CPU and memory limits equal to its requests is Guaranteed;
 // anything else is Burstable. Zero quantities count as unset. When the pod has pod-level resources
 // (spec.resources), they decide instead of the containers'.
-func QoS(pod *corev1.Pod) eviction.QoSClass {
+func QoS(pod *Pod) eviction.QoSClass {
 	if r := pod.Spec.Resources; r != nil && hasQoSResource(r) {
-		return qosOf([]corev1.ResourceRequirements{*r})
+		return qosOf([]ResourceRequirements{*r})
 	}
-	var all []corev1.ResourceRequirements
+	var all []ResourceRequirements
 	for _, c := range pod.Spec.InitContainers {
 		all = append(all, c.Resources)
 	}
@@ -62,7 +61,7 @@ func QoS(pod *corev1.Pod) eviction.QoSClass {
 	return qosOf(all)
 }
 
-func hasQoSResource(r *corev1.ResourceRequirements) bool {
+func hasQoSResource(r *ResourceRequirements) bool {
 	for _, name := range qosResources {
 		if q, ok := r.Requests[name]; ok && q.Sign() > 0 {
 			return true
@@ -75,10 +74,10 @@ func hasQoSResource(r *corev1.ResourceRequirements) bool {
 }
 
 // qosOf applies the kubelet's rule to a list of resource requirements.
-func qosOf(all []corev1.ResourceRequirements) eviction.QoSClass {
-	requests := map[corev1.ResourceName]*resource.Quantity{}
-	limits := map[corev1.ResourceName]*resource.Quantity{}
-	add := func(m map[corev1.ResourceName]*resource.Quantity, name corev1.ResourceName, q resource.Quantity) {
+func qosOf(all []ResourceRequirements) eviction.QoSClass {
+	requests := map[ResourceName]*resource.Quantity{}
+	limits := map[ResourceName]*resource.Quantity{}
+	add := func(m map[ResourceName]*resource.Quantity, name ResourceName, q resource.Quantity) {
 		if cur, ok := m[name]; ok {
 			cur.Add(q)
 			return
@@ -126,9 +125,9 @@ func qosOf(all []corev1.ResourceRequirements) eviction.QoSClass {
 // containers) run together; each other init container runs alone with the sidecars started before
 // it; the larger of the two wins, and the pod overhead is added. Pod-level requests
 // (spec.resources), when given, replace the containers' sum for the resources they name.
-func PodRequests(pod *corev1.Pod) map[corev1.ResourceName]int64 {
-	running := map[corev1.ResourceName]int64{}
-	addTo := func(m map[corev1.ResourceName]int64, rl corev1.ResourceList) {
+func PodRequests(pod *Pod) map[ResourceName]int64 {
+	running := map[ResourceName]int64{}
+	addTo := func(m map[ResourceName]int64, rl ResourceList) {
 		for name, q := range rl {
 			m[name] += q.Value()
 		}
@@ -136,10 +135,10 @@ func PodRequests(pod *corev1.Pod) map[corev1.ResourceName]int64 {
 	for _, c := range pod.Spec.Containers {
 		addTo(running, c.Resources.Requests)
 	}
-	sidecars := map[corev1.ResourceName]int64{}
-	initPeak := map[corev1.ResourceName]int64{}
+	sidecars := map[ResourceName]int64{}
+	initPeak := map[ResourceName]int64{}
 	for _, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if c.RestartPolicy != nil && *c.RestartPolicy == ContainerRestartPolicyAlways {
 			addTo(sidecars, c.Resources.Requests)
 			for name, v := range sidecars {
 				initPeak[name] = max(initPeak[name], v)
@@ -150,7 +149,7 @@ func PodRequests(pod *corev1.Pod) map[corev1.ResourceName]int64 {
 			initPeak[name] = max(initPeak[name], q.Value()+sidecars[name])
 		}
 	}
-	out := map[corev1.ResourceName]int64{}
+	out := map[ResourceName]int64{}
 	for name, v := range running {
 		out[name] = v
 	}
@@ -177,7 +176,7 @@ func PodRequests(pod *corev1.Pod) map[corev1.ResourceName]int64 {
 }
 
 // IsDaemonSetPod reports whether a DaemonSet controls the pod.
-func IsDaemonSetPod(pod *corev1.Pod) bool {
+func IsDaemonSetPod(pod *Pod) bool {
 	for _, o := range pod.OwnerReferences {
 		if o.Controller != nil && *o.Controller && o.Kind == "DaemonSet" {
 			return true
@@ -188,7 +187,7 @@ func IsDaemonSetPod(pod *corev1.Pod) bool {
 
 // IsStaticPod reports whether the kubelet runs the pod from a file (the API shows it as a mirror
 // pod).
-func IsStaticPod(pod *corev1.Pod) bool {
+func IsStaticPod(pod *Pod) bool {
 	if _, ok := pod.Annotations[ConfigMirrorAnnotation]; ok {
 		return true
 	}
@@ -197,7 +196,7 @@ func IsStaticPod(pod *corev1.Pod) bool {
 }
 
 // Priority is the pod's spec.priority, 0 when unset.
-func Priority(pod *corev1.Pod) int32 {
+func Priority(pod *Pod) int32 {
 	if pod.Spec.Priority != nil {
 		return *pod.Spec.Priority
 	}
@@ -205,7 +204,7 @@ func Priority(pod *corev1.Pod) int32 {
 }
 
 // IsCritical is the kubelet's IsCriticalPod: a static pod, or priority >= SystemCriticalPriority.
-func IsCritical(pod *corev1.Pod) bool {
+func IsCritical(pod *Pod) bool {
 	return IsStaticPod(pod) || Priority(pod) >= SystemCriticalPriority
 }
 
@@ -215,7 +214,7 @@ const DefaultTerminationGracePeriod = 30 * time.Second
 // Convert maps an API pod to an eviction.Pod without usage: identity, priority, QoS class,
 // requests, grace period and the DaemonSet/static/critical markers. MemoryUsageUnknown is true
 // until a cgroup reading fills MemoryUsage.
-func Convert(pod *corev1.Pod) eviction.Pod {
+func Convert(pod *Pod) eviction.Pod {
 	req := PodRequests(pod)
 	grace := DefaultTerminationGracePeriod
 	if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
@@ -224,8 +223,8 @@ func Convert(pod *corev1.Pod) eviction.Pod {
 	return eviction.Pod{
 		Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID),
 		Priority: Priority(pod), QoS: QoS(pod), GracePeriod: grace,
-		MemoryRequest:      req[corev1.ResourceMemory],
-		StorageRequest:     req[corev1.ResourceEphemeralStorage],
+		MemoryRequest:      req[ResourceMemory],
+		StorageRequest:     req[ResourceEphemeralStorage],
 		MemoryUsageUnknown: true,
 		DaemonSet:          IsDaemonSetPod(pod),
 		Static:             IsStaticPod(pod),

@@ -59,7 +59,7 @@ func TestQoS(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: tt.containers, InitContainers: tt.init, Resources: tt.podLevel}}
-			if got := QoS(pod); got != tt.want {
+			if got := QoS(local(t, pod)); got != tt.want {
 				t.Errorf("QoS = %v; want %v", got, tt.want)
 			}
 		})
@@ -76,29 +76,29 @@ func TestPodRequests(t *testing.T) {
 	tests := []struct {
 		name string
 		spec corev1.PodSpec
-		want map[corev1.ResourceName]int64
+		want map[ResourceName]int64
 	}{
 		{"containers add up", corev1.PodSpec{Containers: []corev1.Container{
 			ctr(rl("memory", "100Mi", "ephemeral-storage", "1Gi"), nil), ctr(rl("memory", "50Mi", "cpu", "250m"), nil)}},
-			map[corev1.ResourceName]int64{"memory": 150 << 20, "ephemeral-storage": 1 << 30, "cpu": 1}},
+			map[ResourceName]int64{"memory": 150 << 20, "ephemeral-storage": 1 << 30, "cpu": 1}},
 		{"a bigger init container wins", corev1.PodSpec{
 			InitContainers: []corev1.Container{ctr(rl("memory", "1Gi"), nil)},
 			Containers:     []corev1.Container{ctr(rl("memory", "100Mi"), nil)}},
-			map[corev1.ResourceName]int64{"memory": 1 << 30}},
+			map[ResourceName]int64{"memory": 1 << 30}},
 		{"sidecars run with the containers and later init containers", corev1.PodSpec{
 			InitContainers: []corev1.Container{sidecar(rl("memory", "100Mi")), ctr(rl("memory", "200Mi"), nil)},
 			Containers:     []corev1.Container{ctr(rl("memory", "50Mi"), nil)}},
-			map[corev1.ResourceName]int64{"memory": 300 << 20}},
+			map[ResourceName]int64{"memory": 300 << 20}},
 		{"overhead is added", corev1.PodSpec{Containers: []corev1.Container{ctr(rl("memory", "100Mi"), nil)}, Overhead: rl("memory", "10Mi")},
-			map[corev1.ResourceName]int64{"memory": 110 << 20}},
+			map[ResourceName]int64{"memory": 110 << 20}},
 		{"pod-level requests replace", corev1.PodSpec{Containers: []corev1.Container{ctr(rl("memory", "100Mi"), nil)},
 			Resources: &corev1.ResourceRequirements{Requests: rl("memory", "1Gi")}},
-			map[corev1.ResourceName]int64{"memory": 1 << 30}},
-		{"nothing", corev1.PodSpec{Containers: []corev1.Container{ctr(nil, nil)}}, map[corev1.ResourceName]int64{}},
+			map[ResourceName]int64{"memory": 1 << 30}},
+		{"nothing", corev1.PodSpec{Containers: []corev1.Container{ctr(nil, nil)}}, map[ResourceName]int64{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if diff := cmp.Diff(tt.want, PodRequests(&corev1.Pod{Spec: tt.spec})); diff != "" {
+			if diff := cmp.Diff(tt.want, PodRequests(local(t, &corev1.Pod{Spec: tt.spec}))); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
@@ -133,7 +133,7 @@ func TestConvertMarkers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if diff := cmp.Diff(tt.want, Convert(&tt.pod)); diff != "" {
+			if diff := cmp.Diff(tt.want, Convert(local(t, &tt.pod))); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
@@ -161,7 +161,7 @@ func TestContainersTerminated(t *testing.T) {
 		for _, s := range tc.main {
 			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{State: s})
 		}
-		if got := containersTerminated(p); got != tc.want {
+		if got := containersTerminated(local(t, p)); got != tc.want {
 			t.Errorf("%s: %v, want %v", name, got, tc.want)
 		}
 	}

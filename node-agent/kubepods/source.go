@@ -10,12 +10,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodefence/nodefence/node-agent/eviction"
 )
@@ -26,13 +21,12 @@ type UsageReader interface {
 	Read(qos eviction.QoSClass, uid string) (u Usage, ok bool, err error)
 }
 
-// Source is the node's pods, from an informer watching the pods bound to the node. It implements
-// pressure.PodSource and shutdown.PodSource. Create it with NewSource, start it with Run.
+// Source is the node's pods, from a list and watch of the pods bound to the node (watch.go). It
+// implements pressure.PodSource and shutdown.PodSource. Create it with NewSource, start it with Run.
 type Source struct {
 	node     string
-	informer cache.SharedIndexInformer
-	synced   cache.InformerSynced
-	lister   corelisters.PodLister
+	client   *Client
+	store    podStore
 	usage    UsageReader
 	disk     DiskReader
 	writable WritableReader
@@ -70,17 +64,7 @@ func NewSource(client *Client, node string, usage UsageReader, log *slog.Logger,
 	if log == nil {
 		log = slog.Default()
 	}
-	lw := cache.NewListWatchFromClient(client.core, "pods", metav1.NamespaceAll, fields.OneTermEqualSelector("spec.nodeName", node))
-	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	// The cache keeps every pod of the node; their managed fields (often the largest part of a
-	// pod object) are never read here.
-	_ = inf.SetTransform(func(o any) (any, error) {
-		if p, ok := o.(*corev1.Pod); ok {
-			p.ManagedFields = nil
-		}
-		return o, nil
-	})
-	s := &Source{node: node, informer: inf, synced: inf.HasSynced, lister: corelisters.NewPodLister(inf.GetIndexer()),
+	s := &Source{node: node, client: client, store: newPodStore(),
 		usage: usage, log: log.With("component", "kubepods", "node", node)}
 	for _, o := range opts {
 		o(s)
@@ -95,16 +79,28 @@ func NodeSelector(node string) string {
 
 // Run watches the node's pods until ctx is done, then returns nil.
 func (s *Source) Run(ctx context.Context) error {
-	s.informer.Run(ctx.Done())
+	s.watch(ctx)
 	return nil
 }
 
 // WaitForSync waits until the first list has arrived or ctx ends.
 func (s *Source) WaitForSync(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), s.synced) {
+	select {
+	case <-s.store.syncedCh:
+		return nil
+	case <-ctx.Done():
 		return fmt.Errorf("kubepods: the pods of node %s were not listed: %w", s.node, context.Cause(ctx))
 	}
-	return nil
+}
+
+// synced reports whether the first list has arrived.
+func (s *Source) synced() bool {
+	select {
+	case <-s.store.syncedCh:
+		return true
+	default:
+		return false
+	}
 }
 
 // SyncTimeout bounds how long Pods and APIPods wait for the first list: a graceful shutdown with
@@ -113,7 +109,7 @@ const SyncTimeout = 5 * time.Second
 
 // APIPods returns the node's pods that are not finished (phase Succeeded or Failed), sorted by
 // namespace/name. It waits for the informer's first list, at most SyncTimeout.
-func (s *Source) APIPods(ctx context.Context) ([]*corev1.Pod, error) {
+func (s *Source) APIPods(ctx context.Context) ([]*Pod, error) {
 	if !s.synced() {
 		sctx, cancel := context.WithTimeout(ctx, SyncTimeout)
 		err := s.WaitForSync(sctx)
@@ -122,18 +118,15 @@ func (s *Source) APIPods(ctx context.Context) ([]*corev1.Pod, error) {
 			return nil, err
 		}
 	}
-	all, err := s.lister.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*corev1.Pod, 0, len(all))
+	all := s.store.list()
+	out := make([]*Pod, 0, len(all))
 	for _, p := range all {
-		if p.Spec.NodeName != s.node || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Spec.NodeName != s.node || p.Status.Phase == PodSucceeded || p.Status.Phase == PodFailed {
 			continue
 		}
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+	slices.SortFunc(out, func(a, b *Pod) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
 	return out, nil
@@ -212,14 +205,11 @@ func (s *Source) readDisk(pods []eviction.Pod, now time.Time) {
 // runtimePod finds the node's pod whose containers carry uid: the pod's own uid, or for a static
 // pod the uid the kubelet gave it, which its mirror pod names in its config.mirror annotation.
 // ok is false before the first list.
-func (s *Source) runtimePod(uid string) (pod *corev1.Pod, ok bool) {
+func (s *Source) runtimePod(uid string) (pod *Pod, ok bool) {
 	if !s.synced() {
 		return nil, false
 	}
-	all, err := s.lister.List(labels.Everything())
-	if err != nil {
-		return nil, false
-	}
+	all := s.store.list()
 	for _, p := range all {
 		if string(p.UID) == uid || (p.Annotations[ConfigMirrorAnnotation] != "" && p.Annotations[ConfigMirrorAnnotation] == uid) {
 			return p, true
@@ -237,7 +227,7 @@ func (s *Source) PodGone(uid string) bool {
 	if !ok {
 		return false
 	}
-	return p == nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	return p == nil || p.Status.Phase == PodSucceeded || p.Status.Phase == PodFailed
 }
 
 // PodRemoved reports whether the content (logs) of the pod with uid may be removed, as kubelet's
@@ -248,5 +238,5 @@ func (s *Source) PodRemoved(uid string) bool {
 	if !ok {
 		return false
 	}
-	return p == nil || (p.Status.Phase == corev1.PodFailed && p.Status.Reason == "Evicted")
+	return p == nil || (p.Status.Phase == PodFailed && p.Status.Reason == "Evicted")
 }
