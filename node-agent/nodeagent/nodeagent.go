@@ -76,7 +76,7 @@ type Config struct {
 	// kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster" ("" = standalone).
 	kubeconfig string
 	// cgroupDriver is how the kubelet names pod cgroups.
-	cgroupDriver kubepods.Driver
+	cgroupDriver kubepods.CgroupDriver
 	// kubeletRootDir is the kubelet's --root-dir, where pods' emptyDir volumes are measured.
 	kubeletRootDir string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
@@ -224,7 +224,7 @@ func parse(args []string, stderr io.Writer) (opts Config, errs problems, help bo
 	fs.StringVar(&opts.logindConfDir, "logind-conf-dir", shutdown.DefaultLogindConfDir, "the logind.conf.d directory --manage-inhibit-delay writes its drop-in to")
 	fs.StringVar(&opts.kubeconfig, "kubeconfig", "", `Kubernetes mode: a kubeconfig path, or "in-cluster" inside a pod (default: standalone, no pods)`)
 	fs.Var(&value{name: "cgroup-driver", text: "auto", errs: &errs, set: func(s string) (err error) {
-		opts.cgroupDriver, err = kubepods.ParseDriver(s)
+		opts.cgroupDriver, err = kubepods.ParseCgroupDriver(s)
 		return err
 	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
 	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
