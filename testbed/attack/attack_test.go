@@ -36,6 +36,7 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -233,19 +234,6 @@ func (a snapshot) diff(b snapshot) string {
 	return strings.Join(out, "; ")
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-}
-
 // openStream opens an agent stream and sends first; it returns the status the stream ended with,
 // or OK when the server accepted the hello and sent its configuration.
 func openStream(ctx context.Context, cc *grpc.ClientConn, msgs ...*agentv1.ConnectRequest) error {
@@ -277,7 +265,7 @@ func hello(node string) *agentv1.ConnectRequest {
 func TestAttacks(t *testing.T) {
 	s := start(t, "")
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
-	eventually(t, 30*time.Second, "leader elected", func() error {
+	wait.Until(t, 30*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
@@ -285,7 +273,7 @@ func TestAttacks(t *testing.T) {
 	for _, n := range nodes {
 		stopAgent[n] = s.runAgent(t, n)
 	}
-	eventually(t, 20*time.Second, "both agents connected", func() error {
+	wait.Until(t, 20*time.Second, "both agents connected", func() error {
 		r, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		if err != nil {
 			return err
@@ -512,7 +500,7 @@ func TestAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var final *coordv1.NodeFence
-	eventually(t, 30*time.Second, "fence done", func() error {
+	wait.Until(t, 30*time.Second, "fence done", func() error {
 		g, err := fc(viewer).GetFence(ctx, &coordv1.GetFenceRequest{Id: f.Fence.Id})
 		if err != nil {
 			return err
@@ -532,7 +520,7 @@ func TestAttacks(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["node-a"].Port, "admin", "password"); err != nil || p != "on" {
 		t.Fatalf("ipmitool node-a: %q, %v; want on", p, err)
 	}
-	eventually(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
+	wait.Until(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
 		return auditHas(ctx, viewer, "node-b", "proof", "went dark")
 	})
 	if err := auditHas(ctx, viewer, "node-b", "alarm", ""); err == nil {
@@ -561,14 +549,14 @@ func auditHas(ctx context.Context, cc *grpc.ClientConn, node, kind, text string)
 func TestFenceOfTheWrongMachine(t *testing.T) {
 	s := start(t, "node-a")
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
-	eventually(t, 30*time.Second, "leader elected", func() error {
+	wait.Until(t, 30*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
 	s.runAgent(t, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	eventually(t, 20*time.Second, "node-a reporting", func() error {
+	wait.Until(t, 20*time.Second, "node-a reporting", func() error {
 		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Name: "node-a"})
 		if err != nil || !r.Node.Connected {
 			return fmt.Errorf("%v %v", r, err)
@@ -580,7 +568,7 @@ func TestFenceOfTheWrongMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	var final *coordv1.NodeFence
-	eventually(t, 30*time.Second, "the wrong-machine alarm on the record", func() error {
+	wait.Until(t, 30*time.Second, "the wrong-machine alarm on the record", func() error {
 		g, err := coordv1.NewFenceServiceClient(operator).GetFence(ctx, &coordv1.GetFenceRequest{Id: f.Fence.Id})
 		if err != nil {
 			return err

@@ -46,6 +46,7 @@ import (
 
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 // Binaries inside kubetest.AssetsDir.
@@ -481,7 +482,7 @@ func (c *Cluster) WaitReady(ctx context.Context, timeout time.Duration) error {
 		var tails []error
 		for _, name := range notReady {
 			n := c.Node(name)
-			tails = append(tails, fmt.Errorf("%s not Ready; kubelet log tail:\n%s", name, Tail(n.logPath("kubelet"), 15)))
+			tails = append(tails, fmt.Errorf("%s not Ready; kubelet log tail:\n%s", name, procs.Tail(n.logPath("kubelet"), 15)))
 		}
 		return fmt.Errorf("nodes not Ready within %s: %w: %w", timeout, errTimeout, errors.Join(tails...))
 	})

@@ -21,7 +21,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +36,7 @@ import (
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/procs"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -112,7 +112,7 @@ type Deployment struct {
 	// the API calls of tests.
 	OperatorTLS tlsfiles.Files
 
-	etcd, driver *process
+	etcd, driver *procs.Proc
 	etcdURL      string
 	ca           *certs.CA
 	caFile       string
@@ -122,17 +122,17 @@ type Deployment struct {
 type Coordinator struct {
 	ID   string
 	Addr string // on the cluster's host address, reachable from the nodes
-	p    *process
+	p    *procs.Proc
 }
 
 // Log is the replica's log file.
-func (c *Coordinator) Log() string { return c.p.log }
+func (c *Coordinator) Log() string { return c.p.Log }
 
 // Kill SIGKILLs the replica and waits for it.
-func (c *Coordinator) Kill() { c.p.kill() }
+func (c *Coordinator) Kill() { c.p.Kill() }
 
 // Alive reports whether the replica's process runs.
-func (c *Coordinator) Alive() bool { return !c.p.exited() }
+func (c *Coordinator) Alive() bool { exited, _ := c.p.Exited(); return !exited }
 
 // DeployDir locates deploy/ from this source file.
 func DeployDir() string {
@@ -335,7 +335,7 @@ func (d *Deployment) startEtcd() error {
 	}
 	data := filepath.Join(d.Opts.Dir, "etcd")
 	_ = os.RemoveAll(data)
-	d.etcd, err = start("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
+	d.etcd, err = procs.StartAppend("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
 		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
@@ -349,7 +349,7 @@ func (d *Deployment) startEtcd() error {
 		return err
 	}
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
-	return waitFor(time.Now().Add(30*time.Second), d.etcd, func() bool {
+	return d.etcd.WaitUntil(time.Now().Add(30*time.Second), func() bool {
 		resp, err := hc.Get(client + "/health")
 		if err != nil {
 			return false
@@ -373,7 +373,7 @@ func (d *Deployment) startDriver() error {
 	if err != nil {
 		return err
 	}
-	d.driver, err = start("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
+	d.driver, err = procs.StartAppend("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
 		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
 		"--poll-interval=100ms", "--default-timeout=20s")...)
 	if err != nil {
@@ -382,7 +382,7 @@ func (d *Deployment) startDriver() error {
 	if err := os.MkdirAll(filepath.Join(d.Opts.Dir, "driver"), 0o700); err != nil {
 		return err
 	}
-	return waitFor(time.Now().Add(30*time.Second), d.driver, func() bool { return dialable(d.DriverAddr) })
+	return d.driver.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(d.DriverAddr) })
 }
 
 func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
@@ -398,7 +398,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 		return nil, err
 	}
 	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
-	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
+	co.p, err = procs.StartAppend(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
 		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
@@ -411,7 +411,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	if err != nil {
 		return nil, err
 	}
-	if err := waitFor(time.Now().Add(30*time.Second), co.p, func() bool { return dialable(co.Addr) }); err != nil {
+	if err := co.p.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(co.Addr) }); err != nil {
 		return nil, err
 	}
 	return co, nil
@@ -488,10 +488,10 @@ func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) erro
 		if time.Now().After(deadline) {
 			var tails []string
 			for _, name := range missing {
-				tails = append(tails, name+" node-agent log:\n"+cluster.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
+				tails = append(tails, name+" node-agent log:\n"+procs.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
 			}
 			for _, co := range d.Coordinators {
-				tails = append(tails, co.ID+" log:\n"+cluster.TailWithout(co.Log(), 15, AccessLog))
+				tails = append(tails, co.ID+" log:\n"+procs.TailWithout(co.Log(), 15, AccessLog))
 			}
 			return fmt.Errorf("agents within %s: %s\n%s", timeout, last, strings.Join(tails, "\n"))
 		}
@@ -505,9 +505,12 @@ func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) erro
 
 // checkAlive fails with the log tail of the driver or etcd if either exited.
 func (d *Deployment) checkAlive() error {
-	for _, p := range []*process{d.etcd, d.driver} {
-		if p != nil && p.exited() {
-			return p.failure("exited")
+	for _, p := range []*procs.Proc{d.etcd, d.driver} {
+		if p == nil {
+			continue
+		}
+		if exited, _ := p.Exited(); exited {
+			return p.Failure("exited")
 		}
 	}
 	return nil
@@ -531,81 +534,10 @@ func (d *Deployment) Stop() {
 		n.RemoveService("node-agent")
 	}
 	for _, co := range d.Coordinators {
-		co.p.stop(5 * time.Second)
+		co.p.Stop(5 * time.Second)
 	}
-	d.driver.stop(5 * time.Second)
-	d.etcd.stop(5 * time.Second)
-}
-
-// process is a started child process with its log.
-type process struct {
-	name, log string
-	cmd       *exec.Cmd
-	done      chan struct{}
-}
-
-func start(name, logPath, bin string, args ...string) (*process, error) {
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *process) stop(grace time.Duration) {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		p.kill()
-	}
-}
-
-func (p *process) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *process) failure(what string) error {
-	return fmt.Errorf("%s %s (pid %d); last lines of %s:\n%s", p.name, what, p.cmd.Process.Pid, p.log, cluster.Tail(p.log, 25))
-}
-
-// waitFor polls ok until it holds, p exits or deadline passes.
-func waitFor(deadline time.Time, p *process, ok func() bool) error {
-	for !ok() {
-		if p.exited() {
-			return p.failure("exited at start")
-		}
-		if time.Now().After(deadline) {
-			return p.failure("not ready in time")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
+	d.driver.Stop(5 * time.Second)
+	d.etcd.Stop(5 * time.Second)
 }
 
 func dialable(addr string) bool {

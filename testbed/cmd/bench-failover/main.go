@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -39,6 +38,7 @@ import (
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
+	"github.com/nodefence/nodefence/testbed/benchkit"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/procs"
@@ -63,37 +63,16 @@ type result struct {
 }
 
 func main() {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	exe, _ := os.Executable()
-	agents := flag.Int("agents", 10000, "simulated agents (one stream each)")
+	fleet := benchkit.RegisterFleet(flag.CommandLine, "coordinator and fence-driver binaries")
 	rounds := flag.Int("rounds", 10, "leader kills")
-	perConn := flag.Int("streams-per-conn", 100, "agent streams per gRPC connection")
-	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator and fence-driver binaries")
 	flag.Parse()
-	var problems []string
-	if *agents < 1 || *agents > 50000 {
-		problems = append(problems, "--agents: must be 1..50000")
-	}
+	problems := fleet.Problems(50000)
 	if *rounds < 1 || *rounds > 100 {
 		problems = append(problems, "--rounds: must be 1..100")
 	}
-	if *perConn < 1 {
-		problems = append(problems, "--streams-per-conn: must be positive")
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintln(os.Stderr, "bench-failover:", p)
-		}
-		os.Exit(2)
-	}
-	res, err := run(ctx, *binDir, *agents, *rounds, *perConn)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-failover:", err)
-		os.Exit(1)
-	}
-	b, _ := json.Marshal(res)
-	fmt.Println(string(b))
+	benchkit.Main("bench-failover", problems, func(ctx context.Context) (*result, error) {
+		return run(ctx, fleet, *rounds)
+	})
 }
 
 // bench is the running system.
@@ -112,7 +91,8 @@ type bench struct {
 
 const victim = "victim"
 
-func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *result, err error) {
+func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err error) {
+	binDir, agents, perConn := fleet.Bin, fleet.Agents, fleet.PerConn
 	dir, err := os.MkdirTemp("", "bench-failover-")
 	if err != nil {
 		return nil, err
@@ -138,13 +118,9 @@ func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *re
 	// The agents: each keeps a stream to the leader, following redirects, and notes when its latest
 	// stream was answered.
 	for _, addr := range b.coordAddr {
-		var group []*grpc.ClientConn
-		for range (agents + perConn - 1) / perConn {
-			c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
-			if err != nil {
-				return nil, err
-			}
-			group = append(group, c)
+		group, err := fleet.Conns(addr)
+		if err != nil {
+			return nil, err
 		}
 		b.agentConns = append(b.agentConns, group)
 	}
@@ -236,7 +212,7 @@ func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *re
 			last = max(last, answered[i].Load())
 		}
 		bk := time.Unix(0, last).Sub(killed)
-		if rss, err = rssMB(b.coord[leader.idx].PID()); err != nil {
+		if rss, err = benchkit.RSSMB(b.coord[leader.idx].PID()); err != nil {
 			return nil, err
 		}
 		rec, err := b.waitDone(ctx, leader.idx, fr.Fence.Id)
@@ -655,20 +631,6 @@ func quantile(v []float64, q float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[min(len(s)-1, int(q*float64(len(s)-1)+0.5))]
-}
-
-func rssMB(pid int) (float64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseFloat(f[1], 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
 }
 
 func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
