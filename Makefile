@@ -138,7 +138,8 @@ bench-ingest: build
 	$(BIN)/bench-ingest $(INGEST_FLAGS)
 
 # bench-agent: the agent's footprint at 1 Hz over 60 s and its memory-pressure detection latency,
-# measured on the binary as `make images` ships it (static, trimmed).
+# measured on the binary as `make images` ships it (static, trimmed), in Kubernetes mode against a
+# real kube-apiserver and a private containerd (--active=false: standalone).
 bench-agent:
 	@mkdir -p $(BIN)/linux-amd64
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid= $(VERSION_LDFLAGS)' -o $(BIN)/linux-amd64/node-agent ./node-agent/cmd/node-agent

@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 )
 
+// ackEvery bounds how long a heartbeat or sample may wait for its (cumulative) acknowledgement.
 const ackEvery = time.Second
 
 // Connect serves one agent stream. Heartbeats and samples are applied on the stream's own goroutine

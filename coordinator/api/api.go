@@ -1,13 +1,15 @@
 // Package api holds the coordinator's gRPC handlers. Mutations and the hot node view are served only
 // by the leader; a follower answers them with a fault.NotLeaderError (UNAVAILABLE naming the leader,
 // also in the "nodefence-leader" trailer). Reads of durable records (GetFence, ListFences,
-// WatchFence, GetLeader) are answered by any replica straight from etcd.
+// WatchFence, GetLeader) are answered by any replica straight from etcd, and GetConfig by any replica
+// from its own configuration.
 package api
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
@@ -52,6 +54,15 @@ type Deps struct {
 	// KubeletReporting reports whether the node's kubelet still reports (Kubernetes mode), so that
 	// Acknowledge refuses a node one of whose witnesses is alive. Nil in standalone mode.
 	KubeletReporting func(ctx context.Context, node string) (bool, error)
+	// CheckDevices checks every fence method of a node without changing anything (CheckNode); nil
+	// makes CheckNode unimplemented.
+	CheckDevices DeviceChecker
+	// LiveConfig returns the configuration GetConfig shows, secrets redacted; nil makes GetConfig
+	// unimplemented.
+	LiveConfig func() *coordv1.GetConfigResponse
+
+	checkOnce  sync.Once
+	checkSlots chan struct{} // maxConcurrentChecks; see ClusterServer.CheckNode
 }
 
 // configuredPlace refuses a hello that moves its node out of the zone or region the fence
@@ -121,7 +132,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 	if !s.Config().HasNode(node) {
 		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
 	}
-	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+	if action != coordv1.FenceAction_FENCE_ACTION_ON { // a reboot powers the node off too
 		var refused string
 		if err := l.Loop.Query(ctx, func(e *engine.Engine) { refused = e.FenceRefusal(node) }); err != nil {
 			return nil, err

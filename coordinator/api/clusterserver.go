@@ -34,11 +34,12 @@ func (s *ClusterServer) GetNode(ctx context.Context, req *coordv1.GetNodeRequest
 		return nil, err
 	}
 	var n *coordv1.Node
-	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(req.Name) }); err != nil {
+	name := NodeName(req)
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(name) }); err != nil {
 		return nil, err
 	}
 	if n == nil {
-		return nil, fmt.Errorf("node %q: %w", req.Name, fault.ErrNotFound)
+		return nil, fmt.Errorf("node %q: %w", name, fault.ErrNotFound)
 	}
 	return &coordv1.GetNodeResponse{Node: n}, nil
 }
@@ -114,5 +115,3 @@ func (s *ClusterServer) GetLeader(ctx context.Context, _ *coordv1.GetLeaderReque
 	_, lerr := s.Leadership.Leading(ctx)
 	return &coordv1.GetLeaderResponse{Id: info.ID, Address: info.Address, Epoch: epoch, IsSelf: lerr == nil}, nil
 }
-
-// ackEvery bounds how long a heartbeat or sample may wait for its (cumulative) acknowledgement.

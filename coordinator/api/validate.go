@@ -34,6 +34,9 @@ func Validate(req proto.Message) error {
 	case *coordv1.UnfenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
+	case *coordv1.RebootRequest:
+		checkName(&v, "node", r.GetNode())
+		checkText(&v, "reason", r.GetReason())
 	case *coordv1.AcknowledgeRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
@@ -70,7 +73,9 @@ func Validate(req proto.Message) error {
 			checkName(&v, "node", r.GetNode())
 		}
 	case *coordv1.GetNodeRequest:
-		checkName(&v, "name", r.GetName())
+		checkNodeOrName(&v, r)
+	case *coordv1.CheckNodeRequest:
+		checkName(&v, "node", r.GetNode())
 	case *coordv1.PauseEvictionsRequest:
 		checkText(&v, "reason", r.GetReason())
 	case *coordv1.ListAuditRequest:
@@ -81,7 +86,8 @@ func Validate(req proto.Message) error {
 			v.Add("after_revision", "must not be negative")
 		}
 		optionalName(&v, "node", r.GetNode())
-	case *coordv1.ListNodesRequest, *coordv1.ListZonesRequest, *coordv1.ResumeEvictionsRequest, *coordv1.GetLeaderRequest:
+	case *coordv1.ListNodesRequest, *coordv1.ListZonesRequest, *coordv1.ResumeEvictionsRequest, *coordv1.GetLeaderRequest,
+		*coordv1.GetConfigRequest:
 	default:
 		return fmt.Errorf("api: no validation for %T", req)
 	}
@@ -121,4 +127,26 @@ func checkID(v *fault.Invalid, field, value string) {
 	} else if len(value) > identity.MaxName+40 || !utf8.ValidString(value) || strings.ContainsAny(value, "/\\\x00") {
 		v.Add(field, "not a fence record id")
 	}
+}
+
+// checkNodeOrName checks GetNodeRequest, whose node name is node (or, deprecated, name): one of them,
+// or both equal.
+func checkNodeOrName(v *fault.Invalid, r *coordv1.GetNodeRequest) {
+	name := r.GetName() //lint:ignore SA1019 the deprecated field is still accepted
+	switch {
+	case r.GetNode() != "" && name != "" && name != r.GetNode():
+		v.Add("name", "deprecated alias of node; %q differs from node %q: set only node", name, r.GetNode())
+	case r.GetNode() != "":
+		checkName(v, "node", r.GetNode())
+	default:
+		checkName(v, "node", name)
+	}
+}
+
+// NodeName returns the node a GetNodeRequest names: node, or the deprecated name.
+func NodeName(r *coordv1.GetNodeRequest) string {
+	if r.GetNode() != "" {
+		return r.GetNode()
+	}
+	return r.GetName() //lint:ignore SA1019 the deprecated field is still accepted
 }

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the tests check that the deprecated GetNodeRequest.name is still accepted
+
 package api
 
 import (
@@ -33,7 +35,19 @@ func TestValidate(t *testing.T) {
 		{&coordv1.ListFencesRequest{Node: "a/b"}, "node"},
 		{&coordv1.WatchFenceRequest{}, "id"},
 		{&coordv1.WatchFenceRequest{Node: "n"}, ""},
-		{&coordv1.GetNodeRequest{}, "name"},
+		{&coordv1.GetNodeRequest{}, "node"},
+		{&coordv1.GetNodeRequest{Node: "n"}, ""},
+		{&coordv1.GetNodeRequest{Name: "n"}, ""},
+		{&coordv1.GetNodeRequest{Name: "n", Node: "n"}, ""},
+		{&coordv1.GetNodeRequest{Name: "m", Node: "n"}, "name"},
+		{&coordv1.GetNodeRequest{Name: "N_1"}, "node"},
+		{&coordv1.CheckNodeRequest{Node: "n-1"}, ""},
+		{&coordv1.RebootRequest{Node: "n-1", Reason: "r"}, ""},
+		{&coordv1.RebootRequest{}, "node"},
+		{&coordv1.RebootRequest{Node: "n", Reason: long}, "reason"},
+		{&coordv1.CheckNodeRequest{}, "node"},
+		{&coordv1.CheckNodeRequest{Node: strings.Repeat("a", 300)}, "node"},
+		{&coordv1.GetConfigRequest{}, ""},
 		{&coordv1.PauseEvictionsRequest{Reason: long}, "reason"},
 		{&coordv1.ListAuditRequest{AfterRevision: -1}, "after_revision"},
 		{&coordv1.ListAuditRequest{Limit: 5001}, "limit"},
@@ -68,7 +82,8 @@ func FuzzValidate(f *testing.F) {
 		func() proto.Message { return &coordv1.AcknowledgeRequest{} }, func() proto.Message { return &coordv1.GetFenceRequest{} },
 		func() proto.Message { return &coordv1.ListFencesRequest{} }, func() proto.Message { return &coordv1.WatchFenceRequest{} },
 		func() proto.Message { return &coordv1.GetNodeRequest{} }, func() proto.Message { return &coordv1.PauseEvictionsRequest{} },
-		func() proto.Message { return &coordv1.ListAuditRequest{} },
+		func() proto.Message { return &coordv1.ListAuditRequest{} }, func() proto.Message { return &coordv1.CheckNodeRequest{} },
+		func() proto.Message { return &coordv1.RebootRequest{} },
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, mk := range types {
@@ -85,10 +100,17 @@ func FuzzValidate(f *testing.F) {
 				names, texts = []string{r.Node}, []string{r.Reason}
 			case *coordv1.UnfenceRequest:
 				names, texts = []string{r.Node}, []string{r.Reason}
+			case *coordv1.RebootRequest:
+				names, texts = []string{r.Node}, []string{r.Reason}
 			case *coordv1.AcknowledgeRequest:
 				names, texts = []string{r.Node}, []string{r.Reason, r.Operator}
 			case *coordv1.GetNodeRequest:
-				names = []string{r.Name}
+				names = []string{NodeName(r)}
+				if r.Name != "" && r.Node != "" && r.Name != r.Node {
+					t.Fatalf("accepted node %q and name %q", r.Node, r.Name)
+				}
+			case *coordv1.CheckNodeRequest:
+				names = []string{r.Node}
 			case *coordv1.PauseEvictionsRequest:
 				texts = []string{r.Reason}
 			case *coordv1.ListFencesRequest:

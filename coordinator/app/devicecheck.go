@@ -5,11 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
-
-	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
 // deviceChecks is the leader's periodic, non-destructive check of every fence method: the
@@ -94,22 +91,10 @@ func warmSecrets(cfg *fenceconfig.Config, secrets fenceconfig.SecretReader) {
 }
 
 func (d *deviceChecks) check(ctx context.Context, a *App, secrets fenceconfig.SecretReader, node string, m fenceconfig.Resolved) bool {
-	params, err := fenceconfig.ResolveSecrets(m.Parameters, secrets)
-	if err != nil {
-		a.log.Warn("fence device check: secret not readable", "node", node, "method", m.Name, "err", err)
-		return false
-	}
-	cli, err := a.drivers.Client(m.Endpoint)
-	if err != nil {
-		a.log.Warn("fence device check: no driver client", "node", node, "method", m.Name, "err", err)
-		return false
-	}
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.FenceOpTimeout+2*time.Second)
-	defer cancel()
-	resp, err := cli.Monitor(cctx, &driverv1.MonitorRequest{Target: &driverv1.Target{Name: node, Parameters: params}, Timeout: durationpb.New(a.cfg.FenceOpTimeout)})
-	if err != nil || !resp.GetReachable() || !resp.GetCredentialsOk() {
+	r := a.probe(ctx, secrets, node, m, false)
+	if !r.Reachable || !r.CredentialsOk {
 		a.log.Warn("fence device check failed", "node", node, "method", m.Name, "driver", m.Driver,
-			"reachable", resp.GetReachable(), "credentials_ok", resp.GetCredentialsOk(), "detail", resp.GetDetail(), "err", err)
+			"reachable", r.Reachable, "credentials_ok", r.CredentialsOk, "detail", r.Detail)
 		return false
 	}
 	return true

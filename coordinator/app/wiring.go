@@ -181,7 +181,7 @@ func (a *App) registerAPI() {
 	deps := &api.Deps{
 		Leadership: a, Store: a.store, Config: a.fences,
 		HeartbeatInterval: a.cfg.AgentHeartbeatInterval, SampleInterval: a.cfg.AgentSampleInterval,
-		KnownNode: a.knownNode, Now: a.now,
+		KnownNode: a.knownNode, Now: a.now, CheckDevices: a.checkNode, LiveConfig: a.liveConfig,
 	}
 	if a.kube != nil {
 		deps.KubeletReporting = a.kubeletReporting

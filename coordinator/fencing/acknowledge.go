@@ -83,8 +83,8 @@ type Ack struct {
 
 // Acknowledged returns the record the acknowledgement writes. With no active record (cur nil) it is
 // a new power-off record, DONE and confirmed off without any driver call. An active power-off record
-// is finished DONE (confirmed off now unless a driver confirmed it earlier). An active unfence is
-// refused (fault.ErrFailedPrecondition). cur is not modified.
+// is finished DONE (confirmed off now unless a driver confirmed it earlier). An active unfence or
+// reboot is refused (fault.ErrFailedPrecondition). cur is not modified.
 func Acknowledged(cur *coordv1.NodeFence, a Ack, now time.Time) (*coordv1.NodeFence, error) {
 	ts := func() *timestamppb.Timestamp { return timestamppb.New(now) }
 	evidence := "acknowledged by " + a.Operator + ": " + a.Note
@@ -97,7 +97,11 @@ func Acknowledged(cur *coordv1.NodeFence, a Ack, now time.Time) (*coordv1.NodeFe
 		}, nil
 	}
 	if cur.Action != coordv1.FenceAction_FENCE_ACTION_OFF {
-		return nil, fmt.Errorf("node %s has an active unfence %s: %w", a.Node, cur.Id, fault.ErrFailedPrecondition)
+		verb := "unfence"
+		if cur.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT {
+			verb = "reboot"
+		}
+		return nil, fmt.Errorf("node %s has an active %s %s: %w", a.Node, verb, cur.Id, fault.ErrFailedPrecondition)
 	}
 	f := proto.Clone(cur).(*coordv1.NodeFence)
 	f.Status, f.AcknowledgedBy, f.Error = coordv1.FenceStatus_FENCE_STATUS_DONE, a.Operator, ""

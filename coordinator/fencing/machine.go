@@ -81,22 +81,37 @@ func FirstStep(plan func(string) ([]fenceconfig.Resolved, error)) coordv1.FenceS
 // Methods returns the methods a record runs in its current step. A power-on record (unfence) runs
 // the recovery methods, then powers the node on with the power-management methods that have an "on"
 // action — or, if none has, with every power-management method turned to "on".
+//
+// A reboot record runs the power-management methods that are not "on" (the power-off), then the
+// same "on" methods a power-on runs.
 func Methods(rec *coordv1.NodeFence, plan func(string) ([]fenceconfig.Resolved, error)) ([]fenceconfig.Resolved, error) {
-	if rec.Action != coordv1.FenceAction_FENCE_ACTION_ON {
-		return plan(stepName(rec.Step))
+	switch rec.Action {
+	case coordv1.FenceAction_FENCE_ACTION_ON:
+		rec0, err := plan(fenceconfig.StepRecovery)
+		if err != nil {
+			return nil, err
+		}
+		on, _, err := powerMethods(plan)
+		return append(rec0, on...), err
+	case coordv1.FenceAction_FENCE_ACTION_REBOOT:
+		on, off, err := powerMethods(plan)
+		return append(off, on...), err
 	}
-	rec0, err := plan(fenceconfig.StepRecovery)
-	if err != nil {
-		return nil, err
-	}
+	return plan(stepName(rec.Step))
+}
+
+// powerMethods splits the power-management methods: on are those with an "on" action — or, if none
+// has, every one turned to "on"; off are the others.
+func powerMethods(plan func(string) ([]fenceconfig.Resolved, error)) (on, off []fenceconfig.Resolved, err error) {
 	pm, err := plan(fenceconfig.StepPowerManagement)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var on []fenceconfig.Resolved
 	for _, m := range pm {
 		if m.Action == "on" {
 			on = append(on, m)
+		} else {
+			off = append(off, m)
 		}
 	}
 	if len(on) == 0 {
@@ -105,7 +120,25 @@ func Methods(rec *coordv1.NodeFence, plan func(string) ([]fenceconfig.Resolved, 
 			on = append(on, m)
 		}
 	}
-	return append(rec0, on...), nil
+	return on, off, nil
+}
+
+// rebootOffFailed says why a reboot must not power its node on, once its power-off methods ran: a
+// required one failed, or none was confirmed. "" lets the power-on go ahead.
+func rebootOffFailed(ops []*coordv1.Operation) string {
+	confirmed := 0
+	for _, op := range ops {
+		switch {
+		case op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED:
+			confirmed++
+		case op.Required:
+			return fmt.Sprintf("reboot: required method %s off failed: %s; the node is not powered on", op.Method, op.Error)
+		}
+	}
+	if confirmed == 0 {
+		return "reboot: no power-off was confirmed; the node is not powered on"
+	}
+	return ""
 }
 
 func finish(r *coordv1.NodeFence, now time.Time, status coordv1.FenceStatus, errText string) {
@@ -144,6 +177,14 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 		if rec.Step == coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT && len(ops) == 0 && now.Before(f.KdumpUntil) {
 			return Decision{Wait: f.KdumpUntil.Sub(now)}
 		}
+		// A reboot powers its node on only after its power-off was confirmed.
+		if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && len(ops) < len(methods) && methods[len(ops)].Action == "on" &&
+			(len(ops) == 0 || ops[len(ops)-1].Action != "on") {
+			if why := rebootOffFailed(ops); why != "" {
+				next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, why
+				return Decision{Next: next}
+			}
+		}
 		if len(ops) < len(methods) {
 			m := methods[len(ops)]
 			op := &coordv1.Operation{
@@ -156,11 +197,14 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 		}
 		// Every method of the step was tried: the step succeeds when every required method and at
 		// least one method was confirmed.
-		var confirmed int
+		var confirmed, confirmedOn int
 		var failed []string
 		for _, op := range ops {
 			if op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED {
 				confirmed++
+				if op.Action == "on" {
+					confirmedOn++
+				}
 			} else {
 				failed = append(failed, fmt.Sprintf("%s %s: %s", op.Method, op.Action, op.Error))
 				if op.Required {
@@ -175,11 +219,16 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 			next.Error = fmt.Sprintf("%s: every method failed: %s", stepName(rec.Step), strings.Join(failed, "; "))
 			return Decision{Next: next}
 		}
+		if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && confirmedOn == 0 {
+			next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
+			next.Error = fmt.Sprintf("reboot: the node was powered off but no power-on was confirmed: %s", strings.Join(failed, "; "))
+			return Decision{Next: next}
+		}
 		next.Status, next.Error, next.Polls = coordv1.FenceStatus_FENCE_STATUS_DONE, "", 0
 		return Decision{Next: next}
 
 	case coordv1.FenceStatus_FENCE_STATUS_DONE:
-		if rec.Action == coordv1.FenceAction_FENCE_ACTION_ON {
+		if rec.Action == coordv1.FenceAction_FENCE_ACTION_ON || rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT {
 			finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
 			return Decision{Next: next}
 		}
@@ -303,12 +352,15 @@ func Record(rec *coordv1.NodeFence, opID string, state driverv1.PowerState, call
 }
 
 // NewRecord returns a new record for node: a power-off starts at its first step (isolation when the
-// node has isolation methods), a power-on (unfence) at recovery. A node delay (fixed plus a random
+// node has isolation methods), a power-on (unfence) at recovery, a reboot at power management. A node delay (fixed plus a random
 // part, drawn once here so every leader honours the same one) postpones the first dispatch.
 func NewRecord(id, node string, action coordv1.FenceAction, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, now time.Time) *coordv1.NodeFence {
 	step := coordv1.FenceStep_FENCE_STEP_RECOVERY
-	if action == coordv1.FenceAction_FENCE_ACTION_OFF {
+	switch action {
+	case coordv1.FenceAction_FENCE_ACTION_OFF:
 		step = FirstStep(plan)
+	case coordv1.FenceAction_FENCE_ACTION_REBOOT:
+		step = coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT
 	}
 	rec := &coordv1.NodeFence{
 		Id: id, Node: node, Action: action, Step: step, Status: coordv1.FenceStatus_FENCE_STATUS_NEW,

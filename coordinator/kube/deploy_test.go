@@ -123,7 +123,7 @@ func TestDryRunRejects(t *testing.T) {
 			"spec":{"replicas":1,"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},
 			"spec":{"containers":[{"name":"c","image":"i","imagePullPolicyy":"Always"}]}}}}`,
 		"bad enum": `{"apiVersion":"nodefence.io/v1alpha1","kind":"NodeFence","metadata":{"name":"x"},
-			"spec":{"id":"x","node":"n","action":"reboot"}}`,
+			"spec":{"id":"x","node":"n","action":"explode"}}`,
 	}
 	for name, doc := range bad {
 		var obj unstructured.Unstructured

@@ -99,7 +99,7 @@ func FenceConditions(rec *coordv1.NodeFence) []metav1.Condition {
 	switch {
 	case rec.GetAcknowledgedBy() != "":
 		fencedYes = "Acknowledged"
-	case rec.GetAction() == coordv1.FenceAction_FENCE_ACTION_ON:
+	case rec.GetAction() == coordv1.FenceAction_FENCE_ACTION_ON, rec.GetAction() == coordv1.FenceAction_FENCE_ACTION_REBOOT:
 		fencedYes = "NotApplicable"
 	}
 	failed := rec.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_ERROR
@@ -277,8 +277,11 @@ func ts(t *timestamppb.Timestamp) *metav1.Time {
 }
 
 func fenceAction(a coordv1.FenceAction) string {
-	if a == coordv1.FenceAction_FENCE_ACTION_ON {
+	switch a {
+	case coordv1.FenceAction_FENCE_ACTION_ON:
 		return "on"
+	case coordv1.FenceAction_FENCE_ACTION_REBOOT:
+		return "reboot"
 	}
 	return "off"
 }

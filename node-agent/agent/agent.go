@@ -281,6 +281,9 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 			if !worked.Swap(true) {
 				a.connected.Store(true)
 				a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
+				if a.cfg.Connected != nil {
+					a.cfg.Connected()
+				}
 			}
 			a.receive(resp)
 		}

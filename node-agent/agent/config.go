@@ -52,6 +52,11 @@ type Config struct {
 	// Grants carries out the coordinator's eviction grants (Kubernetes mode); nil, in standalone
 	// mode, only logs them.
 	Grants GrantHandler
+	// Connected, when set, is called each time a stream to a coordinator is established (its first
+	// answer arrived), on the stream's receive loop: it must return at once. The pressure monitor
+	// uses it to propose its pending eviction candidate again to a new leader, which has never
+	// heard of it.
+	Connected func()
 	// Log receives the agent's logs; nil means slog.Default().
 	Log *slog.Logger
 }

@@ -2,6 +2,7 @@ package eviction
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -36,6 +37,8 @@ func (v Value) Resolve(capacity int64) int64 {
 type Observation struct {
 	Available int64
 	Capacity  int64
+	// Time is when the value was measured; the zero Time means unknown (always counted as new).
+	Time time.Time
 }
 
 // Observations are the latest values of the signals, keyed by signal name. A signal that is not
@@ -62,6 +65,26 @@ func ThresholdsMet(ts []Threshold, obs Observations, withMinReclaim bool) []Thre
 	for _, t := range ts {
 		o, ok := obs[t.Signal]
 		if ok && t.Met(o, withMinReclaim) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// ThresholdsUpdatedStats returns the thresholds of ts whose signal was measured again since last
+// (kubelet's thresholdsUpdatedStats): a threshold whose signal is not observed is dropped; one
+// whose observation has no time, or whose signal was not observed last time, is kept; otherwise it
+// is kept only when its observation is newer than last's. Acting only on fresh measurements keeps
+// a value already acted on (a pod evicted for it) from causing a second eviction before the
+// signal is read again.
+func ThresholdsUpdatedStats(ts []Threshold, obs, last Observations) []Threshold {
+	var out []Threshold
+	for _, t := range ts {
+		o, ok := obs[t.Signal]
+		if !ok {
+			continue
+		}
+		if l, seen := last[t.Signal]; !seen || o.Time.IsZero() || o.Time.After(l.Time) {
 			out = append(out, t)
 		}
 	}
@@ -233,6 +256,7 @@ type Tracker struct {
 	lastMet       map[Condition]time.Time
 	reclaiming    []Threshold
 	reported      map[Condition]bool
+	last          Observations
 }
 
 // NewTracker returns a Tracker for cfg's hard and soft thresholds.
@@ -252,7 +276,8 @@ func NewTracker(cfg Config) *Tracker {
 //     notwithstanding) less than the pressure transition period before now; with a period of 0 it
 //     never is, as in kubelet.
 //  3. Met thresholds whose grace period has passed (hard ones at once) are to be reclaimed, each up to
-//     its threshold plus its minimum reclaim.
+//     its threshold plus its minimum reclaim - but only those whose signal was measured again since
+//     the previous observation (ThresholdsUpdatedStats): a stale value is never acted on twice.
 func (t *Tracker) Observe(now time.Time, obs Observations) Result {
 	met := ThresholdsMet(t.thresholds, obs, false)
 	for _, r := range ThresholdsMet(t.reclaiming, obs, true) {
@@ -300,7 +325,9 @@ func (t *Tracker) Observe(now time.Time, obs Observations) Result {
 	}
 
 	t.reclaiming = ThresholdsMetGracePeriod(t.firstObserved, now)
-	for _, th := range t.reclaiming {
+	fresh := ThresholdsUpdatedStats(t.reclaiming, obs, t.last)
+	t.last = maps.Clone(obs)
+	for _, th := range fresh {
 		o := obs[th.Signal]
 		target := th.Value.Resolve(o.Capacity) + th.MinReclaim.Resolve(o.Capacity)
 		res.Reclaim = append(res.Reclaim, Reclaim{Threshold: th, Observed: o, Target: target, Need: target - o.Available})

@@ -396,3 +396,52 @@ func TestKubeletThresholdTables(t *testing.T) {
 		}
 	}
 }
+
+// TestThresholdsUpdatedStats is kubelet's table for thresholdsUpdatedStats: a threshold is acted
+// on only when its signal's observation is newer than the last one, or has no time, or has no
+// last one.
+func TestThresholdsUpdatedStats(t *testing.T) {
+	mem := Threshold{Signal: SignalMemoryAvailable}
+	at := func(min int) Observation { return Observation{Time: time.Date(2016, 1, 1, 0, min, 0, 0, time.UTC)} }
+	for _, tc := range []struct {
+		name      string
+		ts        []Threshold
+		obs, last Observations
+		want      []Threshold
+	}{
+		{"nothing", nil, Observations{}, Observations{}, nil},
+		{"observation without a time", []Threshold{mem}, Observations{SignalMemoryAvailable: {}}, Observations{}, []Threshold{mem}},
+		{"no last observation", []Threshold{mem}, Observations{SignalMemoryAvailable: at(0)}, Observations{}, []Threshold{mem}},
+		{"older than the last", []Threshold{mem}, Observations{SignalMemoryAvailable: at(0)}, Observations{SignalMemoryAvailable: at(1)}, nil},
+		{"the same observation", []Threshold{mem}, Observations{SignalMemoryAvailable: at(0)}, Observations{SignalMemoryAvailable: at(0)}, nil},
+		{"a new observation", []Threshold{mem}, Observations{SignalMemoryAvailable: at(1)}, Observations{SignalMemoryAvailable: at(0)}, []Threshold{mem}},
+		{"signal not observed", []Threshold{mem}, Observations{SignalPIDAvailable: at(1)}, Observations{}, nil},
+	} {
+		if got := ThresholdsUpdatedStats(tc.ts, tc.obs, tc.last); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestTrackerActsOnFreshStatsOnly: the Tracker offers a met hard threshold for reclaim once per
+// measurement; the same measurement seen again is not offered, a newer one is.
+func TestTrackerActsOnFreshStatsOnly(t *testing.T) {
+	tr := NewTracker(mustParse(t, Flags{HardSet: true, Hard: "memory.available<1Gi", PressureTransitionPeriod: time.Minute}))
+	t0 := time.Unix(100, 0)
+	low := func(at time.Time) Observations {
+		return Observations{SignalMemoryAvailable: {Available: 1 << 29, Capacity: 8 << 30, Time: at}}
+	}
+	if res := tr.Observe(t0, low(t0)); len(res.Reclaim) != 1 {
+		t.Fatalf("first measurement: reclaim %v, want memory.available", res.Reclaim)
+	}
+	res := tr.Observe(t0.Add(time.Second), low(t0))
+	if len(res.Reclaim) != 0 {
+		t.Errorf("same measurement again: reclaim %v, want none", res.Reclaim)
+	}
+	if len(res.Met) != 1 || !res.Conditions[0].Pressure {
+		t.Errorf("same measurement again: met %v, conditions %v; the threshold is still met", res.Met, res.Conditions)
+	}
+	if res := tr.Observe(t0.Add(2*time.Second), low(t0.Add(2*time.Second))); len(res.Reclaim) != 1 {
+		t.Errorf("new measurement: reclaim %v, want memory.available", res.Reclaim)
+	}
+}

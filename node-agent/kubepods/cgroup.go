@@ -95,6 +95,9 @@ type Cgroups struct {
 	Version signals.CgroupVersion
 	// Driver is the kubelet's cgroup driver; CgroupDriverAuto looks for kubepods.slice, then kubepods.
 	Driver CgroupDriver
+	// KubeletRoot is the kubelet's --cgroup-root, relative to the hierarchy's root (default /):
+	// the pods' cgroups are under it.
+	KubeletRoot string
 }
 
 // hierarchies returns the memory hierarchy's directory and the pids hierarchy's, with the version.
@@ -118,7 +121,7 @@ func (c Cgroups) driver(dir string) CgroupDriver {
 	if c.Driver != CgroupDriverAuto {
 		return c.Driver
 	}
-	if _, err := os.Stat(filepath.Join(dir, "kubepods.slice")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, c.KubeletRoot, "kubepods.slice")); err == nil {
 		return CgroupDriverSystemd
 	}
 	return CgroupDriverCgroupfs
@@ -134,7 +137,7 @@ func (c Cgroups) Read(qos eviction.QoSClass, uid string) (u Usage, ok bool, err 
 	if err != nil {
 		return Usage{}, false, err
 	}
-	rel := PodCgroup(c.driver(memDir), qos, uid)
+	rel := filepath.Join("/", c.KubeletRoot, PodCgroup(c.driver(memDir), qos, uid))
 	dir := filepath.Join(memDir, rel)
 	usageFile, inactiveKey := "memory.current", "inactive_file"
 	if v == signals.CgroupV1 {

@@ -549,3 +549,56 @@ func TestTerminatorGraceZeroAndPodGrace(t *testing.T) {
 		t.Errorf("a cancelled shutdown deleted a pod: %v", err)
 	}
 }
+
+// TestSourcePodGone answers the CRI garbage collection as kubelet's pod workers do once synced.
+// Containers (PodGone): a pod still on the node and not finished keeps its newest dead containers;
+// a finished pod, a pod deleted or never bound here, does not. Logs (PodRemoved): only a pod gone
+// from the node or evicted loses them. A static pod is found by the uid its mirror pod names.
+func TestSourcePodGone(t *testing.T) {
+	ctx := testContext(t)
+	ns := namespace(ctx, t)
+	const node = "node-gone"
+	running := createPod(ctx, t, ns, podSpec{name: "running", node: node})
+	createPod(ctx, t, ns, podSpec{name: "static", node: node, mirror: true}) // kubelet's uid "hash"
+	finished := createPod(ctx, t, ns, podSpec{name: "finished", node: node})
+	finished.Status.Phase = corev1.PodFailed
+	if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, finished, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	evicted := createPod(ctx, t, ns, podSpec{name: "evicted", node: node})
+	evicted.Status.Phase, evicted.Status.Reason = corev1.PodFailed, "Evicted"
+	if _, err := admin.CoreV1().Pods(ns).UpdateStatus(ctx, evicted, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := createPod(ctx, t, ns, podSpec{name: "deleted", node: node})
+	elsewhere := createPod(ctx, t, ns, podSpec{name: "elsewhere", node: "node-gone-other"})
+	src := runSource(t, node, nil)
+	eventually(ctx, t, "the evicted pod seen as evicted", func() bool { return src.PodRemoved(string(evicted.UID)) })
+	for _, tc := range []struct {
+		name          string
+		uid           string
+		gone, removed bool
+	}{
+		{"running", string(running.UID), false, false},
+		{"static (kubelet's uid)", "hash", false, false},
+		{"finished", string(finished.UID), true, false},
+		{"evicted", string(evicted.UID), true, true},
+		{"deleted, not yet", string(deleted.UID), false, false},
+		{"on another node", string(elsewhere.UID), true, true},
+		{"unknown", "no-such-uid", true, true},
+	} {
+		if got := src.PodGone(tc.uid); got != tc.gone {
+			t.Errorf("%s: PodGone = %v, want %v", tc.name, got, tc.gone)
+		}
+		if got := src.PodRemoved(tc.uid); got != tc.removed {
+			t.Errorf("%s: PodRemoved = %v, want %v", tc.name, got, tc.removed)
+		}
+	}
+	zero := int64(0)
+	if err := admin.CoreV1().Pods(ns).Delete(ctx, deleted.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, "the deleted pod seen as gone", func() bool {
+		return src.PodGone(string(deleted.UID)) && src.PodRemoved(string(deleted.UID))
+	})
+}

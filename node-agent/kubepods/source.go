@@ -72,6 +72,14 @@ func NewSource(client *Client, node string, usage UsageReader, log *slog.Logger,
 	}
 	lw := cache.NewListWatchFromClient(client.core, "pods", metav1.NamespaceAll, fields.OneTermEqualSelector("spec.nodeName", node))
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// The cache keeps every pod of the node; their managed fields (often the largest part of a
+	// pod object) are never read here.
+	_ = inf.SetTransform(func(o any) (any, error) {
+		if p, ok := o.(*corev1.Pod); ok {
+			p.ManagedFields = nil
+		}
+		return o, nil
+	})
 	s := &Source{node: node, informer: inf, synced: inf.HasSynced, lister: corelisters.NewPodLister(inf.GetIndexer()),
 		usage: usage, log: log.With("component", "kubepods", "node", node)}
 	for _, o := range opts {
@@ -199,4 +207,46 @@ func (s *Source) readDisk(pods []eviction.Pod, now time.Time) {
 		}
 		pods[i].Disk, pods[i].DiskInodes = r.Bytes, r.Inodes
 	}
+}
+
+// runtimePod finds the node's pod whose containers carry uid: the pod's own uid, or for a static
+// pod the uid the kubelet gave it, which its mirror pod names in its config.mirror annotation.
+// ok is false before the first list.
+func (s *Source) runtimePod(uid string) (pod *corev1.Pod, ok bool) {
+	if !s.synced() {
+		return nil, false
+	}
+	all, err := s.lister.List(labels.Everything())
+	if err != nil {
+		return nil, false
+	}
+	for _, p := range all {
+		if string(p.UID) == uid || (p.Annotations[ConfigMirrorAnnotation] != "" && p.Annotations[ConfigMirrorAnnotation] == uid) {
+			return p, true
+		}
+	}
+	return nil, true
+}
+
+// PodGone reports whether the pod with uid no longer needs its containers, as kubelet's pod
+// workers answer the container GC once they have synced (ShouldPodRuntimeBeRemoved): the pod is
+// not bound to the node any more, or it is finished (phase Succeeded or Failed). Before the first
+// list it reports false: nothing is known to be gone.
+func (s *Source) PodGone(uid string) bool {
+	p, ok := s.runtimePod(uid)
+	if !ok {
+		return false
+	}
+	return p == nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// PodRemoved reports whether the content (logs) of the pod with uid may be removed, as kubelet's
+// pod workers answer once synced (ShouldPodContentBeRemoved): the pod is not bound to the node any
+// more, or it was evicted (phase Failed, reason Evicted). Before the first list it reports false.
+func (s *Source) PodRemoved(uid string) bool {
+	p, ok := s.runtimePod(uid)
+	if !ok {
+		return false
+	}
+	return p == nil || (p.Status.Phase == corev1.PodFailed && p.Status.Reason == "Evicted")
 }

@@ -21,8 +21,13 @@ func TestDeployedArgsParse(t *testing.T) {
 		// The agent checks that its certificate names its node: give it worker-1's.
 		installAgentCert(t, args, "worker-1")
 		var stderr bytes.Buffer
-		if _, errs, help := parse(args, &stderr); help || len(errs) > 0 || stderr.Len() > 0 {
+		opts, errs, help := parse(args, &stderr)
+		if help || len(errs) > 0 || stderr.Len() > 0 {
 			t.Errorf("deploy/node-agent.yaml args %q: help=%v, problems %v\n%s", args, help, errs, stderr.String())
+		}
+		// Without Kubernetes mode the DaemonSet's agent would see no pod and evict none.
+		if opts.kubeconfig != "in-cluster" {
+			t.Errorf("deploy/node-agent.yaml: --kubeconfig %q; want in-cluster (Kubernetes mode with the pod's ServiceAccount)", opts.kubeconfig)
 		}
 	}
 }

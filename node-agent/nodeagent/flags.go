@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -47,11 +48,15 @@ type Config struct {
 	cgroupDriver kubepods.CgroupDriver
 	// kubeletRootDir is the kubelet's --root-dir, where pods' emptyDir volumes are measured.
 	kubeletRootDir string
+	// kubeletCgroupRoot is the kubelet's --cgroup-root: the pods' cgroups are under it.
+	kubeletCgroupRoot string
 	// podLogDir is where the kubelet keeps pod logs, measured for each pod.
 	podLogDir string
 	// criEndpoint is the container runtime's CRI socket ("" = none).
 	criEndpoint string
-	logLevel    slog.Level
+	// imageMinGCAge is kubelet's --image-minimum-gc-age for the node-level image reclaim.
+	imageMinGCAge time.Duration
+	logLevel      slog.Level
 	// version asks for the version instead of a run.
 	version bool
 }
@@ -202,6 +207,7 @@ func (f *flags) registerEviction() {
 	fs.Var(&value{name: "eviction-minimum-reclaim", errs: errs, set: accumulate(&ev.MinimumReclaim)}, "eviction-minimum-reclaim",
 		"minimum reclaims, e.g. memory.available=0Mi,nodefs.available=500Mi (repeatable)")
 	fs.StringVar(&f.enforce, "enforce-node-allocatable", "pods", "kubelet's --enforce-node-allocatable: with \"pods\" in it (kubelet's default) the hard memory.available threshold is copied to allocatableMemory.available, measured on the pods' cgroup (kubepods)")
+	fs.BoolVar(&opts.pressure.EvaluateDuringCleanup, "eviction-evaluate-during-cleanup", false, "keep reading the signals and reporting node conditions while an evicted pod's cleanup is waited for (up to 30s); default false, as kubelet, which evaluates nothing during that wait")
 	fs.DurationVar(&opts.pressure.GrantTimeout, "eviction-grant-timeout", pressure.DefaultGrantTimeout,
 		"how long a soft-threshold candidate waits for the coordinator's grant before the agent evicts it itself (coordinator unreachable)")
 	f.duration("eviction-pressure-transition-period", &ev.PressureTransitionPeriod, "how long a pressure condition stays after its threshold stops being met")
@@ -218,6 +224,7 @@ func (f *flags) registerEviction() {
 	fs.StringVar(&opts.reader.FS.NodeFS, "nodefs-path", "", "a path on nodefs (default: --kubelet-root-dir, as kubelet's nodefs is its root dir's filesystem; when that does not exist, no filesystem signals); empty: no filesystem signals")
 	fs.StringVar(&opts.reader.FS.ImageFS, "imagefs-path", "", "a path on imagefs, where the runtime keeps images (default: the runtime's image filesystem from CRI ImageFsInfo, else --nodefs-path)")
 	fs.StringVar(&opts.reader.FS.ContainerFS, "containerfs-path", "", "a path on containerfs, where the runtime keeps writable layers (default: the runtime's container filesystem from CRI, else --imagefs-path)")
+	fs.DurationVar(&opts.imageMinGCAge, "image-minimum-gc-age", cri.DefaultImageMinAge, "kubelet's --image-minimum-gc-age: an unused image is removed before evicting for disk pressure only once the agent has seen it this long")
 	fs.StringVar(&opts.criEndpoint, "container-runtime-endpoint", cri.DefaultEndpoint, "kubelet's --container-runtime-endpoint (a unix socket): image filesystem discovery, writable layers for disk ranking, and dead containers and unused images freed before evicting for disk pressure; a socket that does not exist turns these off (logged); empty: off")
 }
 
@@ -239,6 +246,7 @@ func (f *flags) registerNode() {
 		opts.cgroupDriver, err = kubepods.ParseCgroupDriver(s)
 		return err
 	}}, "cgroup-driver", "the kubelet's --cgroup-driver, to find pod cgroups in Kubernetes mode: auto, cgroupfs or systemd")
+	fs.StringVar(&opts.kubeletCgroupRoot, "kubelet-cgroup-root", "/", "the kubelet's --cgroup-root (cgroupRoot): the pods' cgroups, and the pods cgroup allocatableMemory.available is measured on, are under it")
 	fs.StringVar(&opts.kubeletRootDir, "kubelet-root-dir", kubepods.DefaultKubeletRoot, "the kubelet's --root-dir, where Kubernetes mode measures pods' emptyDir volumes for disk ranking")
 	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.BoolVar(&opts.version, "version", false, "print the version and exit")
@@ -306,7 +314,9 @@ func (f *flags) resolveEviction() {
 		switch strings.TrimSpace(k) {
 		case "pods":
 			ev.AllocatableMemory = true
-			opts.reader.PodsCgroups = signals.DefaultPodsCgroups
+			for _, c := range signals.DefaultPodsCgroups {
+				opts.reader.PodsCgroups = append(opts.reader.PodsCgroups, path.Join(opts.kubeletCgroupRoot, c))
+			}
 		case "", "none", "system-reserved", "kube-reserved", "system-reserved-compressible", "kube-reserved-compressible":
 		default:
 			errs.add("--enforce-node-allocatable: %q: unknown key (want pods, system-reserved, kube-reserved, none)", k)
@@ -354,7 +364,7 @@ func (f *flags) resolveNode() {
 	case opts.manageInhibitDelay && !filepath.IsAbs(opts.logindConfDir):
 		errs.add("--logind-conf-dir: %q: must be an absolute path", opts.logindConfDir)
 	}
-	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}} {
+	for _, d := range []struct{ flag, dir string }{{"--kubelet-root-dir", opts.kubeletRootDir}, {"--pod-log-dir", opts.podLogDir}, {"--kubelet-cgroup-root", opts.kubeletCgroupRoot}} {
 		if !filepath.IsAbs(d.dir) {
 			errs.add("%s: %q: must be an absolute path", d.flag, d.dir)
 		}

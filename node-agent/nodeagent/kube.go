@@ -43,6 +43,17 @@ func (r *grantRelay) Grant(g *agentv1.EvictionGrant) {
 	m.Grant(g)
 }
 
+// connected tells the monitor about a new coordinator stream, so that it proposes its pending
+// candidate again.
+func (r *grantRelay) connected() {
+	r.mu.Lock()
+	m := r.mon
+	r.mu.Unlock()
+	if m != nil {
+		m.Connected()
+	}
+}
+
 // kubeMode is what Kubernetes mode adds: the node's pods, the local killer (hard thresholds and
 // fallbacks), the evictor of granted pods and the shutdown's terminator.
 type kubeMode struct {
@@ -68,7 +79,7 @@ func newKubeMode(opts Config, log *slog.Logger) (*kubeMode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver}
+	cg := kubepods.Cgroups{Root: opts.reader.CgroupRoot, Version: opts.reader.CgroupVersion, Driver: opts.cgroupDriver, KubeletRoot: opts.kubeletCgroupRoot}
 	disk := &kubepods.Disk{KubeletRoot: opts.kubeletRootDir, PodLogDir: opts.podLogDir}
 	src, err := kubepods.NewSource(cs, opts.agent.NodeName, cg, log, kubepods.WithDisk(disk))
 	if err != nil {
@@ -85,7 +96,7 @@ func newKubeMode(opts Config, log *slog.Logger) (*kubeMode, error) {
 // wire connects Kubernetes mode to the running agent: granted evictions go through the Eviction
 // API and are reported back, hard thresholds kill locally, and with a container runtime the node
 // reclaims dead containers and unused images and pods' writable layers count for disk ranking.
-func (k *kubeMode) wire(opts *Config, a *agent.Agent, met *metrics.Metrics, runtime *cri.Client, log *slog.Logger) {
+func (k *kubeMode) wire(ctx context.Context, opts *Config, a *agent.Agent, met *metrics.Metrics, runtime *cri.Client, log *slog.Logger) {
 	k.evictor = kubepods.NewEvictor(k.client, kubepods.EvictorConfig{Log: log, Done: func(c eviction.Candidate, signal string, out kubepods.Outcome, err error) {
 		kind, msg := agentv1.EvictionKind_EVICTION_KIND_GRANTED, "evicted through the Eviction API"
 		switch {
@@ -101,8 +112,10 @@ func (k *kubeMode) wire(opts *Config, a *agent.Agent, met *metrics.Metrics, runt
 	if runtime != nil {
 		opts.pressure.Actions.Node = func(ctx context.Context, containers, images bool) (string, error) {
 			r, err := runtime.Reclaim(ctx, containers, images)
-			return fmt.Sprintf("%d dead containers, %d unused images", r.Containers, r.Images), err
+			return r.String(), err
 		}
+		runtime.PodGone, runtime.PodRemoved, runtime.PodLogDir = k.source.PodGone, k.source.PodRemoved, opts.podLogDir
+		go detectImages(ctx, runtime, log)
 		k.source.SetWritable(func(ctx context.Context) (map[string][2]int64, error) {
 			w, err := runtime.Writable(ctx)
 			out := make(map[string][2]int64, len(w))
@@ -120,4 +133,22 @@ func (k *kubeMode) tasks() []task {
 		return nil
 	}
 	return []task{{"pod source", k.source.Run}, {"evictor", k.evictor.Run}}
+}
+
+// detectImages has the runtime client look at the images at start and every cri.DetectPeriod, as
+// kubelet's image GC loop does, so that an image's minimum GC age counts from when the node first
+// had it.
+func detectImages(ctx context.Context, runtime *cri.Client, log *slog.Logger) {
+	t := time.NewTicker(cri.DetectPeriod)
+	defer t.Stop()
+	for {
+		if _, err := runtime.DetectImages(ctx); err != nil {
+			log.Debug("listing the runtime's images failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

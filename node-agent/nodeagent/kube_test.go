@@ -206,7 +206,7 @@ func TestRunKubernetesModeEvicts(t *testing.T) {
 		g := &granter{grant: true}
 		createHog(ctx, t, admin, "node-d")
 		runAgent(ctx, t, g, "node-d", kubeconfig, "--eviction-hard=nodefs.available<1Ei,imagefs.available<1Ei",
-			"--container-runtime-endpoint="+ctd.Endpoint())
+			"--container-runtime-endpoint="+ctd.Endpoint(), "--image-minimum-gc-age=0")
 		waitUntil(ctx, t, "the unused image to be removed", func() bool {
 			out, err := exec.Command("ctr", "--address", ctd.Socket, "--namespace", "k8s.io", "images", "ls", "-q").Output()
 			return err == nil && len(bytes.TrimSpace(out)) == 0

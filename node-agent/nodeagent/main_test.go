@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -78,9 +79,9 @@ func TestRunInvalidFlags(t *testing.T) {
 			"--cgroup-driver=upstart"},
 			want: []string{`--cgroup-driver: "upstart": cgroup driver "upstart": want auto, cgroupfs or systemd`, "1 invalid flag(s)"}},
 		{name: "relative kubelet directories", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t),
-			"--kubelet-root-dir=var/lib/kubelet", "--pod-log-dir="},
+			"--kubelet-root-dir=var/lib/kubelet", "--pod-log-dir=", "--kubelet-cgroup-root=nf-node-1"},
 			want: []string{`--kubelet-root-dir: "var/lib/kubelet": must be an absolute path`,
-				`--pod-log-dir: "": must be an absolute path`, "2 invalid flag(s)"}},
+				`--pod-log-dir: "": must be an absolute path`, `--kubelet-cgroup-root: "nf-node-1": must be an absolute path`, "3 invalid flag(s)"}},
 		{name: "no coordinator", args: []string{"--insecure", "--boot-id-file=" + bootID(t)},
 			want: []string{"--coordinator: at least one coordinator address is required", "1 invalid flag(s)"}},
 		{name: "empty boot id", args: []string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + writeFile(t, "")},
@@ -224,4 +225,27 @@ func agentCert(t *testing.T, node string) []string {
 		t.Fatal(err)
 	}
 	return pki.Args("", f)
+}
+
+// TestKubeletCgroupRoot: the pods cgroup allocatableMemory.available is measured on, and the
+// pods' cgroups, are under kubelet's --cgroup-root.
+func TestKubeletCgroupRoot(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{"/kubepods.slice", "/kubepods"}},
+		{[]string{"--kubelet-cgroup-root=/nf-node-1"}, []string{"/nf-node-1/kubepods.slice", "/nf-node-1/kubepods"}},
+		{[]string{"--kubelet-cgroup-root=/nf-node-1", "--enforce-node-allocatable=none"}, nil},
+	} {
+		var stderr bytes.Buffer
+		args := append([]string{"--insecure", "--coordinator=127.0.0.1:1", "--boot-id-file=" + bootID(t)}, tt.args...)
+		opts, errs, _ := parse(args, &stderr)
+		if len(errs) > 0 {
+			t.Fatalf("%v: %v", tt.args, errs)
+		}
+		if !slices.Equal(opts.reader.PodsCgroups, tt.want) {
+			t.Errorf("%v: pods cgroups %q; want %q", tt.args, opts.reader.PodsCgroups, tt.want)
+		}
+	}
 }

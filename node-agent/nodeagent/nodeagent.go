@@ -81,6 +81,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// them to the evictor; the monitor needs the agent to send, so it is set once both exist.
 	relay := &grantRelay{}
 	opts.agent.Grants = relay
+	opts.agent.Connected = relay.connected
 
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
@@ -93,7 +94,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
 	if kube != nil {
 		pods, shutOpts.Pods, shutOpts.Terminator = kube.source, kube.source, kube.terminator
-		kube.wire(&opts, a, met, runtime, log)
+		kube.wire(ctx, &opts, a, met, runtime, log)
 	}
 	mon, err := pressure.New(opts.pressure, opts.reader, a, pods, met)
 	if err != nil {
@@ -223,6 +224,7 @@ func containerRuntime(ctx context.Context, opts *Config, log *slog.Logger) (*cri
 		log.Error("cannot use the container runtime", "error", err)
 		return nil, false
 	}
+	runtime.ImageMinAge = opts.imageMinGCAge
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	image, container, err := runtime.ImageFS(ictx)
 	cancel()

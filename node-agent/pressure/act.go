@@ -188,6 +188,37 @@ func (m *Monitor) Grant(g *agentv1.EvictionGrant) {
 	}
 }
 
+// Connected tells the monitor that a new coordinator stream is up (agent.Config.Connected); it
+// returns at once.
+func (m *Monitor) Connected() {
+	select {
+	case m.streams <- struct{}{}:
+	default: // one already queued does the same
+	}
+}
+
+// repropose sends the pending candidate again on a new stream. A candidate the previous leader
+// had acknowledged lives only in that leader's memory: after a leader change nobody would grant
+// it and the node would stay under pressure until the grant timeout. The timeout is not
+// restarted: the candidate keeps its first proposal time, so a node never waits longer than
+// GrantTimeout for relief, however many leaders come and go (the coordinator keeps one candidate
+// per node, and the agent carries out one grant per proposal, so a repeat is harmless).
+func (m *Monitor) repropose() {
+	c := m.act.proposed
+	if c == nil {
+		return
+	}
+	m.send.Send(candidatesMessage(m.act.signal, *c))
+	m.log.Info("proposed the pending eviction candidate again on a new coordinator stream", "pod", c.Namespace+"/"+c.Name,
+		"signal", m.act.signal, "proposed_at", m.act.proposedAt)
+}
+
+func candidatesMessage(signal string, c eviction.Candidate) *agentv1.ConnectRequest {
+	return &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Candidates{Candidates: &agentv1.EvictionCandidates{
+		Signal: signal, Candidates: []*agentv1.EvictionCandidate{{
+			Namespace: c.Namespace, Name: c.Name, Uid: c.UID, GracePeriod: durationpb.New(c.GracePeriod)}}}}}
+}
+
 // handleGrant carries out a grant that matches the pending proposal and declines any other.
 func (m *Monitor) handleGrant(g *agentv1.EvictionGrant, now time.Time) {
 	for _, p := range g.GetPods() {
@@ -206,9 +237,7 @@ func (m *Monitor) handleGrant(g *agentv1.EvictionGrant, now time.Time) {
 
 // reclaim acts on the first threshold to reclaim: kubelet's synchronize after the thresholds.
 func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time) {
-	if m.act.busy(now, func(c eviction.Candidate) bool {
-		return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c)
-	}) {
+	if m.act.busy(now, m.cleanedUp(ctx)) {
 		return
 	}
 	log := m.log.With("signal", r.Threshold.Signal, "hard", r.Hard(), "need", r.Need, "target", r.Target)
@@ -236,9 +265,7 @@ func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time
 	st, c := m.act.decide(r, next, now)
 	switch st {
 	case stepPropose:
-		m.send.Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Candidates{Candidates: &agentv1.EvictionCandidates{
-			Signal: r.Threshold.Signal, Candidates: []*agentv1.EvictionCandidate{{
-				Namespace: c.Namespace, Name: c.Name, Uid: c.UID, GracePeriod: durationpb.New(c.GracePeriod)}}}}})
+		m.send.Send(candidatesMessage(r.Threshold.Signal, c))
 		log.Info("proposed an eviction candidate to the coordinator", "pod", c.Namespace+"/"+c.Name)
 	case stepKill, stepFallback:
 		kind := agentv1.EvictionKind_EVICTION_KIND_HARD
@@ -251,11 +278,14 @@ func (m *Monitor) reclaim(ctx context.Context, r eviction.Reclaim, now time.Time
 			return
 		}
 		msg, err := m.actions.Killer.Kill(ctx, c, r)
+		// Like kubelet's evictPod, a pod whose kill failed still counts as this interval's eviction:
+		// its cleanup is waited for (at most CleanupTimeout) before another pod is tried, so a
+		// failing kill is not retried at every fast read.
+		m.act.waitFor(c, now)
 		if err != nil {
 			log.Error("evicting the pod failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 			return
 		}
-		m.act.waitFor(c, now)
 		m.report(c, r.Threshold.Signal, kind, msg, now)
 		if m.rec != nil {
 			if er, ok := m.rec.(EvictionRecorder); ok {

@@ -109,6 +109,11 @@ type Config struct {
 	// GrantTimeout is how long a soft-threshold candidate waits for the coordinator's grant before
 	// the agent evicts it itself. Default 2m.
 	GrantTimeout time.Duration
+	// EvaluateDuringCleanup keeps reading and evaluating the signals (node conditions included)
+	// while an evicted pod's cleanup is waited for. Off by default, as kubelet: its eviction
+	// manager evaluates nothing during that wait (waitForPodsCleanup, up to CleanupTimeout), so a
+	// condition cannot change then. On, only the next eviction is held back.
+	EvaluateDuringCleanup bool
 	// Actions evict the node's pods in Kubernetes mode; the zero value only reports.
 	Actions Actions
 	// Log nil means slog.Default().
@@ -153,6 +158,7 @@ type Monitor struct {
 	actions Actions
 	act     actor
 	grants  chan *agentv1.EvictionGrant
+	streams chan struct{} // a new coordinator stream; capacity 1
 }
 
 // New returns a Monitor; pods and rec may be nil.
@@ -167,7 +173,7 @@ func New(cfg Config, r Reader, send Sender, pods PodSource, rec Recorder) (*Moni
 	return &Monitor{cfg: cfg, reader: r, send: send, pods: pods, rec: rec,
 		tracker: eviction.NewTracker(cfg.Eviction), obs: eviction.Observations{}, log: cfg.Log.With("component", "pressure"),
 		actions: cfg.Actions, act: actor{cleanupTimeout: cfg.CleanupTimeout, grantTimeout: cfg.GrantTimeout},
-		grants: make(chan *agentv1.EvictionGrant, 16)}, nil
+		grants: make(chan *agentv1.EvictionGrant, 16), streams: make(chan struct{}, 1)}, nil
 }
 
 func (m *Monitor) hasMemoryThreshold() bool {
@@ -224,6 +230,8 @@ func (m *Monitor) Run(ctx context.Context) error {
 			timer.Reset(m.nextFast())
 		case g := <-m.grants:
 			m.handleGrant(g, time.Now())
+		case <-m.streams:
+			m.repropose()
 		}
 	}
 }
@@ -234,12 +242,19 @@ func (m *Monitor) nextFast() time.Duration {
 
 // housekeeping reads every signal, evaluates, and proposes eviction candidates.
 func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
+	if m.waitingForCleanup(ctx, now) {
+		return
+	}
 	sigs, err := m.reader.Read()
 	if err != nil {
 		m.log.Warn("reading the eviction signals failed", "error", err)
 		return
 	}
 	m.obs = signals.Observations(sigs)
+	for name, o := range m.obs {
+		o.Time = now // measured now: kubelet acts only on thresholds whose stats are new
+		m.obs[name] = o
+	}
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 {
 		m.reclaim(ctx, res.Reclaim[0], now)
@@ -252,15 +267,34 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 // fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at
 // once (kubelet waits for its next housekeeping).
 func (m *Monitor) fast(ctx context.Context, now time.Time) {
+	if m.waitingForCleanup(ctx, now) {
+		return
+	}
 	mem, err := m.reader.Memory()
 	if err != nil {
 		m.log.Debug("fast memory read failed", "error", err)
 		return
 	}
-	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity}
+	// Only memory.available is measured again: the other signals keep their housekeeping time, so
+	// their thresholds are not acted on again here (eviction.ThresholdsUpdatedStats).
+	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity, Time: now}
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 && eviction.IsMemorySignal(res.Reclaim[0].Threshold.Signal) {
 		m.reclaim(ctx, res.Reclaim[0], now)
+	}
+}
+
+// waitingForCleanup reports whether evaluation is suspended: kubelet's eviction manager does
+// nothing else while it waits for an evicted pod's cleanup (unless EvaluateDuringCleanup).
+func (m *Monitor) waitingForCleanup(ctx context.Context, now time.Time) bool {
+	return !m.cfg.EvaluateDuringCleanup && m.act.busy(now, m.cleanedUp(ctx))
+}
+
+// cleanedUp asks the CleanupChecker whether an evicted pod's resources are reclaimed; without
+// one they count as reclaimed at once.
+func (m *Monitor) cleanedUp(ctx context.Context) func(eviction.Candidate) bool {
+	return func(c eviction.Candidate) bool {
+		return m.actions.Cleanup == nil || m.actions.Cleanup.CleanedUp(ctx, c)
 	}
 }
 

@@ -27,6 +27,7 @@ type reader struct {
 	mu        sync.Mutex
 	mem       int64
 	pid       int64
+	alloc     int64 // allocatableMemory.available; 0: not a signal
 	fullReads int
 	memReads  int
 }
@@ -41,10 +42,14 @@ func (r *reader) Read() ([]*agentv1.Signal, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fullReads++
-	return []*agentv1.Signal{
+	sigs := []*agentv1.Signal{
 		{Name: eviction.SignalMemoryAvailable, Available: r.mem, Capacity: 8 * gi},
 		{Name: eviction.SignalPIDAvailable, Available: r.pid, Capacity: 1000},
-	}, nil
+	}
+	if r.alloc > 0 {
+		sigs = append(sigs, &agentv1.Signal{Name: eviction.SignalAllocatableMemoryAvailable, Available: r.alloc, Capacity: 6 * gi})
+	}
+	return sigs, nil
 }
 
 func (r *reader) Memory() (signals.Memory, error) {
@@ -160,13 +165,14 @@ type killer struct {
 	mu      sync.Mutex
 	killed  []string
 	cleaned bool
+	fail    error // returned by every Kill (the kill is still counted)
 }
 
 func (k *killer) Kill(_ context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.killed = append(k.killed, c.Name+"/"+c.GracePeriod.String())
-	return "low on " + r.Threshold.Signal, nil
+	return "low on " + r.Threshold.Signal, k.fail
 }
 
 func (k *killer) CleanedUp(context.Context, eviction.Candidate) bool {
@@ -506,5 +512,178 @@ func TestGrantAfterPressureGoneIsDeclined(t *testing.T) {
 	}
 	if len(g.got) != 0 || len(k.kills()) != 0 {
 		t.Errorf("evicted after the pressure was gone: granted %v, killed %v", g.got, k.kills())
+	}
+}
+
+// TestStaleSignalIsNotActedOnTwice is kubelet's thresholdsUpdatedStats in the monitor: a hard
+// allocatableMemory.available threshold evicts one pod at housekeeping; the fast path, which
+// measures memory.available alone, must not evict again on the allocatable value it did not
+// measure again; the next housekeeping (a new measurement, still under the threshold) does.
+func TestStaleSignalIsNotActedOnTwice(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 4 * gi, pid: 900, alloc: 500 * mi}
+	k := &killer{cleaned: true}
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "allocatableMemory.available<1Gi", PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	if got := len(k.kills()); got != 1 {
+		t.Fatalf("kills after housekeeping: %d, want 1", got)
+	}
+	m.fast(ctx, t0.Add(50*time.Millisecond))
+	m.fast(ctx, t0.Add(100*time.Millisecond))
+	if got := k.kills(); len(got) != 1 {
+		t.Errorf("kills after fast reads that did not measure allocatable memory: %v, want 1", got)
+	}
+	m.housekeeping(ctx, t0.Add(10*time.Second))
+	if got := len(k.kills()); got != 2 {
+		t.Errorf("kills after a new measurement under the threshold: %d, want 2", got)
+	}
+}
+
+// TestFailedKillWaitsLikeAnEviction: kubelet's evictPod counts a pod whose kill failed as the
+// interval's eviction and waits for its cleanup; the agent does the same rather than trying again
+// at every read.
+func TestFailedKillWaitsLikeAnEviction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 900 * mi, pid: 900}
+	k := &killer{fail: fmt.Errorf("apiserver unreachable")}
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi", PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k},
+	}, r, make(sender, 64), memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	for i := 1; i <= 5; i++ {
+		m.fast(ctx, t0.Add(time.Duration(i)*50*time.Millisecond))
+	}
+	if got := k.kills(); len(got) != 1 {
+		t.Errorf("kills within the cleanup wait after a failed kill: %v, want 1", got)
+	}
+	m.fast(ctx, t0.Add(DefaultCleanupTimeout))
+	if got := k.kills(); len(got) != 2 {
+		t.Errorf("kills once the cleanup wait is over: %v, want 2", got)
+	}
+}
+
+// TestNewStreamReproposesWithoutRestartingTheTimeout: a pending candidate is proposed again on
+// every new coordinator stream (a new leader never heard of it), with the same content; the grant
+// timeout still counts from the first proposal, so the local fallback comes when it would have.
+// Without a pending candidate a new stream sends nothing.
+func TestNewStreamReproposesWithoutRestartingTheTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &reader{mem: 900 * mi, pid: 900}
+	s := make(sender, 64)
+	k := &killer{cleaned: true}
+	m, err := New(Config{
+		Eviction: parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<100Mi", Soft: "memory.available<1Gi",
+			SoftGracePeriod: "memory.available=10s", MaxPodGracePeriod: 20, PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, FastInterval: -1, GrantTimeout: time.Minute, Log: slog.New(slog.DiscardHandler),
+		Actions: Actions{Killer: k, Cleanup: k, Granted: &grants{}},
+	}, r, s, memPods, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := func() []string {
+		var out []string
+		for len(s) > 0 {
+			if d := describe(<-s); !strings.HasPrefix(d, "CONDITION") {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	m.repropose()
+	if got := drain(); len(got) != 0 {
+		t.Errorf("new stream without a candidate sent %v", got)
+	}
+	t0 := time.Unix(1000, 0)
+	m.housekeeping(ctx, t0)
+	m.housekeeping(ctx, t0.Add(10*time.Second)) // proposed
+	m.Connected()
+	m.Connected() // two streams in a row queue one re-proposal
+	<-m.streams
+	m.repropose()
+	if len(m.streams) != 0 {
+		t.Error("a second Connected queued a second re-proposal")
+	}
+	want := []string{"candidates memory.available besteffort/20s", "candidates memory.available besteffort/20s"}
+	if diff := cmp.Diff(want, drain()); diff != "" {
+		t.Errorf("proposal and re-proposal (-want +got):\n%s", diff)
+	}
+	m.housekeeping(ctx, t0.Add(69*time.Second))
+	if len(k.kills()) != 0 {
+		t.Errorf("local kills %v before the first proposal's timeout", k.kills())
+	}
+	m.housekeeping(ctx, t0.Add(70*time.Second))
+	if diff := cmp.Diff([]string{"besteffort/20s"}, k.kills()); diff != "" {
+		t.Errorf("fallback one grant timeout after the first proposal (-want +got):\n%s", diff)
+	}
+}
+
+// TestNothingEvaluatedDuringCleanup: as kubelet's eviction manager, the agent reads and evaluates
+// nothing while it waits for an evicted pod's cleanup, so a threshold crossed meanwhile (pids here)
+// is reported when the wait ends; with EvaluateDuringCleanup it is reported at once and only the
+// next eviction waits.
+func TestNothingEvaluatedDuringCleanup(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(fmt.Sprintf("EvaluateDuringCleanup=%v", during), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r := &reader{mem: 900 * mi, pid: 900}
+			s := make(sender, 64)
+			k := &killer{}
+			m, err := New(Config{
+				Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<1Gi,pid.available<100", PressureTransitionPeriod: time.Minute}),
+				HousekeepingInterval: time.Hour, Log: slog.New(slog.DiscardHandler), EvaluateDuringCleanup: during,
+				Actions: Actions{Killer: k, Cleanup: k},
+			}, r, s, memPods, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pidPressure := func() bool {
+				found := false
+				for len(s) > 0 {
+					if describe(<-s) == "CONDITION_TYPE_PID_PRESSURE=CONDITION_STATUS_TRUE" {
+						found = true
+					}
+				}
+				return found
+			}
+			t0 := time.Unix(1000, 0)
+			m.housekeeping(ctx, t0)
+			pidPressure()
+			r.mu.Lock()
+			r.pid, r.fullReads = 50, 0
+			r.mu.Unlock()
+			m.housekeeping(ctx, t0.Add(10*time.Second))
+			m.fast(ctx, t0.Add(11*time.Second))
+			if got := pidPressure(); got != during {
+				t.Errorf("PIDPressure reported during the cleanup wait: %v, want %v", got, during)
+			}
+			if reads := r.fullReads; (reads > 0) != during {
+				t.Errorf("%d reads during the cleanup wait", reads)
+			}
+			m.housekeeping(ctx, t0.Add(30*time.Second)) // the wait is over
+			if !during && !pidPressure() {
+				t.Error("PIDPressure not reported once the wait is over")
+			}
+			if got := len(k.kills()); got != 2 {
+				t.Errorf("%d kills, want one before and one after the wait", got)
+			}
+		})
 	}
 }

@@ -121,3 +121,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A device check is a login on a BMC or PDU: operators only. The live configuration is a read.
+func TestPolicyOfDeviceChecksAndConfig(t *testing.T) {
+	const check = "/nodefence.coordinator.v1.ClusterService/CheckNode"
+	const cfg = "/nodefence.coordinator.v1.ClusterService/GetConfig"
+	for _, tc := range []struct {
+		role       Role
+		check, cfg bool
+	}{
+		{Operator, true, true}, {Viewer, false, true}, {Agent, false, false}, {Driver, false, false}, {Coordinator, false, false},
+	} {
+		if got := Default.Allow(Identity{tc.role, "n"}, check) == nil; got != tc.check {
+			t.Errorf("%s calling CheckNode: allowed=%v, want %v", tc.role, got, tc.check)
+		}
+		if got := Default.Allow(Identity{tc.role, "n"}, cfg) == nil; got != tc.cfg {
+			t.Errorf("%s calling GetConfig: allowed=%v, want %v", tc.role, got, tc.cfg)
+		}
+	}
+}

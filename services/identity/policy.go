@@ -30,6 +30,7 @@ var Default = Policy{
 
 	coordv1.FenceService_Fence_FullMethodName:       operators,
 	coordv1.FenceService_Unfence_FullMethodName:     operators,
+	coordv1.FenceService_Reboot_FullMethodName:      operators,
 	coordv1.FenceService_Acknowledge_FullMethodName: operators,
 	coordv1.FenceService_GetFence_FullMethodName:    readers,
 	coordv1.FenceService_ListFences_FullMethodName:  readers,
@@ -42,6 +43,10 @@ var Default = Policy{
 	coordv1.ClusterService_ListZones_FullMethodName:       readers,
 	coordv1.ClusterService_GetLeader_FullMethodName:       readers,
 	coordv1.ClusterService_ListAudit_FullMethodName:       readers,
+	// A device check changes nothing, but it is a login on the node's BMC or PDU: operators only.
+	coordv1.ClusterService_CheckNode_FullMethodName: operators,
+	// The live configuration, secrets redacted.
+	coordv1.ClusterService_GetConfig_FullMethodName: readers,
 
 	driverv1.FenceDriverService_PowerOff_FullMethodName: {Coordinator},
 	driverv1.FenceDriverService_PowerOn_FullMethodName:  {Coordinator},

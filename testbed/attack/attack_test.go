@@ -355,6 +355,30 @@ func TestAttacks(t *testing.T) {
 			_, err := fc(viewer).Fence(ctx, &coordv1.FenceRequest{Node: "node-b"})
 			return err
 		}},
+		{"agent reboots another node", codes.PermissionDenied, func(ctx context.Context) error {
+			_, err := fc(agentA).Reboot(ctx, &coordv1.RebootRequest{Node: "node-b"})
+			return err
+		}},
+		{"viewer reboots", codes.PermissionDenied, func(ctx context.Context) error {
+			_, err := fc(viewer).Reboot(ctx, &coordv1.RebootRequest{Node: "node-b"})
+			return err
+		}},
+		{"viewer logs in to a BMC through a device check", codes.PermissionDenied, func(ctx context.Context) error {
+			_, err := cl(viewer).CheckNode(ctx, &coordv1.CheckNodeRequest{Node: "node-b"})
+			return err
+		}},
+		{"agent checks devices", codes.PermissionDenied, func(ctx context.Context) error {
+			_, err := cl(agentA).CheckNode(ctx, &coordv1.CheckNodeRequest{Node: "node-a"})
+			return err
+		}},
+		{"agent reads the live configuration", codes.PermissionDenied, func(ctx context.Context) error {
+			_, err := cl(agentA).GetConfig(ctx, &coordv1.GetConfigRequest{})
+			return err
+		}},
+		{"operator checks devices with a huge node name", codes.InvalidArgument, func(ctx context.Context) error {
+			_, err := cl(operator).CheckNode(ctx, &coordv1.CheckNodeRequest{Node: big})
+			return err
+		}},
 		{"viewer resumes evictions", codes.PermissionDenied, func(ctx context.Context) error {
 			_, err := cl(viewer).ResumeEvictions(ctx, &coordv1.ResumeEvictionsRequest{})
 			return err
@@ -557,7 +581,7 @@ func TestFenceOfTheWrongMachine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	wait.Until(t, 20*time.Second, "node-a reporting", func() error {
-		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Name: "node-a"})
+		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Node: "node-a"})
 		if err != nil || !r.Node.Connected {
 			return fmt.Errorf("%v %v", r, err)
 		}

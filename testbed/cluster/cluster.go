@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,6 +281,16 @@ func (c *Cluster) prepare() error {
 	if err := os.WriteFile(c.BMCPasswordFile(), []byte(c.bmcPass), 0o600); err != nil {
 		return err
 	}
+	var reserved int64
+	if cfg.PodsMemory > 0 {
+		total, err := memTotal()
+		if err != nil {
+			return err
+		}
+		if reserved = total - cfg.PodsMemory; reserved <= 0 {
+			return fmt.Errorf("cluster config: PodsMemory: %d bytes is not below the machine's MemTotal %d", cfg.PodsMemory, total)
+		}
+	}
 	for _, n := range c.Nodes {
 		for _, d := range []string{"containerd", "cni", "ipam", "kubelet", "pod-logs", "log"} {
 			if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
@@ -289,7 +300,7 @@ func (c *Cluster) prepare() error {
 		files := map[string]string{
 			"containerd.toml":           containerdConfig(n),
 			"cni/10-nodefence.conflist": cniConfig(n),
-			"kubelet.yaml":              kubeletConfig(n, c.pki.path("ca.crt")),
+			"kubelet.yaml":              kubeletConfig(n, c.pki.path("ca.crt"), reserved),
 		}
 		for name, data := range files {
 			if err := os.WriteFile(filepath.Join(n.Dir, name), []byte(data), 0o644); err != nil {
@@ -304,6 +315,25 @@ func (c *Cluster) prepare() error {
 		}
 	}
 	return nil
+}
+
+// memTotal is the machine's MemTotal in bytes, the memory capacity kubelet reports (cadvisor
+// reads /proc/meminfo).
+func memTotal() (int64, error) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "MemTotal:" && f[2] == "kB" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: MemTotal: %w", err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("/proc/meminfo: no MemTotal in kB")
 }
 
 // IssueClient issues a client certificate for user cn in the groups orgs, signed by the

@@ -99,12 +99,14 @@ func TestNodeConfigs(t *testing.T) {
 	n := &Node{Name: "node-1", Dir: "/d/nodes/node-1", CgroupRoot: "/nf-node-1"}
 	n.IP, n.PodCIDR = nodeAddrs(newLayout(Config{Prefix: "nf"}), 1)
 	for name, text := range map[string]string{
-		"containerd": containerdConfig(n), "cni": cniConfig(n), "kubelet": kubeletConfig(n, "/d/pki/ca.crt"),
+		"containerd": containerdConfig(n), "cni": cniConfig(n), "kubelet": kubeletConfig(n, "/d/pki/ca.crt", 0),
+		"kubelet-allocatable": kubeletConfig(n, "/d/pki/ca.crt", 3<<30),
 	} {
 		for _, want := range map[string][]string{
-			"containerd": {`restrict_oom_score_adj = true`, `Root = "/d/nodes/node-1/containerd/runc"`, `stream_server_address = "10.203.0.11"`, `sandbox_image = "` + PauseImage},
-			"cni":        {`"subnet": "10.204.1.0/24"`, `"dataDir": "/d/nodes/node-1/ipam"`},
-			"kubelet":    {"cgroupRoot: /nf-node-1", "address: 10.203.0.11", "unix:///d/nodes/node-1/containerd.sock", "podLogsDir: /d/nodes/node-1/pod-logs"},
+			"containerd":          {`restrict_oom_score_adj = true`, `Root = "/d/nodes/node-1/containerd/runc"`, `stream_server_address = "10.203.0.11"`, `sandbox_image = "` + PauseImage},
+			"cni":                 {`"subnet": "10.204.1.0/24"`, `"dataDir": "/d/nodes/node-1/ipam"`},
+			"kubelet":             {"cgroupRoot: /nf-node-1", "address: 10.203.0.11", "unix:///d/nodes/node-1/containerd.sock", "podLogsDir: /d/nodes/node-1/pod-logs", "enforceNodeAllocatable: []"},
+			"kubelet-allocatable": {"enforceNodeAllocatable: [pods]", `systemReserved: {memory: "3221225472"}`},
 		}[name] {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s config lacks %q:\n%s", name, want, text)

@@ -21,6 +21,9 @@ const (
 	DefaultServiceCIDR = "10.205.0.0/24"
 	// MaxNodes bounds Config.Nodes.
 	MaxNodes = 9
+	// MinPodsMemory bounds Config.PodsMemory from below (a node's pause containers and the
+	// tests' pods must fit).
+	MinPodsMemory = 128 << 20
 )
 
 // Config describes a cluster. The zero value plus Dir is a valid configuration.
@@ -42,6 +45,12 @@ type Config struct {
 	NodeMonitorGracePeriod, NodeMonitorPeriod time.Duration
 	// StartTimeout bounds Up (default 3 minutes).
 	StartTimeout time.Duration
+	// PodsMemory, when set, is each node's allocatable memory in bytes, enforced on its pods'
+	// cgroup (kubelet's enforceNodeAllocatable: [pods], with systemReserved memory = the machine's
+	// MemTotal - PodsMemory): the nodes' pods then share a memory limit of their own, and
+	// allocatableMemory.available measures pressure per node, whatever the machine's free memory.
+	// 0: nothing enforced (the nodes' pods share the machine's memory).
+	PodsMemory int64
 }
 
 // SetDefaults fills the zero fields.
@@ -79,6 +88,9 @@ func (c *Config) Validate() error {
 		if z == "" {
 			errs = append(errs, fmt.Errorf("cluster config: Zones[%d]: empty", i))
 		}
+	}
+	if c.PodsMemory != 0 && c.PodsMemory < MinPodsMemory {
+		errs = append(errs, fmt.Errorf("cluster config: PodsMemory: at least %d bytes, got %d", MinPodsMemory, c.PodsMemory))
 	}
 	if c.NodeMonitorGracePeriod < 0 || c.NodeMonitorPeriod < 0 || c.StartTimeout < 0 {
 		errs = append(errs, errors.New("cluster config: NodeMonitorGracePeriod, NodeMonitorPeriod, StartTimeout: must not be negative"))
@@ -171,8 +183,13 @@ func cniConfig(n *Node) string {
 
 // kubeletConfig renders node n's KubeletConfiguration: cgroup v1 with cgroupfs under n's own
 // cgroup root, its own containerd, pod logs and addresses; no DNS, no image GC, no eviction (the
-// nodes share one machine's resources), no graceful shutdown.
-func kubeletConfig(n *Node, caFile string) string {
+// nodes share one machine's resources), no graceful shutdown. With reserved > 0 the pods' cgroup
+// is limited to the node's allocatable memory: MemTotal - reserved.
+func kubeletConfig(n *Node, caFile string, reserved int64) string {
+	enforce := "enforceNodeAllocatable: []\n"
+	if reserved > 0 {
+		enforce = fmt.Sprintf("enforceNodeAllocatable: [pods]\nsystemReserved: {memory: \"%d\"}\n", reserved)
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -203,7 +220,6 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {}
-enforceNodeAllocatable: []
 shutdownGracePeriod: 0s
-`, n.CgroupRoot, n.Dir, n.IP.String(), caFile, n.PodCIDR.String())
+`, n.CgroupRoot, n.Dir, n.IP.String(), caFile, n.PodCIDR.String()) + enforce
 }

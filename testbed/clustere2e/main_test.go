@@ -57,7 +57,7 @@ func run(m *testing.M) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start := time.Now()
 	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second,
-		StartTimeout: 8 * time.Minute}, log)
+		StartTimeout: 8 * time.Minute, PodsMemory: podsMemory}, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "clustere2e: cluster:", err)
 		return 1

@@ -11,11 +11,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -27,6 +29,27 @@ type Containerd struct {
 	// Root is its --root: images and snapshots live below it.
 	Root string
 	dir  string
+	log  syncBuffer
+	stop func()
+	once sync.Once
+}
+
+// syncBuffer is a bytes.Buffer safe for containerd's output and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Endpoint is the CRI endpoint ("unix://" + Socket).
@@ -35,17 +58,33 @@ func (c *Containerd) Endpoint() string { return "unix://" + c.Socket }
 // Start starts containerd for the test and stops it at the end of the test.
 func Start(t *testing.T) *Containerd {
 	t.Helper()
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Stop()
+		if t.Failed() {
+			t.Logf("containerd log:\n%s", c.Log())
+		}
+	})
+	return c
+}
+
+// New starts containerd with its files in a new temporary directory and returns once it answers.
+// The caller must call Stop.
+func New() (*Containerd, error) {
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Fatalf("containerd is not installed (make deps installs the Debian package): %v", err)
+		return nil, fmt.Errorf("containerd is not installed (make deps installs the Debian package): %w", err)
 	}
 	if os.Geteuid() != 0 {
-		t.Fatal("containerd needs root")
+		return nil, errors.New("containerd needs root")
 	}
 	// A short directory: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "nf-ctd-")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	c := &Containerd{Socket: filepath.Join(dir, "c.sock"), Root: filepath.Join(dir, "root"), dir: dir}
 	cfg := fmt.Sprintf(`version = 2
@@ -67,49 +106,70 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   sandbox_image = "nodefence.test/pause:none"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  tolerate_missing_hugetlb_controller = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[6]q
     conf_dir = %[7]q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[8]q
 `, c.Root, filepath.Join(dir, "state"), c.Socket, c.Socket+".ttrpc", filepath.Join(dir, "opt"),
-		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"))
+		filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf"), filepath.Join(dir, "runc"))
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
-	var logBuf bytes.Buffer
 	cmd := exec.Command(bin, "--config", cfgPath, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	cmd.Stdout, cmd.Stderr = &c.log, &c.log
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
+	c.stop = func() {
 		_ = cmd.Process.Kill()
 		<-exited
-		// Snapshots are mounted below root while containers run; none do here, but be sure.
+		// Snapshots are mounted below root while containers run; none should be left, but be sure.
 		_ = exec.Command("umount", "-R", c.Root).Run()
 		_ = os.RemoveAll(dir)
-		if t.Failed() {
-			t.Logf("containerd log:\n%s", logBuf.String())
-		}
-	})
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(c.Socket); err == nil && c.ctr(context.Background(), "version") == nil {
-			return c
+			return c, nil
 		}
 		select {
 		case err := <-exited:
-			t.Fatalf("containerd exited: %v\n%s", err, logBuf.String())
+			exited <- err
+			c.Stop()
+			return nil, fmt.Errorf("containerd exited: %v\n%s", err, c.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("containerd not ready after 20s:\n%s", logBuf.String())
+			c.Stop()
+			return nil, fmt.Errorf("containerd not ready after 20s:\n%s", c.Log())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Stop kills containerd (by its process id) and removes its files. It is safe to call more than
+// once.
+func (c *Containerd) Stop() {
+	c.once.Do(c.stop)
+}
+
+// Log is what containerd wrote so far.
+func (c *Containerd) Log() string { return c.log.String() }
 
 func (c *Containerd) ctr(ctx context.Context, args ...string) error {
 	out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...).CombinedOutput()
@@ -134,6 +194,44 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
+	c.importLayer(t, ref, layer.Bytes(), []string{"/data"})
+}
+
+// ImportBusybox imports an image named ref made of this machine's static busybox (Debian package
+// busybox-static) as /bin/busybox and /bin/sh, with an empty /tmp, running entrypoint. Its
+// processes can write into their writable layer (anywhere but the layer's own files).
+func (c *Containerd) ImportBusybox(t *testing.T, ref string, entrypoint ...string) {
+	t.Helper()
+	bin, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox (Debian package busybox-static): %v", err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	for _, h := range []*tar.Header{
+		{Name: "bin/", Mode: 0o755, Typeflag: tar.TypeDir},
+		{Name: "bin/busybox", Mode: 0o755, Size: int64(len(bin)), Typeflag: tar.TypeReg},
+		{Name: "bin/sh", Linkname: "/bin/busybox", Mode: 0o777, Typeflag: tar.TypeSymlink},
+		{Name: "tmp/", Mode: 0o1777, Typeflag: tar.TypeDir},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(bin); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.importLayer(t, ref, layer.Bytes(), entrypoint)
+}
+
+// importLayer imports a one-layer image named ref running cmd.
+func (c *Containerd) importLayer(t *testing.T, ref string, layer []byte, cmd []string) {
+	t.Helper()
 	blobs := map[string][]byte{}
 	add := func(b []byte) (string, int) {
 		sum := sha256.Sum256(b)
@@ -141,10 +239,10 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 		blobs[d] = b
 		return d, len(b)
 	}
-	layerDigest, layerSize := add(layer.Bytes())
+	layerDigest, layerSize := add(layer)
 	config, _ := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"Cmd": []string{"/data"}},
+		"config": map[string]any{"Cmd": cmd, "Env": []string{"PATH=/bin"}},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
 	})
 	configDigest, configSize := add(config)
@@ -178,6 +276,7 @@ func (c *Containerd) ImportImage(t *testing.T, ref string, size int) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(c.dir, "image.tar")
+	defer os.Remove(path)
 	if err := os.WriteFile(path, archive.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}

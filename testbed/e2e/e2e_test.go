@@ -191,7 +191,7 @@ func runAgent(t *testing.T, cc *grpc.ClientConn, addr, name, zone string) {
 	go func() { defer close(done); a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	wait.Until(t, 10*time.Second, name+" ready with its agent connected", func() error {
-		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Name: name})
+		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Node: name})
 		if err != nil {
 			return err
 		}
@@ -320,7 +320,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 		{"get unknown id", func() error { _, err := fc.GetFence(ctx, &coordv1.GetFenceRequest{Id: "nope"}); return err }, codes.NotFound, "nope"},
 		{"list with bad limit", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Limit: -1}); return err }, codes.InvalidArgument, "limit"},
 		{"list with bad status", func() error { _, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Status: 99}); return err }, codes.InvalidArgument, "status"},
-		{"get node without name", func() error { _, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{}); return err }, codes.InvalidArgument, "name"},
+		{"get node without name", func() error { _, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{}); return err }, codes.InvalidArgument, "node"},
 		{"watch without id or node", func() error {
 			s, err := fc.WatchFence(ctx, &coordv1.WatchFenceRequest{})
 			if err != nil {
@@ -516,7 +516,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		t.Cleanup(cancels[name])
 	}
 	get := func(name string) *coordv1.Node {
-		r, err := cl.GetNode(context.Background(), &coordv1.GetNodeRequest{Name: name})
+		r, err := cl.GetNode(context.Background(), &coordv1.GetNodeRequest{Node: name})
 		if err != nil {
 			t.Logf("GetNode(%s): %v", name, err)
 			return &coordv1.Node{Name: name, Reason: err.Error()}
@@ -808,7 +808,7 @@ func TestKdumpNeverOverridesALiveAgent(t *testing.T) {
 	runAgent(t, cc, c.app.Addr(), n.name, "a")
 	cl := coordv1.NewClusterServiceClient(cc)
 	ready := func() error {
-		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Name: n.name})
+		r, err := cl.GetNode(ctx, &coordv1.GetNodeRequest{Node: n.name})
 		if err != nil {
 			return err
 		}

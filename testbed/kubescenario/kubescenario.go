@@ -182,7 +182,7 @@ func (e *Env) nodeView(ctx context.Context, name string) (*coordv1.Node, error) 
 		return nil, err
 	}
 	defer conn.Close()
-	r, err := coordv1.NewClusterServiceClient(conn).GetNode(ctx, &coordv1.GetNodeRequest{Name: name})
+	r, err := coordv1.NewClusterServiceClient(conn).GetNode(ctx, &coordv1.GetNodeRequest{Node: name})
 	return r.GetNode(), err
 }
 

@@ -238,7 +238,7 @@ nodes:
 	defer coord.Close()
 	cluster := coordv1.NewClusterServiceClient(coord)
 	poll(ctx, t, "agent n1 connected", func() bool {
-		r, err := cluster.GetNode(ctx, &coordv1.GetNodeRequest{Name: "n1"})
+		r, err := cluster.GetNode(ctx, &coordv1.GetNodeRequest{Node: "n1"})
 		return err == nil && r.GetNode().GetConnected()
 	})
 	fences := coordv1.NewFenceServiceClient(coord)

@@ -2,7 +2,9 @@
 // runs on bare metal: an etcd of its own, one or more coordinators in Kubernetes mode with a
 // client certificate whose user is the ServiceAccount that deploy/'s RBAC binds (not
 // system:masters), the IPMI fence-driver driving the nodes' BMCs, and one node-agent per node,
-// started inside that node's network namespace as one of its services. Everything speaks mutual
+// started inside that node's network namespace as one of its services, in Kubernetes mode with a
+// token of deploy/'s node-agent ServiceAccount bound to its Node (so deploy/'s admission policy
+// confines it to its node's pods). Everything speaks mutual
 // TLS with a certificate per component carrying its nodefence identity (services/identity) (so it dies with the node
 // and starts again when the node boots). Every part is a real process of the binaries `make
 // build` produces; BuildBinaries builds them for tests.
@@ -14,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,10 +24,13 @@ import (
 	"strings"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/services/dial"
@@ -47,6 +51,13 @@ const Namespace = "nodefence"
 // CoordinatorUser is the user of the coordinator's client certificate: the ServiceAccount that
 // deploy/rbac-coordinator.yaml binds.
 const CoordinatorUser = "system:serviceaccount:nodefence:nodefence-coordinator"
+
+// AgentServiceAccount is the node agents' ServiceAccount (deploy/rbac-node-agent.yaml); each
+// agent's token is bound to its Node.
+const AgentServiceAccount = "nodefence-node-agent"
+
+// AgentTokenLifetime is how long an agent's token is valid: longer than any test or bench.
+const AgentTokenLifetime = 24 * time.Hour
 
 // AccessLog marks the gRPC servers' access-log lines, left out of log tails.
 const AccessLog = `msg="finished call"`
@@ -71,6 +82,12 @@ type Options struct {
 	FenceOpTimeout time.Duration
 	Retries        int
 	Backoff        time.Duration
+	// CoordinatorArgs are extra coordinator flags (the pod-eviction budget), added after the
+	// deployment's own.
+	CoordinatorArgs []string
+	// AgentArgs, when set, returns extra node-agent flags for a node (eviction thresholds, grant
+	// timeout, shutdown grace periods), added after the deployment's own.
+	AgentArgs func(n *cluster.Node) []string
 	// Log receives progress (nil: discarded).
 	Log *slog.Logger
 }
@@ -215,11 +232,22 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 		if err != nil {
 			return nil, err
 		}
-		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: append(pki.Args("", tls),
+		kc, err := d.agentKubeconfig(ctx, admin, n)
+		if err != nil {
+			return nil, err
+		}
+		// Kubernetes mode with the node's kubelet directories; no eviction threshold unless the
+		// test sets one, as the testbed's kubelets have none (the nodes share one machine).
+		args := append(pki.Args("", tls),
 			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
 			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
 			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
-		)}); err != nil {
+			"--kubeconfig="+kc, "--kubelet-root-dir="+filepath.Join(n.Dir, "kubelet"), "--pod-log-dir="+filepath.Join(n.Dir, "pod-logs"),
+			"--cgroup-driver=cgroupfs", "--kubelet-cgroup-root="+n.CgroupRoot, "--eviction-hard=")
+		if o.AgentArgs != nil {
+			args = append(args, o.AgentArgs(n)...)
+		}
+		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: args}); err != nil {
 			return nil, err
 		}
 	}
@@ -271,7 +299,8 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 	if err != nil {
 		return "", err
 	}
-	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml"); err != nil {
+	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml",
+		"rbac-node-agent.yaml", "policy-node-agent.yaml"); err != nil {
 		return "", err
 	}
 	if err := a.WaitForResource(ctx, kube.FenceResource); err != nil {
@@ -314,107 +343,41 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 	return kc, nil
 }
 
-func (d *Deployment) startEtcd() error {
-	assets, err := kubetest.AssetsDir()
-	if err != nil {
-		return err
-	}
-	ports, err := freePorts("127.0.0.1", 2)
-	if err != nil {
-		return err
-	}
-	// The store is locked: clients need a certificate of the deployment's CA.
-	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
-	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
-	if err != nil {
-		return err
-	}
-	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
-	if err != nil {
-		return err
-	}
-	data := filepath.Join(d.Opts.Dir, "etcd")
-	_ = os.RemoveAll(data)
-	d.etcd, err = procs.StartAppend("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
-		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
-		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
-	if err != nil {
-		return err
-	}
-	d.etcdURL = client
-	tlsConf, err := d.OperatorTLS.Client()
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
-	return d.etcd.WaitUntil(time.Now().Add(30*time.Second), func() bool {
-		resp, err := hc.Get(client + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+// AgentKubeconfig is the kubeconfig the node's agent runs with.
+func (d *Deployment) AgentKubeconfig(node string) string {
+	return filepath.Join(d.Opts.Dir, "agent-"+node+".kubeconfig")
 }
 
-func (d *Deployment) logPath(name string) string {
-	return filepath.Join(d.Opts.Dir, "log", name+".log")
-}
-
-func (d *Deployment) startDriver() error {
-	ports, err := freePorts("127.0.0.1", 1)
+// agentKubeconfig asks the apiserver for a token of the agents' ServiceAccount bound to n's Node
+// object (TokenRequest), as production gives each agent its own: the token names the node (the
+// user's extra authentication.kubernetes.io/node-name), which deploy/policy-node-agent.yaml
+// checks, and dies with the Node. It writes the kubeconfig AgentKubeconfig names.
+func (d *Deployment) agentKubeconfig(ctx context.Context, admin *kubernetes.Clientset, n *cluster.Node) (string, error) {
+	node, err := admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {
-		return err
+		return "", fmt.Errorf("agent token of %s: %w", n.Name, err)
 	}
-	d.DriverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
-	tls, err := d.issue(identity.Driver, "ipmi")
+	life := int64(AgentTokenLifetime / time.Second)
+	tr, err := admin.CoreV1().ServiceAccounts(Namespace).CreateToken(ctx, AgentServiceAccount, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{ExpirationSeconds: &life,
+			BoundObjectRef: &authnv1.BoundObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
+	}, metav1.CreateOptions{})
 	if err != nil {
-		return err
+		return "", fmt.Errorf("agent token of %s: %w", n.Name, err)
 	}
-	d.driver, err = procs.StartAppend("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
-		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
-		"--poll-interval=100ms", "--default-timeout=20s")...)
+	rc, err := cluster.RESTConfig(d.Cluster.AdminKubeconfig())
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := os.MkdirAll(filepath.Join(d.Opts.Dir, "driver"), 0o700); err != nil {
-		return err
+	user := "system:serviceaccount:" + Namespace + ":" + AgentServiceAccount
+	cfg := clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{"nodefence-testbed": {Server: rc.Host, CertificateAuthority: rc.CAFile}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{user: {Token: tr.Status.Token}},
+		Contexts:       map[string]*clientcmdapi.Context{"nodefence-testbed": {Cluster: "nodefence-testbed", AuthInfo: user}},
+		CurrentContext: "nodefence-testbed",
 	}
-	return d.driver.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(d.DriverAddr) })
-}
-
-func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
-	host := d.Cluster.HostIP().String()
-	ports, err := freePorts(host, 1)
-	if err != nil {
-		return nil, err
-	}
-	o := d.Opts
-	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
-	tls, err := d.issue(identity.Coordinator, co.ID)
-	if err != nil {
-		return nil, err
-	}
-	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
-	co.p, err = procs.StartAppend(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args,
-		"--id="+co.ID, "--listen="+co.Addr,
-		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
-		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
-		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
-		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
-		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
-		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
-		"--power-management-polls=3", "--power-management-poll-interval=1s",
-		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")...)
-	if err != nil {
-		return nil, err
-	}
-	if err := co.p.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(co.Addr) }); err != nil {
-		return nil, err
-	}
-	return co, nil
+	path := d.AgentKubeconfig(n.Name)
+	return path, clientcmd.WriteToFile(cfg, path)
 }
 
 // Conn dials a coordinator replica as the operator.

@@ -11,7 +11,7 @@ import (
 )
 
 // programs are the commands whose flags the README names, with the help invocations that print
-// every flag: fencectl lists its subcommands' flags in its usage, except certs, which has its own.
+// every flag: fencectl lists every command with its own flags in its usage.
 var programs = map[string]struct {
 	pkg  string
 	help [][]string

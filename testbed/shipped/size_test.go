@@ -26,7 +26,6 @@ const (
 var oversized = map[string]string{
 	// Splitting these is issue #17's remaining work; each reason says what is in the way.
 	"coordinator/api/agentserver.go:AgentServer.Connect":           "the agent stream handler: hello, leader wait, receive loop and acknowledgement in one; split with the api owner (fencectl helper adds files here)",
-	"coordinator/cmd/fencectl/main.go:ctl.dispatch":                "fencectl's shared-FlagSet dispatch; being rewritten as a table of subcommands (issue #17 item 3)",
 	"coordinator/engine/engine.go":                                 "the engine's state and Ready contract; split by concept (nodes, zones, fences) not done yet",
 	"coordinator/engine/input.go:Engine.Step":                      "the switch over every input type; one function per input not done yet",
 	"coordinator/fenceconfig/configmap.go:FromConfigMaps":          "reads the seed's ConfigMaps in one pass; not split yet",
@@ -48,6 +47,14 @@ var oversized = map[string]string{
 	"testbed/cmd/nodefence-testbed/main.go:run":                    "the local testbed's command dispatch; not split yet",
 	"testbed/e2e/e2e_test.go":                                      "the end-to-end tests in one file; split by scenario not done yet",
 	"testbed/kubescenario/kubescenario.go:Start":                   "the Kubernetes scenario's start sequence; 1 line over",
+	// Landed on main while the size test was being written; not split yet.
+	"node-agent/kubepods/kube_test.go":             "Kubernetes-mode tests against a real apiserver; split by part (source, killer, evictor) not done",
+	"node-agent/pressure/monitor_test.go":          "the monitor's tests; split by path (fast, housekeeping, grants) not done",
+	"testbed/attack/attack_test.go":                "the attack table and its harness; split not done",
+	"testbed/cluster/cluster.go:Cluster.prepare":   "the real cluster's host preparation; not split yet",
+	"testbed/clustere2e/pressure_test.go":          "the real-cluster pressure scenarios; split not done",
+	"testbed/containerdtest/containerdtest.go:New": "containerd's config and start in one; not split yet",
+	"testbed/nfcluster/nfcluster.go:Deploy":        "the deployment's start sequence; not split yet",
 }
 
 var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)

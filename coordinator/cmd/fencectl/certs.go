@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -12,28 +13,34 @@ import (
 	"github.com/nodefence/nodefence/services/identity/certs"
 )
 
-const certsUsage = `usage: fencectl certs --dir DIR [--ca-cert F --ca-key F] [--hosts H,...] [--validity D] ROLE/NAME...
-
-Issues a CA (unless --ca-cert/--ca-key name an existing one) and, for each ROLE/NAME, a certificate
+const certsHelp = `Issues a CA (unless --ca-cert/--ca-key name an existing one) and, for each ROLE/NAME, a certificate
 whose URI SAN is spiffe://nodefence/ROLE/NAME, usable as client and server, into DIR as
 ROLE-NAME.crt and ROLE-NAME.key (0600). Roles: agent (NAME = the node), operator, viewer,
 coordinator, driver. --hosts are the DNS names and IP addresses servers answer to.
 Example: fencectl certs --dir pki --hosts 127.0.0.1,localhost coordinator/c1 driver/ipmi agent/worker-1 operator/alice
 `
 
-// certsCommand issues a CA and per-component certificates (offline).
-func certsCommand(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fencectl certs", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, certsUsage); fs.PrintDefaults() }
+// certsSetup binds the flags of certs, which issues a CA and per-component certificates (offline).
+func certsSetup(fs *flag.FlagSet) runFunc {
 	dir := fs.String("dir", "", "output directory (required)")
 	caCert := fs.String("ca-cert", "", "existing CA certificate (default: issue a new CA into DIR/ca.crt)")
 	caKey := fs.String("ca-key", "", "existing CA private key")
 	hosts := fs.String("hosts", "127.0.0.1,localhost", "comma-separated DNS names and IPs of the servers")
 	validity := fs.Duration("validity", 365*24*time.Hour, "certificate lifetime")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	return func(_ context.Context, c *ctl, args []string) error {
+		return codeErr(issueCerts(certsOptions{dir: *dir, caCert: *caCert, caKey: *caKey, hosts: *hosts, validity: *validity}, args, c.out, c.err))
 	}
+}
+
+// certsOptions are the flags of certs.
+type certsOptions struct {
+	dir, caCert, caKey, hosts string
+	validity                  time.Duration
+}
+
+// issueCerts issues the certificates of the identities in args; it returns the exit code.
+func issueCerts(o certsOptions, args []string, stdout, stderr io.Writer) int {
+	dir, caCert, caKey, hosts, validity := &o.dir, &o.caCert, &o.caKey, &o.hosts, &o.validity
 	var problems []string
 	if *dir == "" {
 		problems = append(problems, "--dir: required")
@@ -45,7 +52,7 @@ func certsCommand(args []string, stdout, stderr io.Writer) int {
 		problems = append(problems, "--validity: must be positive")
 	}
 	var ids []identity.Identity
-	for _, a := range fs.Args() {
+	for _, a := range args {
 		id, err := identity.Parse("spiffe://" + identity.TrustDomain + "/" + a)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: want ROLE/NAME: %v", a, err))

@@ -45,15 +45,6 @@ func TestConfigCheckListsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{{}, {"frobnicate"}, {"fence"}, {"config", "check"}, {"--coordinator", "", "nodes"}} {
-		var out, errb bytes.Buffer
-		if code := run(context.Background(), append([]string{"--insecure"}, args...), &out, &errb); code != 2 {
-			t.Errorf("fencectl %q: exit %d, want 2 (stderr %q)", args, code, errb.String())
-		}
-	}
-}
-
 // Driver parameters are checked offline with the drivers' own rules, and every secret the drivers
 // know (IPMI kg, passphrases, SNMP auth passwords) is masked.
 func TestConfigCheckDriverParameters(t *testing.T) {

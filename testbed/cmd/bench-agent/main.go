@@ -4,7 +4,10 @@
 //	{"bench":"agent","rss_mb":..,"cpu_percent":..,"pressure_detect_ms_p50":..,"pressure_detect_ms_p99":..}
 //
 // It serves a recording AgentService on 127.0.0.1 (the coordinator side of the stream: it acks
-// every message and timestamps condition changes) and runs the real node-agent binary against it:
+// every message and timestamps condition changes) and runs the real node-agent binary against it,
+// by default (--active) as in production: in Kubernetes mode against a real kube-apiserver (from
+// testbed/kube/kubetest) with --pods pods bound to the measured node, and with its CRI client on a
+// private containerd (testbed/containerdtest):
 //
 //  1. Footprint: the agent at 1 Hz sampling and heartbeats for --duration (default 60 s); RSS
 //     (VmRSS) and CPU (utime+stime) read from /proc/<pid> — CPU as a percentage of one core.
@@ -37,9 +40,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	"github.com/nodefence/nodefence/testbed/containerdtest"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 )
 
 func main() {
@@ -49,13 +58,15 @@ func main() {
 		rounds   = flag.Int("rounds", 50, "memory-threshold crossings to time")
 		margin   = flag.Int64("margin-mib", 128, "how far below the current memory.available the threshold is set, in MiB")
 		alloc    = flag.Int64("alloc", 0, "internal: run as the allocating child with this threshold in bytes")
+		active   = flag.Bool("active", true, "run the agent as in production: Kubernetes mode against a real kube-apiserver (a pod informer, the killer and the evictor) with --pods pods bound to its node, and a CRI client against a private containerd; false: standalone")
+		pods     = flag.Int("pods", 30, "with --active, how many pods are bound to the measured node")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *alloc > 0 {
 		os.Exit(allocate(*alloc))
 	}
-	if err := run(log, *agentBin, *duration, *rounds, *margin<<20); err != nil {
+	if err := run(log, *agentBin, *duration, *rounds, *margin<<20, *active, *pods); err != nil {
 		log.Error("bench failed", "error", err)
 		os.Exit(1)
 	}
@@ -96,7 +107,7 @@ func (c *coordinator) Connect(st agentv1.AgentService_ConnectServer) error {
 	}
 }
 
-func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, margin int64) error {
+func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, margin int64, active bool, pods int) error {
 	if _, err := os.Stat(agentBin); err != nil {
 		return fmt.Errorf("agent binary: %w (build it with: go build -o bin/node-agent ./node-agent/cmd/node-agent)", err)
 	}
@@ -120,6 +131,16 @@ func run(log *slog.Logger, agentBin string, duration time.Duration, rounds int, 
 	}
 	base := []string{"--coordinator=" + lis.Addr().String(), "--insecure", "--boot-id-file=" + bootID,
 		"--sample-interval=1s", "--heartbeat-interval=1s", "--log-level=warn"}
+	if active {
+		extra, stop, err := production(log, dir, "bench-footprint", pods)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		base = append(base, extra...)
+	} else {
+		base = append(base, "--container-runtime-endpoint=")
+	}
 
 	// 1. Footprint.
 	log.Info("measuring the footprint", "duration", duration)
@@ -211,14 +232,18 @@ func footprint(bin string, args []string, d time.Duration) (rssMB, cpuPercent fl
 	}
 	start := time.Now()
 	var maxRSS int64
+	var parts string
 	for time.Since(start) < d {
 		time.Sleep(time.Second)
 		rss, err := rssKiB(pid)
 		if err != nil {
 			return 0, 0, fmt.Errorf("agent died? %w", err)
 		}
-		maxRSS = max(maxRSS, rss)
+		if rss > maxRSS {
+			maxRSS, parts = rss, rssParts(pid)
+		}
 	}
+	slog.Info("highest RSS", "kib", maxRSS, "parts", parts)
 	cpu1, err := cpuTicks(pid)
 	if err != nil {
 		return 0, 0, err
@@ -245,6 +270,24 @@ func cpuTicks(pid int) (int64, error) {
 		return 0, err
 	}
 	return ut + st, nil
+}
+
+// rssParts is the split of the RSS /proc/<pid>/status gives: anonymous memory (heap, stacks) and
+// file pages (the binary's code and data touched so far).
+func rssParts(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		for _, k := range []string{"RssAnon:", "RssFile:", "RssShmem:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				out = append(out, k+strings.Join(strings.Fields(v), ""))
+			}
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func rssKiB(pid int) (int64, error) {
@@ -385,4 +428,48 @@ func allocate(threshold int64) int {
 	}
 	fmt.Fprintln(os.Stderr, "allocated 2 GiB without crossing the threshold", len(held))
 	return 1
+}
+
+// production starts what the agent talks to on a production node besides the coordinator: a
+// kube-apiserver (with etcd) holding pods bound to node, and containerd. It returns the agent's
+// flags for them and a function that stops both.
+func production(log *slog.Logger, dir, node string, pods int) (flags []string, stop func(), err error) {
+	log.Info("starting etcd, kube-apiserver and containerd for the agent")
+	kube, err := kubetest.New("")
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube-apiserver: %w", err)
+	}
+	ctd, err := containerdtest.New()
+	if err != nil {
+		kube.Stop()
+		return nil, nil, fmt.Errorf("containerd: %w", err)
+	}
+	stop = func() { ctd.Stop(); kube.Stop() }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := kube.Clientset()
+	grace := int64(30)
+	for i := range pods {
+		_, err := cs.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("app-%d", i), Labels: map[string]string{"app": "bench"}},
+			Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: &grace,
+				Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("creating pod %d: %w", i, err)
+		}
+	}
+	rc := kube.Config()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["bench"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	kc.AuthInfos["bench"] = &clientcmdapi.AuthInfo{Token: rc.BearerToken}
+	kc.Contexts["bench"] = &clientcmdapi.Context{Cluster: "bench", AuthInfo: "bench"}
+	kc.CurrentContext = "bench"
+	path := filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return []string{"--kubeconfig=" + path, "--container-runtime-endpoint=" + ctd.Endpoint()}, stop, nil
 }

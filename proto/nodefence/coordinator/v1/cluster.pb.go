@@ -7,8 +7,10 @@
 package coordinatorv1
 
 import (
+	v1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -140,6 +142,564 @@ func (ZoneState) EnumDescriptor() ([]byte, []int) {
 	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{1}
 }
 
+// CheckNodeRequest names the node whose fence devices to check.
+type CheckNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the node name; it must be in the fence configuration.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckNodeRequest) Reset() {
+	*x = CheckNodeRequest{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckNodeRequest) ProtoMessage() {}
+
+func (x *CheckNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckNodeRequest.ProtoReflect.Descriptor instead.
+func (*CheckNodeRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CheckNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// DeviceCheck is the result of checking one fence method's device.
+type DeviceCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Method is the fence method's name in the node's configuration.
+	Method string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	// Driver is the driver the method uses (ipmi, pdu, ...).
+	Driver string `protobuf:"bytes,2,opt,name=driver,proto3" json:"driver,omitempty"`
+	// Steps are the fencing steps that use the method (isolation, power_management, recovery).
+	Steps []string `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Reachable is true when the device answered at all.
+	Reachable bool `protobuf:"varint,4,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	// CredentialsOk is true when the device accepted the credentials.
+	CredentialsOk bool `protobuf:"varint,5,opt,name=credentials_ok,json=credentialsOk,proto3" json:"credentials_ok,omitempty"`
+	// State is the power state the device reported; UNKNOWN when not read or in doubt.
+	State v1.PowerState `protobuf:"varint,6,opt,name=state,proto3,enum=nodefence.driver.v1.PowerState" json:"state,omitempty"`
+	// Detail explains a failure in words; it never contains a secret.
+	Detail string `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	// Latency is how long the check took.
+	Latency *durationpb.Duration `protobuf:"bytes,8,opt,name=latency,proto3" json:"latency,omitempty"`
+	// CheckedAt is when the check finished.
+	CheckedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=checked_at,json=checkedAt,proto3" json:"checked_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceCheck) Reset() {
+	*x = DeviceCheck{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceCheck) ProtoMessage() {}
+
+func (x *DeviceCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceCheck.ProtoReflect.Descriptor instead.
+func (*DeviceCheck) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DeviceCheck) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *DeviceCheck) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *DeviceCheck) GetSteps() []string {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *DeviceCheck) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *DeviceCheck) GetCredentialsOk() bool {
+	if x != nil {
+		return x.CredentialsOk
+	}
+	return false
+}
+
+func (x *DeviceCheck) GetState() v1.PowerState {
+	if x != nil {
+		return x.State
+	}
+	return v1.PowerState(0)
+}
+
+func (x *DeviceCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *DeviceCheck) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
+func (x *DeviceCheck) GetCheckedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CheckedAt
+	}
+	return nil
+}
+
+// CheckNodeResponse returns one result per fence method of the node.
+type CheckNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the node checked.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Checks are in the order of the node's steps, one per method.
+	Checks []*DeviceCheck `protobuf:"bytes,2,rep,name=checks,proto3" json:"checks,omitempty"`
+	// Ok is true when every device was reachable with the credentials accepted.
+	Ok            bool `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckNodeResponse) Reset() {
+	*x = CheckNodeResponse{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckNodeResponse) ProtoMessage() {}
+
+func (x *CheckNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckNodeResponse.ProtoReflect.Descriptor instead.
+func (*CheckNodeResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CheckNodeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CheckNodeResponse) GetChecks() []*DeviceCheck {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+func (x *CheckNodeResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+// GetConfigRequest asks for the live configuration.
+type GetConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConfigRequest) Reset() {
+	*x = GetConfigRequest{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfigRequest) ProtoMessage() {}
+
+func (x *GetConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfigRequest.ProtoReflect.Descriptor instead.
+func (*GetConfigRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+// Setting is one configuration value of the coordinator.
+type Setting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name is the configuration field's path, for example "Engine.NodeMonitorGracePeriod".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Value is the value as text; a secret is shown as "***".
+	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Setting) Reset() {
+	*x = Setting{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Setting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Setting) ProtoMessage() {}
+
+func (x *Setting) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Setting.ProtoReflect.Descriptor instead.
+func (*Setting) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Setting) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Setting) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// FenceMethodConfig is one fence method as a node's configuration resolves it.
+type FenceMethodConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Step is the fencing step the method belongs to.
+	Step string `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// Name is the method's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Driver is the driver the method uses.
+	Driver string `protobuf:"bytes,3,opt,name=driver,proto3" json:"driver,omitempty"`
+	// Endpoint is the driver service's address.
+	Endpoint string `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Action is what the method does in its step ("off", "on").
+	Action string `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
+	// Required is true when the method must succeed (must_success).
+	Required bool `protobuf:"varint,6,opt,name=required,proto3" json:"required,omitempty"`
+	// Parameters are the method's parameters; secret values are "***" and secret references show
+	// only where the secret is kept.
+	Parameters    map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceMethodConfig) Reset() {
+	*x = FenceMethodConfig{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceMethodConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceMethodConfig) ProtoMessage() {}
+
+func (x *FenceMethodConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceMethodConfig.ProtoReflect.Descriptor instead.
+func (*FenceMethodConfig) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *FenceMethodConfig) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *FenceMethodConfig) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FenceMethodConfig) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *FenceMethodConfig) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *FenceMethodConfig) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *FenceMethodConfig) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *FenceMethodConfig) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+// FenceNodeConfig is one node's fence configuration.
+type FenceNodeConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the node name.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Zone is the configured zone label.
+	Zone string `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	// Region is the configured region label.
+	Region string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// Methods are the node's methods, in step order.
+	Methods       []*FenceMethodConfig `protobuf:"bytes,4,rep,name=methods,proto3" json:"methods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceNodeConfig) Reset() {
+	*x = FenceNodeConfig{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceNodeConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceNodeConfig) ProtoMessage() {}
+
+func (x *FenceNodeConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceNodeConfig.ProtoReflect.Descriptor instead.
+func (*FenceNodeConfig) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *FenceNodeConfig) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FenceNodeConfig) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *FenceNodeConfig) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *FenceNodeConfig) GetMethods() []*FenceMethodConfig {
+	if x != nil {
+		return x.Methods
+	}
+	return nil
+}
+
+// GetConfigResponse is the live configuration, secrets redacted.
+type GetConfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ReplicaId is the answering replica's id.
+	ReplicaId string `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// Settings are the coordinator's settings, sorted by name.
+	Settings []*Setting `protobuf:"bytes,2,rep,name=settings,proto3" json:"settings,omitempty"`
+	// Nodes are the fence configuration's nodes, sorted by name.
+	Nodes         []*FenceNodeConfig `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConfigResponse) Reset() {
+	*x = GetConfigResponse{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfigResponse) ProtoMessage() {}
+
+func (x *GetConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfigResponse.ProtoReflect.Descriptor instead.
+func (*GetConfigResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GetConfigResponse) GetReplicaId() string {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *GetConfigResponse) GetSettings() []*Setting {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+func (x *GetConfigResponse) GetNodes() []*FenceNodeConfig {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // AuditEntry is one decision of the coordinator.
 type AuditEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -162,7 +722,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[0]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -174,7 +734,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[0]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -187,7 +747,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -247,7 +807,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[1]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +819,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[1]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +832,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListAuditRequest) GetNode() string {
@@ -307,7 +867,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[2]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +879,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[2]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +892,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -393,7 +953,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[3]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +965,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[3]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +978,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Node) GetName() string {
@@ -571,7 +1131,7 @@ type NodeCondition struct {
 
 func (x *NodeCondition) Reset() {
 	*x = NodeCondition{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[4]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +1143,7 @@ func (x *NodeCondition) String() string {
 func (*NodeCondition) ProtoMessage() {}
 
 func (x *NodeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[4]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +1156,7 @@ func (x *NodeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCondition.ProtoReflect.Descriptor instead.
 func (*NodeCondition) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeCondition) GetType() string {
@@ -669,7 +1229,7 @@ type Zone struct {
 
 func (x *Zone) Reset() {
 	*x = Zone{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[5]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +1241,7 @@ func (x *Zone) String() string {
 func (*Zone) ProtoMessage() {}
 
 func (x *Zone) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[5]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +1254,7 @@ func (x *Zone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Zone.ProtoReflect.Descriptor instead.
 func (*Zone) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Zone) GetKey() string {
@@ -811,7 +1371,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[6]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1383,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[6]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1396,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 // ListNodesResponse returns nodes.
@@ -850,7 +1410,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[7]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +1422,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[7]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1435,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -888,15 +1448,20 @@ func (x *ListNodesResponse) GetNodes() []*Node {
 // GetNodeRequest names a node.
 type GetNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name is the node name.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Name is the node name. Deprecated: set node, as FenceRequest does; name is still accepted when
+	// node is empty.
+	//
+	// Deprecated: Marked as deprecated in nodefence/coordinator/v1/cluster.proto.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Node is the node name.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[8]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1473,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[8]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,12 +1486,20 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{16}
 }
 
+// Deprecated: Marked as deprecated in nodefence/coordinator/v1/cluster.proto.
 func (x *GetNodeRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *GetNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -942,7 +1515,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[9]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1527,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[9]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1540,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{9}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -986,7 +1559,7 @@ type ListZonesRequest struct {
 
 func (x *ListZonesRequest) Reset() {
 	*x = ListZonesRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[10]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1571,7 @@ func (x *ListZonesRequest) String() string {
 func (*ListZonesRequest) ProtoMessage() {}
 
 func (x *ListZonesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[10]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1584,7 @@ func (x *ListZonesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListZonesRequest.ProtoReflect.Descriptor instead.
 func (*ListZonesRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{10}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 // ListZonesResponse returns zones.
@@ -1027,7 +1600,7 @@ type ListZonesResponse struct {
 
 func (x *ListZonesResponse) Reset() {
 	*x = ListZonesResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[11]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1612,7 @@ func (x *ListZonesResponse) String() string {
 func (*ListZonesResponse) ProtoMessage() {}
 
 func (x *ListZonesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[11]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1625,7 @@ func (x *ListZonesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListZonesResponse.ProtoReflect.Descriptor instead.
 func (*ListZonesResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{11}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListZonesResponse) GetZones() []*Zone {
@@ -1080,7 +1653,7 @@ type PauseEvictionsRequest struct {
 
 func (x *PauseEvictionsRequest) Reset() {
 	*x = PauseEvictionsRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[12]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1665,7 @@ func (x *PauseEvictionsRequest) String() string {
 func (*PauseEvictionsRequest) ProtoMessage() {}
 
 func (x *PauseEvictionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[12]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1678,7 @@ func (x *PauseEvictionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseEvictionsRequest.ProtoReflect.Descriptor instead.
 func (*PauseEvictionsRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{12}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseEvictionsRequest) GetReason() string {
@@ -1124,7 +1697,7 @@ type PauseEvictionsResponse struct {
 
 func (x *PauseEvictionsResponse) Reset() {
 	*x = PauseEvictionsResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[13]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1709,7 @@ func (x *PauseEvictionsResponse) String() string {
 func (*PauseEvictionsResponse) ProtoMessage() {}
 
 func (x *PauseEvictionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[13]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1722,7 @@ func (x *PauseEvictionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseEvictionsResponse.ProtoReflect.Descriptor instead.
 func (*PauseEvictionsResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 // ResumeEvictionsRequest resumes evictions.
@@ -1161,7 +1734,7 @@ type ResumeEvictionsRequest struct {
 
 func (x *ResumeEvictionsRequest) Reset() {
 	*x = ResumeEvictionsRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[14]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1746,7 @@ func (x *ResumeEvictionsRequest) String() string {
 func (*ResumeEvictionsRequest) ProtoMessage() {}
 
 func (x *ResumeEvictionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[14]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1759,7 @@ func (x *ResumeEvictionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeEvictionsRequest.ProtoReflect.Descriptor instead.
 func (*ResumeEvictionsRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{14}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{22}
 }
 
 // ResumeEvictionsResponse confirms the resume.
@@ -1198,7 +1771,7 @@ type ResumeEvictionsResponse struct {
 
 func (x *ResumeEvictionsResponse) Reset() {
 	*x = ResumeEvictionsResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[15]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1783,7 @@ func (x *ResumeEvictionsResponse) String() string {
 func (*ResumeEvictionsResponse) ProtoMessage() {}
 
 func (x *ResumeEvictionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[15]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1796,7 @@ func (x *ResumeEvictionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeEvictionsResponse.ProtoReflect.Descriptor instead.
 func (*ResumeEvictionsResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{15}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{23}
 }
 
 // GetLeaderRequest asks who leads.
@@ -1235,7 +1808,7 @@ type GetLeaderRequest struct {
 
 func (x *GetLeaderRequest) Reset() {
 	*x = GetLeaderRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[16]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1820,7 @@ func (x *GetLeaderRequest) String() string {
 func (*GetLeaderRequest) ProtoMessage() {}
 
 func (x *GetLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[16]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1833,7 @@ func (x *GetLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaderRequest.ProtoReflect.Descriptor instead.
 func (*GetLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{16}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{24}
 }
 
 // GetLeaderResponse names the leader.
@@ -1280,7 +1853,7 @@ type GetLeaderResponse struct {
 
 func (x *GetLeaderResponse) Reset() {
 	*x = GetLeaderResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[17]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1865,7 @@ func (x *GetLeaderResponse) String() string {
 func (*GetLeaderResponse) ProtoMessage() {}
 
 func (x *GetLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[17]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1878,7 @@ func (x *GetLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaderResponse.ProtoReflect.Descriptor instead.
 func (*GetLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{17}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetLeaderResponse) GetId() string {
@@ -1340,7 +1913,51 @@ var File_nodefence_coordinator_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"&nodefence/coordinator/v1/cluster.proto\x12\x18nodefence.coordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x01\n" +
+	"&nodefence/coordinator/v1/cluster.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"&\n" +
+	"\x10CheckNodeRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xd7\x02\n" +
+	"\vDeviceCheck\x12\x16\n" +
+	"\x06method\x18\x01 \x01(\tR\x06method\x12\x16\n" +
+	"\x06driver\x18\x02 \x01(\tR\x06driver\x12\x14\n" +
+	"\x05steps\x18\x03 \x03(\tR\x05steps\x12\x1c\n" +
+	"\treachable\x18\x04 \x01(\bR\treachable\x12%\n" +
+	"\x0ecredentials_ok\x18\x05 \x01(\bR\rcredentialsOk\x125\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1f.nodefence.driver.v1.PowerStateR\x05state\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x123\n" +
+	"\alatency\x18\b \x01(\v2\x19.google.protobuf.DurationR\alatency\x129\n" +
+	"\n" +
+	"checked_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"v\n" +
+	"\x11CheckNodeResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12=\n" +
+	"\x06checks\x18\x02 \x03(\v2%.nodefence.coordinator.v1.DeviceCheckR\x06checks\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok\"\x12\n" +
+	"\x10GetConfigRequest\"3\n" +
+	"\aSetting\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xbf\x02\n" +
+	"\x11FenceMethodConfig\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06driver\x18\x03 \x01(\tR\x06driver\x12\x1a\n" +
+	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x16\n" +
+	"\x06action\x18\x05 \x01(\tR\x06action\x12\x1a\n" +
+	"\brequired\x18\x06 \x01(\bR\brequired\x12[\n" +
+	"\n" +
+	"parameters\x18\a \x03(\v2;.nodefence.coordinator.v1.FenceMethodConfig.ParametersEntryR\n" +
+	"parameters\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
+	"\x0fFenceNodeConfig\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12E\n" +
+	"\amethods\x18\x04 \x03(\v2+.nodefence.coordinator.v1.FenceMethodConfigR\amethods\"\xb2\x01\n" +
+	"\x11GetConfigResponse\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12=\n" +
+	"\bsettings\x18\x02 \x03(\v2!.nodefence.coordinator.v1.SettingR\bsettings\x12?\n" +
+	"\x05nodes\x18\x03 \x03(\v2).nodefence.coordinator.v1.FenceNodeConfigR\x05nodes\"\xa6\x01\n" +
 	"\n" +
 	"AuditEntry\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
@@ -1406,9 +2023,10 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x16pod_eviction_fallbacks\x18\x0f \x01(\x03R\x14podEvictionFallbacks\"\x12\n" +
 	"\x10ListNodesRequest\"I\n" +
 	"\x11ListNodesResponse\x124\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1e.nodefence.coordinator.v1.NodeR\x05nodes\"$\n" +
-	"\x0eGetNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"E\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1e.nodefence.coordinator.v1.NodeR\x05nodes\"<\n" +
+	"\x0eGetNodeRequest\x12\x16\n" +
+	"\x04name\x18\x01 \x01(\tB\x02\x18\x01R\x04name\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"E\n" +
 	"\x0fGetNodeResponse\x122\n" +
 	"\x04node\x18\x01 \x01(\v2\x1e.nodefence.coordinator.v1.NodeR\x04node\"\x12\n" +
 	"\x10ListZonesRequest\"t\n" +
@@ -1436,7 +2054,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x12ZONE_STATE_INITIAL\x10\x01\x12\x15\n" +
 	"\x11ZONE_STATE_NORMAL\x10\x02\x12!\n" +
 	"\x1dZONE_STATE_PARTIAL_DISRUPTION\x10\x03\x12\x1e\n" +
-	"\x1aZONE_STATE_FULL_DISRUPTION\x10\x042\xf5\x05\n" +
+	"\x1aZONE_STATE_FULL_DISRUPTION\x10\x042\xc1\a\n" +
 	"\x0eClusterService\x12d\n" +
 	"\tListNodes\x12*.nodefence.coordinator.v1.ListNodesRequest\x1a+.nodefence.coordinator.v1.ListNodesResponse\x12^\n" +
 	"\aGetNode\x12(.nodefence.coordinator.v1.GetNodeRequest\x1a).nodefence.coordinator.v1.GetNodeResponse\x12d\n" +
@@ -1444,7 +2062,9 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0ePauseEvictions\x12/.nodefence.coordinator.v1.PauseEvictionsRequest\x1a0.nodefence.coordinator.v1.PauseEvictionsResponse\x12v\n" +
 	"\x0fResumeEvictions\x120.nodefence.coordinator.v1.ResumeEvictionsRequest\x1a1.nodefence.coordinator.v1.ResumeEvictionsResponse\x12d\n" +
 	"\tGetLeader\x12*.nodefence.coordinator.v1.GetLeaderRequest\x1a+.nodefence.coordinator.v1.GetLeaderResponse\x12d\n" +
-	"\tListAudit\x12*.nodefence.coordinator.v1.ListAuditRequest\x1a+.nodefence.coordinator.v1.ListAuditResponseB\xfb\x01\n" +
+	"\tListAudit\x12*.nodefence.coordinator.v1.ListAuditRequest\x1a+.nodefence.coordinator.v1.ListAuditResponse\x12d\n" +
+	"\tCheckNode\x12*.nodefence.coordinator.v1.CheckNodeRequest\x1a+.nodefence.coordinator.v1.CheckNodeResponse\x12d\n" +
+	"\tGetConfig\x12*.nodefence.coordinator.v1.GetConfigRequest\x1a+.nodefence.coordinator.v1.GetConfigResponseB\xfb\x01\n" +
 	"\x1ccom.nodefence.coordinator.v1B\fClusterProtoP\x01ZKgithub.com/nodefence/nodefence/proto/nodefence/coordinator/v1;coordinatorv1\xa2\x02\x03NCX\xaa\x02\x18Nodefence.Coordinator.V1\xca\x02\x18Nodefence\\Coordinator\\V1\xe2\x02$Nodefence\\Coordinator\\V1\\GPBMetadata\xea\x02\x1aNodefence::Coordinator::V1b\x06proto3"
 
 var (
@@ -1460,64 +2080,87 @@ func file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_coordinator_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_nodefence_coordinator_v1_cluster_proto_goTypes = []any{
 	(Readiness)(0),                  // 0: nodefence.coordinator.v1.Readiness
 	(ZoneState)(0),                  // 1: nodefence.coordinator.v1.ZoneState
-	(*AuditEntry)(nil),              // 2: nodefence.coordinator.v1.AuditEntry
-	(*ListAuditRequest)(nil),        // 3: nodefence.coordinator.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),       // 4: nodefence.coordinator.v1.ListAuditResponse
-	(*Node)(nil),                    // 5: nodefence.coordinator.v1.Node
-	(*NodeCondition)(nil),           // 6: nodefence.coordinator.v1.NodeCondition
-	(*Zone)(nil),                    // 7: nodefence.coordinator.v1.Zone
-	(*ListNodesRequest)(nil),        // 8: nodefence.coordinator.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 9: nodefence.coordinator.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),          // 10: nodefence.coordinator.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),         // 11: nodefence.coordinator.v1.GetNodeResponse
-	(*ListZonesRequest)(nil),        // 12: nodefence.coordinator.v1.ListZonesRequest
-	(*ListZonesResponse)(nil),       // 13: nodefence.coordinator.v1.ListZonesResponse
-	(*PauseEvictionsRequest)(nil),   // 14: nodefence.coordinator.v1.PauseEvictionsRequest
-	(*PauseEvictionsResponse)(nil),  // 15: nodefence.coordinator.v1.PauseEvictionsResponse
-	(*ResumeEvictionsRequest)(nil),  // 16: nodefence.coordinator.v1.ResumeEvictionsRequest
-	(*ResumeEvictionsResponse)(nil), // 17: nodefence.coordinator.v1.ResumeEvictionsResponse
-	(*GetLeaderRequest)(nil),        // 18: nodefence.coordinator.v1.GetLeaderRequest
-	(*GetLeaderResponse)(nil),       // 19: nodefence.coordinator.v1.GetLeaderResponse
-	nil,                             // 20: nodefence.coordinator.v1.Node.SignalsEntry
-	(*timestamppb.Timestamp)(nil),   // 21: google.protobuf.Timestamp
+	(*CheckNodeRequest)(nil),        // 2: nodefence.coordinator.v1.CheckNodeRequest
+	(*DeviceCheck)(nil),             // 3: nodefence.coordinator.v1.DeviceCheck
+	(*CheckNodeResponse)(nil),       // 4: nodefence.coordinator.v1.CheckNodeResponse
+	(*GetConfigRequest)(nil),        // 5: nodefence.coordinator.v1.GetConfigRequest
+	(*Setting)(nil),                 // 6: nodefence.coordinator.v1.Setting
+	(*FenceMethodConfig)(nil),       // 7: nodefence.coordinator.v1.FenceMethodConfig
+	(*FenceNodeConfig)(nil),         // 8: nodefence.coordinator.v1.FenceNodeConfig
+	(*GetConfigResponse)(nil),       // 9: nodefence.coordinator.v1.GetConfigResponse
+	(*AuditEntry)(nil),              // 10: nodefence.coordinator.v1.AuditEntry
+	(*ListAuditRequest)(nil),        // 11: nodefence.coordinator.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),       // 12: nodefence.coordinator.v1.ListAuditResponse
+	(*Node)(nil),                    // 13: nodefence.coordinator.v1.Node
+	(*NodeCondition)(nil),           // 14: nodefence.coordinator.v1.NodeCondition
+	(*Zone)(nil),                    // 15: nodefence.coordinator.v1.Zone
+	(*ListNodesRequest)(nil),        // 16: nodefence.coordinator.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 17: nodefence.coordinator.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),          // 18: nodefence.coordinator.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),         // 19: nodefence.coordinator.v1.GetNodeResponse
+	(*ListZonesRequest)(nil),        // 20: nodefence.coordinator.v1.ListZonesRequest
+	(*ListZonesResponse)(nil),       // 21: nodefence.coordinator.v1.ListZonesResponse
+	(*PauseEvictionsRequest)(nil),   // 22: nodefence.coordinator.v1.PauseEvictionsRequest
+	(*PauseEvictionsResponse)(nil),  // 23: nodefence.coordinator.v1.PauseEvictionsResponse
+	(*ResumeEvictionsRequest)(nil),  // 24: nodefence.coordinator.v1.ResumeEvictionsRequest
+	(*ResumeEvictionsResponse)(nil), // 25: nodefence.coordinator.v1.ResumeEvictionsResponse
+	(*GetLeaderRequest)(nil),        // 26: nodefence.coordinator.v1.GetLeaderRequest
+	(*GetLeaderResponse)(nil),       // 27: nodefence.coordinator.v1.GetLeaderResponse
+	nil,                             // 28: nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
+	nil,                             // 29: nodefence.coordinator.v1.Node.SignalsEntry
+	(v1.PowerState)(0),              // 30: nodefence.driver.v1.PowerState
+	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
 }
 var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
-	21, // 0: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	2,  // 1: nodefence.coordinator.v1.ListAuditResponse.entries:type_name -> nodefence.coordinator.v1.AuditEntry
-	0,  // 2: nodefence.coordinator.v1.Node.readiness:type_name -> nodefence.coordinator.v1.Readiness
-	21, // 3: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	20, // 4: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
-	6,  // 5: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
-	21, // 6: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
-	21, // 7: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
-	21, // 8: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
-	1,  // 9: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	5,  // 10: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	5,  // 11: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	7,  // 12: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	8,  // 13: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	10, // 14: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	12, // 15: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	14, // 16: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	16, // 17: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	18, // 18: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	3,  // 19: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	9,  // 20: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	11, // 21: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	13, // 22: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	15, // 23: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	17, // 24: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	19, // 25: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	4,  // 26: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	20, // [20:27] is the sub-list for method output_type
-	13, // [13:20] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	30, // 0: nodefence.coordinator.v1.DeviceCheck.state:type_name -> nodefence.driver.v1.PowerState
+	31, // 1: nodefence.coordinator.v1.DeviceCheck.latency:type_name -> google.protobuf.Duration
+	32, // 2: nodefence.coordinator.v1.DeviceCheck.checked_at:type_name -> google.protobuf.Timestamp
+	3,  // 3: nodefence.coordinator.v1.CheckNodeResponse.checks:type_name -> nodefence.coordinator.v1.DeviceCheck
+	28, // 4: nodefence.coordinator.v1.FenceMethodConfig.parameters:type_name -> nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
+	7,  // 5: nodefence.coordinator.v1.FenceNodeConfig.methods:type_name -> nodefence.coordinator.v1.FenceMethodConfig
+	6,  // 6: nodefence.coordinator.v1.GetConfigResponse.settings:type_name -> nodefence.coordinator.v1.Setting
+	8,  // 7: nodefence.coordinator.v1.GetConfigResponse.nodes:type_name -> nodefence.coordinator.v1.FenceNodeConfig
+	32, // 8: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	10, // 9: nodefence.coordinator.v1.ListAuditResponse.entries:type_name -> nodefence.coordinator.v1.AuditEntry
+	0,  // 10: nodefence.coordinator.v1.Node.readiness:type_name -> nodefence.coordinator.v1.Readiness
+	32, // 11: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	29, // 12: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
+	14, // 13: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
+	32, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
+	32, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
+	32, // 16: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	1,  // 17: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
+	13, // 18: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	13, // 19: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	15, // 20: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	16, // 21: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	18, // 22: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	20, // 23: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	22, // 24: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	24, // 25: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	26, // 26: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	11, // 27: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	2,  // 28: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
+	5,  // 29: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
+	17, // 30: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	19, // 31: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	21, // 32: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	23, // 33: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	25, // 34: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	27, // 35: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	12, // 36: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	4,  // 37: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
+	9,  // 38: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }
@@ -1531,7 +2174,7 @@ func file_nodefence_coordinator_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_coordinator_v1_cluster_proto_rawDesc), len(file_nodefence_coordinator_v1_cluster_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,8 @@ const (
 	ClusterService_ResumeEvictions_FullMethodName = "/nodefence.coordinator.v1.ClusterService/ResumeEvictions"
 	ClusterService_GetLeader_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/GetLeader"
 	ClusterService_ListAudit_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/ListAudit"
+	ClusterService_CheckNode_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/CheckNode"
+	ClusterService_GetConfig_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/GetConfig"
 )
 
 // ClusterServiceClient is the client API for ClusterService service.
@@ -49,6 +51,13 @@ type ClusterServiceClient interface {
 	// ListAudit returns the append-only audit trail: every decision and every fence held back, with
 	// its evidence, oldest first. Any replica answers from etcd.
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
+	// CheckNode checks, without changing anything, every fence method of a node: the driver's Monitor
+	// (device reachable, credentials accepted) and, when that passes, its Status (the power state read).
+	// The leader answers; each check is bounded by the fence operation timeout and audited.
+	CheckNode(ctx context.Context, in *CheckNodeRequest, opts ...grpc.CallOption) (*CheckNodeResponse, error)
+	// GetConfig returns the coordinator's live configuration: its settings and the fence configuration
+	// it acts on, every secret redacted. Any replica answers with its own.
+	GetConfig(ctx context.Context, in *GetConfigRequest, opts ...grpc.CallOption) (*GetConfigResponse, error)
 }
 
 type clusterServiceClient struct {
@@ -129,6 +138,26 @@ func (c *clusterServiceClient) ListAudit(ctx context.Context, in *ListAuditReque
 	return out, nil
 }
 
+func (c *clusterServiceClient) CheckNode(ctx context.Context, in *CheckNodeRequest, opts ...grpc.CallOption) (*CheckNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckNodeResponse)
+	err := c.cc.Invoke(ctx, ClusterService_CheckNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) GetConfig(ctx context.Context, in *GetConfigRequest, opts ...grpc.CallOption) (*GetConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetConfigResponse)
+	err := c.cc.Invoke(ctx, ClusterService_GetConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServiceServer is the server API for ClusterService service.
 // All implementations must embed UnimplementedClusterServiceServer
 // for forward compatibility.
@@ -150,6 +179,13 @@ type ClusterServiceServer interface {
 	// ListAudit returns the append-only audit trail: every decision and every fence held back, with
 	// its evidence, oldest first. Any replica answers from etcd.
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
+	// CheckNode checks, without changing anything, every fence method of a node: the driver's Monitor
+	// (device reachable, credentials accepted) and, when that passes, its Status (the power state read).
+	// The leader answers; each check is bounded by the fence operation timeout and audited.
+	CheckNode(context.Context, *CheckNodeRequest) (*CheckNodeResponse, error)
+	// GetConfig returns the coordinator's live configuration: its settings and the fence configuration
+	// it acts on, every secret redacted. Any replica answers with its own.
+	GetConfig(context.Context, *GetConfigRequest) (*GetConfigResponse, error)
 	mustEmbedUnimplementedClusterServiceServer()
 }
 
@@ -180,6 +216,12 @@ func (UnimplementedClusterServiceServer) GetLeader(context.Context, *GetLeaderRe
 }
 func (UnimplementedClusterServiceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
+}
+func (UnimplementedClusterServiceServer) CheckNode(context.Context, *CheckNodeRequest) (*CheckNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckNode not implemented")
+}
+func (UnimplementedClusterServiceServer) GetConfig(context.Context, *GetConfigRequest) (*GetConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetConfig not implemented")
 }
 func (UnimplementedClusterServiceServer) mustEmbedUnimplementedClusterServiceServer() {}
 func (UnimplementedClusterServiceServer) testEmbeddedByValue()                        {}
@@ -328,6 +370,42 @@ func _ClusterService_ListAudit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterService_CheckNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).CheckNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_CheckNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).CheckNode(ctx, req.(*CheckNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_GetConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).GetConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_GetConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).GetConfig(ctx, req.(*GetConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ClusterService_ServiceDesc is the grpc.ServiceDesc for ClusterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -362,6 +440,14 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAudit",
 			Handler:    _ClusterService_ListAudit_Handler,
+		},
+		{
+			MethodName: "CheckNode",
+			Handler:    _ClusterService_CheckNode_Handler,
+		},
+		{
+			MethodName: "GetConfig",
+			Handler:    _ClusterService_GetConfig_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

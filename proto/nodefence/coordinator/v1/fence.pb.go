@@ -34,6 +34,8 @@ const (
 	FenceAction_FENCE_ACTION_OFF FenceAction = 1
 	// FENCE_ACTION_ON powers the node back on (unfence).
 	FenceAction_FENCE_ACTION_ON FenceAction = 2
+	// FENCE_ACTION_REBOOT powers the node off, then on again, each confirmed by read-back.
+	FenceAction_FENCE_ACTION_REBOOT FenceAction = 3
 )
 
 // Enum value maps for FenceAction.
@@ -42,11 +44,13 @@ var (
 		0: "FENCE_ACTION_UNSPECIFIED",
 		1: "FENCE_ACTION_OFF",
 		2: "FENCE_ACTION_ON",
+		3: "FENCE_ACTION_REBOOT",
 	}
 	FenceAction_value = map[string]int32{
 		"FENCE_ACTION_UNSPECIFIED": 0,
 		"FENCE_ACTION_OFF":         1,
 		"FENCE_ACTION_ON":          2,
+		"FENCE_ACTION_REBOOT":      3,
 	}
 )
 
@@ -842,6 +846,107 @@ func (x *UnfenceResponse) GetFence() *NodeFence {
 	return nil
 }
 
+// RebootRequest asks to power-cycle a node.
+type RebootRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the node to reboot; it must be in the fence configuration.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Reason is recorded with the record.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebootRequest) Reset() {
+	*x = RebootRequest{}
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebootRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebootRequest) ProtoMessage() {}
+
+func (x *RebootRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebootRequest.ProtoReflect.Descriptor instead.
+func (*RebootRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RebootRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RebootRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RebootResponse returns the reboot record.
+type RebootResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fence is the new record (action REBOOT), or the node's active record if it has one.
+	Fence         *NodeFence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebootResponse) Reset() {
+	*x = RebootResponse{}
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebootResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebootResponse) ProtoMessage() {}
+
+func (x *RebootResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebootResponse.ProtoReflect.Descriptor instead.
+func (*RebootResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RebootResponse) GetFence() *NodeFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
 // AcknowledgeRequest records a manual confirmation that a node is off.
 type AcknowledgeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -860,7 +965,7 @@ type AcknowledgeRequest struct {
 
 func (x *AcknowledgeRequest) Reset() {
 	*x = AcknowledgeRequest{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[6]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +977,7 @@ func (x *AcknowledgeRequest) String() string {
 func (*AcknowledgeRequest) ProtoMessage() {}
 
 func (x *AcknowledgeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[6]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +990,7 @@ func (x *AcknowledgeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeRequest.ProtoReflect.Descriptor instead.
 func (*AcknowledgeRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcknowledgeRequest) GetNode() string {
@@ -927,7 +1032,7 @@ type AcknowledgeResponse struct {
 
 func (x *AcknowledgeResponse) Reset() {
 	*x = AcknowledgeResponse{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[7]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1044,7 @@ func (x *AcknowledgeResponse) String() string {
 func (*AcknowledgeResponse) ProtoMessage() {}
 
 func (x *AcknowledgeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[7]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1057,7 @@ func (x *AcknowledgeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeResponse.ProtoReflect.Descriptor instead.
 func (*AcknowledgeResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AcknowledgeResponse) GetFence() *NodeFence {
@@ -973,7 +1078,7 @@ type GetFenceRequest struct {
 
 func (x *GetFenceRequest) Reset() {
 	*x = GetFenceRequest{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[8]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1090,7 @@ func (x *GetFenceRequest) String() string {
 func (*GetFenceRequest) ProtoMessage() {}
 
 func (x *GetFenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[8]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1103,7 @@ func (x *GetFenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFenceRequest.ProtoReflect.Descriptor instead.
 func (*GetFenceRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetFenceRequest) GetId() string {
@@ -1019,7 +1124,7 @@ type GetFenceResponse struct {
 
 func (x *GetFenceResponse) Reset() {
 	*x = GetFenceResponse{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[9]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1136,7 @@ func (x *GetFenceResponse) String() string {
 func (*GetFenceResponse) ProtoMessage() {}
 
 func (x *GetFenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[9]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1149,7 @@ func (x *GetFenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFenceResponse.ProtoReflect.Descriptor instead.
 func (*GetFenceResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetFenceResponse) GetFence() *NodeFence {
@@ -1074,7 +1179,7 @@ type ListFencesRequest struct {
 
 func (x *ListFencesRequest) Reset() {
 	*x = ListFencesRequest{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[10]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1191,7 @@ func (x *ListFencesRequest) String() string {
 func (*ListFencesRequest) ProtoMessage() {}
 
 func (x *ListFencesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[10]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1204,7 @@ func (x *ListFencesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFencesRequest.ProtoReflect.Descriptor instead.
 func (*ListFencesRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListFencesRequest) GetNode() string {
@@ -1155,7 +1260,7 @@ type ListFencesResponse struct {
 
 func (x *ListFencesResponse) Reset() {
 	*x = ListFencesResponse{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[11]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1272,7 @@ func (x *ListFencesResponse) String() string {
 func (*ListFencesResponse) ProtoMessage() {}
 
 func (x *ListFencesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[11]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1285,7 @@ func (x *ListFencesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFencesResponse.ProtoReflect.Descriptor instead.
 func (*ListFencesResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListFencesResponse) GetFences() []*NodeFence {
@@ -1217,7 +1322,7 @@ type WatchFenceRequest struct {
 
 func (x *WatchFenceRequest) Reset() {
 	*x = WatchFenceRequest{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[12]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1334,7 @@ func (x *WatchFenceRequest) String() string {
 func (*WatchFenceRequest) ProtoMessage() {}
 
 func (x *WatchFenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[12]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1347,7 @@ func (x *WatchFenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFenceRequest.ProtoReflect.Descriptor instead.
 func (*WatchFenceRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchFenceRequest) GetId() string {
@@ -1270,7 +1375,7 @@ type WatchFenceResponse struct {
 
 func (x *WatchFenceResponse) Reset() {
 	*x = WatchFenceResponse{}
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[13]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1387,7 @@ func (x *WatchFenceResponse) String() string {
 func (*WatchFenceResponse) ProtoMessage() {}
 
 func (x *WatchFenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[13]
+	mi := &file_nodefence_coordinator_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1400,7 @@ func (x *WatchFenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFenceResponse.ProtoReflect.Descriptor instead.
 func (*WatchFenceResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchFenceResponse) GetFence() *NodeFence {
@@ -1365,6 +1470,11 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"L\n" +
 	"\x0fUnfenceResponse\x129\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\";\n" +
+	"\rRebootRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"K\n" +
+	"\x0eRebootResponse\x129\n" +
 	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"r\n" +
 	"\x12AcknowledgeRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
@@ -1393,11 +1503,12 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\"O\n" +
 	"\x12WatchFenceResponse\x129\n" +
-	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence*V\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence*o\n" +
 	"\vFenceAction\x12\x1c\n" +
 	"\x18FENCE_ACTION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FENCE_ACTION_OFF\x10\x01\x12\x13\n" +
-	"\x0fFENCE_ACTION_ON\x10\x02*{\n" +
+	"\x0fFENCE_ACTION_ON\x10\x02\x12\x17\n" +
+	"\x13FENCE_ACTION_REBOOT\x10\x03*{\n" +
 	"\tFenceStep\x12\x1a\n" +
 	"\x16FENCE_STEP_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FENCE_STEP_ISOLATION\x10\x01\x12\x1f\n" +
@@ -1412,10 +1523,11 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0fOperationResult\x12 \n" +
 	"\x1cOPERATION_RESULT_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aOPERATION_RESULT_CONFIRMED\x10\x01\x12\x1b\n" +
-	"\x17OPERATION_RESULT_FAILED\x10\x022\xeb\x04\n" +
+	"\x17OPERATION_RESULT_FAILED\x10\x022\xc8\x05\n" +
 	"\fFenceService\x12X\n" +
 	"\x05Fence\x12&.nodefence.coordinator.v1.FenceRequest\x1a'.nodefence.coordinator.v1.FenceResponse\x12^\n" +
-	"\aUnfence\x12(.nodefence.coordinator.v1.UnfenceRequest\x1a).nodefence.coordinator.v1.UnfenceResponse\x12j\n" +
+	"\aUnfence\x12(.nodefence.coordinator.v1.UnfenceRequest\x1a).nodefence.coordinator.v1.UnfenceResponse\x12[\n" +
+	"\x06Reboot\x12'.nodefence.coordinator.v1.RebootRequest\x1a(.nodefence.coordinator.v1.RebootResponse\x12j\n" +
 	"\vAcknowledge\x12,.nodefence.coordinator.v1.AcknowledgeRequest\x1a-.nodefence.coordinator.v1.AcknowledgeResponse\x12a\n" +
 	"\bGetFence\x12).nodefence.coordinator.v1.GetFenceRequest\x1a*.nodefence.coordinator.v1.GetFenceResponse\x12g\n" +
 	"\n" +
@@ -1438,7 +1550,7 @@ func file_nodefence_coordinator_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_coordinator_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nodefence_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_nodefence_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_nodefence_coordinator_v1_fence_proto_goTypes = []any{
 	(FenceAction)(0),              // 0: nodefence.coordinator.v1.FenceAction
 	(FenceStep)(0),                // 1: nodefence.coordinator.v1.FenceStep
@@ -1450,59 +1562,64 @@ var file_nodefence_coordinator_v1_fence_proto_goTypes = []any{
 	(*FenceResponse)(nil),         // 7: nodefence.coordinator.v1.FenceResponse
 	(*UnfenceRequest)(nil),        // 8: nodefence.coordinator.v1.UnfenceRequest
 	(*UnfenceResponse)(nil),       // 9: nodefence.coordinator.v1.UnfenceResponse
-	(*AcknowledgeRequest)(nil),    // 10: nodefence.coordinator.v1.AcknowledgeRequest
-	(*AcknowledgeResponse)(nil),   // 11: nodefence.coordinator.v1.AcknowledgeResponse
-	(*GetFenceRequest)(nil),       // 12: nodefence.coordinator.v1.GetFenceRequest
-	(*GetFenceResponse)(nil),      // 13: nodefence.coordinator.v1.GetFenceResponse
-	(*ListFencesRequest)(nil),     // 14: nodefence.coordinator.v1.ListFencesRequest
-	(*ListFencesResponse)(nil),    // 15: nodefence.coordinator.v1.ListFencesResponse
-	(*WatchFenceRequest)(nil),     // 16: nodefence.coordinator.v1.WatchFenceRequest
-	(*WatchFenceResponse)(nil),    // 17: nodefence.coordinator.v1.WatchFenceResponse
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(v1.PowerState)(0),            // 19: nodefence.driver.v1.PowerState
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*RebootRequest)(nil),         // 10: nodefence.coordinator.v1.RebootRequest
+	(*RebootResponse)(nil),        // 11: nodefence.coordinator.v1.RebootResponse
+	(*AcknowledgeRequest)(nil),    // 12: nodefence.coordinator.v1.AcknowledgeRequest
+	(*AcknowledgeResponse)(nil),   // 13: nodefence.coordinator.v1.AcknowledgeResponse
+	(*GetFenceRequest)(nil),       // 14: nodefence.coordinator.v1.GetFenceRequest
+	(*GetFenceResponse)(nil),      // 15: nodefence.coordinator.v1.GetFenceResponse
+	(*ListFencesRequest)(nil),     // 16: nodefence.coordinator.v1.ListFencesRequest
+	(*ListFencesResponse)(nil),    // 17: nodefence.coordinator.v1.ListFencesResponse
+	(*WatchFenceRequest)(nil),     // 18: nodefence.coordinator.v1.WatchFenceRequest
+	(*WatchFenceResponse)(nil),    // 19: nodefence.coordinator.v1.WatchFenceResponse
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(v1.PowerState)(0),            // 21: nodefence.driver.v1.PowerState
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
 }
 var file_nodefence_coordinator_v1_fence_proto_depIdxs = []int32{
 	0,  // 0: nodefence.coordinator.v1.NodeFence.action:type_name -> nodefence.coordinator.v1.FenceAction
 	1,  // 1: nodefence.coordinator.v1.NodeFence.step:type_name -> nodefence.coordinator.v1.FenceStep
 	2,  // 2: nodefence.coordinator.v1.NodeFence.status:type_name -> nodefence.coordinator.v1.FenceStatus
 	5,  // 3: nodefence.coordinator.v1.NodeFence.operations:type_name -> nodefence.coordinator.v1.Operation
-	18, // 4: nodefence.coordinator.v1.NodeFence.created_at:type_name -> google.protobuf.Timestamp
-	18, // 5: nodefence.coordinator.v1.NodeFence.updated_at:type_name -> google.protobuf.Timestamp
-	18, // 6: nodefence.coordinator.v1.NodeFence.finished_at:type_name -> google.protobuf.Timestamp
-	18, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
-	18, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
-	18, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
+	20, // 4: nodefence.coordinator.v1.NodeFence.created_at:type_name -> google.protobuf.Timestamp
+	20, // 5: nodefence.coordinator.v1.NodeFence.updated_at:type_name -> google.protobuf.Timestamp
+	20, // 6: nodefence.coordinator.v1.NodeFence.finished_at:type_name -> google.protobuf.Timestamp
+	20, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
+	20, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
+	20, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
 	3,  // 10: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
-	19, // 11: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
-	18, // 12: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
-	18, // 13: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 14: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
+	21, // 11: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
+	20, // 12: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
+	20, // 13: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
+	22, // 14: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
 	1,  // 15: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
 	4,  // 16: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
 	4,  // 17: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 18: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 19: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	2,  // 20: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	4,  // 21: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 22: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	6,  // 23: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
-	8,  // 24: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
-	10, // 25: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
-	12, // 26: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
-	14, // 27: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
-	16, // 28: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
-	7,  // 29: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
-	9,  // 30: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
-	11, // 31: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
-	13, // 32: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
-	15, // 33: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
-	17, // 34: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
-	29, // [29:35] is the sub-list for method output_type
-	23, // [23:29] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	4,  // 18: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 19: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 20: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	2,  // 21: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
+	4,  // 22: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 23: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	6,  // 24: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
+	8,  // 25: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
+	10, // 26: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
+	12, // 27: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
+	14, // 28: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
+	16, // 29: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
+	18, // 30: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
+	7,  // 31: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
+	9,  // 32: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
+	11, // 33: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
+	13, // 34: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
+	15, // 35: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
+	17, // 36: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
+	19, // 37: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
+	31, // [31:38] is the sub-list for method output_type
+	24, // [24:31] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_fence_proto_init() }
@@ -1516,7 +1633,7 @@ func file_nodefence_coordinator_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_coordinator_v1_fence_proto_rawDesc), len(file_nodefence_coordinator_v1_fence_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

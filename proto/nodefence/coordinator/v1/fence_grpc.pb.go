@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	FenceService_Fence_FullMethodName       = "/nodefence.coordinator.v1.FenceService/Fence"
 	FenceService_Unfence_FullMethodName     = "/nodefence.coordinator.v1.FenceService/Unfence"
+	FenceService_Reboot_FullMethodName      = "/nodefence.coordinator.v1.FenceService/Reboot"
 	FenceService_Acknowledge_FullMethodName = "/nodefence.coordinator.v1.FenceService/Acknowledge"
 	FenceService_GetFence_FullMethodName    = "/nodefence.coordinator.v1.FenceService/GetFence"
 	FenceService_ListFences_FullMethodName  = "/nodefence.coordinator.v1.FenceService/ListFences"
@@ -40,6 +41,11 @@ type FenceServiceClient interface {
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
 	// Unfence powers a fenced node back on, confirmed by read-back.
 	Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*UnfenceResponse, error)
+	// Reboot power-cycles a node through its power-management methods in one record: every "off"
+	// method first, and only once a power-off was confirmed by read-back, the "on" methods, each
+	// confirmed by read-back. A reboot is not a fence: the node comes back, so its pods are never
+	// released for it.
+	Reboot(ctx context.Context, in *RebootRequest, opts ...grpc.CallOption) (*RebootResponse, error)
 	// Acknowledge records an operator's word that the node is off (like `stonith_admin --confirm`):
 	// the active fence ends DONE with the acknowledgement as its evidence.
 	Acknowledge(ctx context.Context, in *AcknowledgeRequest, opts ...grpc.CallOption) (*AcknowledgeResponse, error)
@@ -73,6 +79,16 @@ func (c *fenceServiceClient) Unfence(ctx context.Context, in *UnfenceRequest, op
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UnfenceResponse)
 	err := c.cc.Invoke(ctx, FenceService_Unfence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fenceServiceClient) Reboot(ctx context.Context, in *RebootRequest, opts ...grpc.CallOption) (*RebootResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RebootResponse)
+	err := c.cc.Invoke(ctx, FenceService_Reboot_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +157,11 @@ type FenceServiceServer interface {
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
 	// Unfence powers a fenced node back on, confirmed by read-back.
 	Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error)
+	// Reboot power-cycles a node through its power-management methods in one record: every "off"
+	// method first, and only once a power-off was confirmed by read-back, the "on" methods, each
+	// confirmed by read-back. A reboot is not a fence: the node comes back, so its pods are never
+	// released for it.
+	Reboot(context.Context, *RebootRequest) (*RebootResponse, error)
 	// Acknowledge records an operator's word that the node is off (like `stonith_admin --confirm`):
 	// the active fence ends DONE with the acknowledgement as its evidence.
 	Acknowledge(context.Context, *AcknowledgeRequest) (*AcknowledgeResponse, error)
@@ -165,6 +186,9 @@ func (UnimplementedFenceServiceServer) Fence(context.Context, *FenceRequest) (*F
 }
 func (UnimplementedFenceServiceServer) Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unfence not implemented")
+}
+func (UnimplementedFenceServiceServer) Reboot(context.Context, *RebootRequest) (*RebootResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reboot not implemented")
 }
 func (UnimplementedFenceServiceServer) Acknowledge(context.Context, *AcknowledgeRequest) (*AcknowledgeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Acknowledge not implemented")
@@ -231,6 +255,24 @@ func _FenceService_Unfence_Handler(srv interface{}, ctx context.Context, dec fun
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(FenceServiceServer).Unfence(ctx, req.(*UnfenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FenceService_Reboot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FenceServiceServer).Reboot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FenceService_Reboot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FenceServiceServer).Reboot(ctx, req.(*RebootRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -314,6 +356,10 @@ var FenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unfence",
 			Handler:    _FenceService_Unfence_Handler,
+		},
+		{
+			MethodName: "Reboot",
+			Handler:    _FenceService_Reboot_Handler,
 		},
 		{
 			MethodName: "Acknowledge",
