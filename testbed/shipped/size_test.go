@@ -32,7 +32,6 @@ var oversized = map[string]string{
 	"coordinator/fencing/machine.go:Decide":                        "the pure fence decision, one switch over record states; not split yet",
 	"coordinator/leader/leader.go:Elector.Campaign":                "election with lease handling in one loop; not split yet",
 	"node-agent/agent/agent.go:Agent.session":                      "one stream session (hello, send and receive loops); not split yet",
-	"node-agent/signals/reader.go:Reader.Memory":                   "memory.available for cgroup v1 and v2 in one function; 2 lines over",
 	"services/server/server.go:New":                                "gRPC server bootstrap (TLS, interceptors, health, metrics); not split yet",
 	"testbed/chaos/cluster.go:Cluster.start":                       "the chaos cluster's start sequence; not split yet",
 	"testbed/cluster/cluster.go:Up":                                "the real cluster's start sequence; not split yet",
