@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery cluster cluster-down
+.PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -157,6 +157,13 @@ bench-drivers: deps
 bench-recovery: deps kube-assets build
 	$(GO) run ./testbed/cmd/bench-recovery --rounds 5 --grace 2s --fence-timeout 2s
 	$(GO) run ./testbed/cmd/bench-recovery-cluster --bin $(BIN) --rounds 3 --grace 20s --fence-timeout 2s
+
+# bench-pressure: on the real multi-node cluster, milliseconds from a memory hog crossing node-1's
+# hard threshold (allocatableMemory.available, pods' cgroup limited to 768 MiB) to its pod marked for
+# eviction: nodefence's agent vs kubelet's eviction manager, 10 rounds each; its JSON is the last line.
+PRESSURE_FLAGS ?= --rounds 10
+bench-pressure: deps kube-assets build
+	$(GO) run ./testbed/cmd/bench-pressure --bin $(BIN) $(PRESSURE_FLAGS)
 
 # chaos: the long chaos run on demand (the fixed-seed short run is part of make test): 3 etcd members,
 # 3 coordinators, an IPMI driver, ipmi_sim BMCs and 6 agents in network namespaces named nfc<pid>l-*,

@@ -32,13 +32,14 @@ func start(t *testing.T, dir string) *etcdembed.Etcd {
 // connect counts as two failures.
 func try(t *testing.T, cc clientv3.Config, key string) (getErr, putErr error) {
 	t.Helper()
-	cc.DialTimeout, cc.Logger = 2*time.Second, zap.NewNop()
+	// Generous: a password login is a bcrypt check, seconds under -race on a loaded machine.
+	cc.DialTimeout, cc.Logger = 5*time.Second, zap.NewNop()
 	cli, err := clientv3.New(cc)
 	if err != nil {
 		return err, err
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	_, getErr = cli.Get(ctx, key)
 	_, putErr = cli.Put(ctx, key, "forged")

@@ -141,9 +141,18 @@ func TestDryRunRejects(t *testing.T) {
 // TestTestbedOverlay renders testbed/overlays/cluster (nodefence as pods on the testbed cluster,
 // locally imported images) with kustomize and dry-run applies every object to the real apiserver.
 func TestTestbedOverlay(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("kubectl (for kustomize) is not installed")
+	// The kubectl make kube-assets builds (the cluster's version), else one on PATH.
+	kubectl := ""
+	if dir, err := kubetest.AssetsDir(); err == nil {
+		if p := filepath.Join(dir, kubetest.KubectlBinary); fileExecutable(p) {
+			kubectl = p
+		}
+	}
+	if kubectl == "" {
+		var err error
+		if kubectl, err = exec.LookPath("kubectl"); err != nil {
+			t.Skip("kubectl (for kustomize) is not built (make kube-assets) nor installed")
+		}
 	}
 	out, err := exec.Command(kubectl, "kustomize", "../../testbed/overlays/cluster").Output()
 	if err != nil {
@@ -186,6 +195,11 @@ func TestTestbedOverlay(t *testing.T) {
 		t.Fatalf("only %d containers rendered", workloads)
 	}
 	t.Logf("%d objects dry-run applied", len(objs))
+}
+
+func fileExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode()&0o111 != 0
 }
 
 func toStrings(v any) []string {

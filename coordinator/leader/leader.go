@@ -144,14 +144,29 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	check := time.NewTicker(every)
 	lastRead := time.Now()
 	go func() {
-		defer cancel()
-		defer check.Stop()
+		// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
+		// its key and lease up: the session would otherwise keep the lease alive, and with it the
+		// key every later campaign (this replica's next one included) queues behind, so no replica
+		// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
+		// has nothing to give up.
+		release := true
+		defer func() {
+			cancel()
+			check.Stop()
+			if release {
+				rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
+				_ = t.Resign(rctx)
+				rcancel()
+			}
+		}()
 		for {
 			select {
 			case <-session.Done():
 				e.log.Warn("leadership lost: election session ended", "epoch", t.Epoch)
+				release = false
 				return
 			case <-tctx.Done():
+				release = false
 				return
 			case now := <-check.C:
 				switch live, err := t.keyLive(tctx, readTimeout); {
@@ -165,7 +180,16 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 					return
 				}
 			case wr, ok := <-watch:
+				if tctx.Err() != nil {
+					release = false // the watch ended with the term
+					return
+				}
 				if !ok {
+					e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
+					return
+				}
+				if err := wr.Err(); err != nil {
+					e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
 					return
 				}
 				for _, ev := range wr.Events {

@@ -176,3 +176,49 @@ func TestErrorCodes(t *testing.T) {
 		t.Errorf("ErrDeposed maps to %s, want FailedPrecondition", got)
 	}
 }
+
+// TestTermThatEndsItselfGivesUpItsLease: when a term ends by itself (here: its election key is
+// deleted), its lease is revoked at once rather than kept alive by the session: a lease kept alive
+// would keep the election key of a stale term, behind which every later campaign would wait for
+// ever (seen on the real cluster when etcd's leader died and a leader's watch ended).
+func TestTermThatEndsItselfGivesUpItsLease(t *testing.T) {
+	endpoint, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	term, err := leader.NewElector(etcdtest.Client(t, endpoint), "/ends/leader", leader.Info{ID: "a"}, 5, log).Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cli.Get(ctx, term.Key)
+	if err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("election key: %v %v", got, err)
+	}
+	lease := clientv3.LeaseID(got.Kvs[0].Lease)
+	if _, err := cli.Delete(ctx, term.Key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-term.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the term did not end when its key was deleted")
+	}
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ttl, err := cli.TimeToLive(ctx, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl.TTL == -1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ended term's lease is still alive (TTL %d s): its session keeps it", ttl.TTL)
+		}
+	}
+	// The same replica leads again at once.
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ccancel()
+	if _, err := leader.NewElector(etcdtest.Client(t, endpoint), "/ends/leader", leader.Info{ID: "a"}, 5, log).Campaign(cctx); err != nil {
+		t.Fatalf("campaign after the term ended: %v", err)
+	}
+}

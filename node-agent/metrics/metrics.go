@@ -128,11 +128,16 @@ func (m *Metrics) ShutdownEnded(at time.Time) {
 	}
 }
 
-// Serve serves /metrics on lis until ctx is done.
-func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
+// Serve serves /metrics on lis until ctx is done; authorize, when not nil, wraps the handler (the
+// caller check of a mutual-TLS listener, server.SecureMetrics).
+func (m *Metrics) Serve(ctx context.Context, lis net.Listener, authorize func(http.Handler) http.Handler, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	var h http.Handler = mux
+	if authorize != nil {
+		h = authorize(mux)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

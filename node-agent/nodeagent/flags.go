@@ -24,6 +24,7 @@ import (
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/identity/certs"
+	"github.com/nodefence/nodefence/services/server"
 )
 
 // Config is everything the flags configure.
@@ -42,6 +43,9 @@ type Config struct {
 	logindConfDir string
 	// metricsListen is the metrics address ("" = no metrics endpoint).
 	metricsListen string
+	// metricsTLS serves metricsListen over mutual TLS with the agent's --tls-* files, answering only
+	// callers the identity policy allows for /metrics.
+	metricsTLS bool
 	// kubeconfig enables Kubernetes mode: a kubeconfig path, or "in-cluster" ("" = standalone).
 	kubeconfig string
 	// cgroupDriver is how the kubelet names pod cgroups.
@@ -251,6 +255,7 @@ func (f *flags) registerNode() {
 	fs.StringVar(&opts.podLogDir, "pod-log-dir", kubepods.DefaultPodLogDir, "where the kubelet keeps pod logs, measured for disk ranking in Kubernetes mode")
 	fs.BoolVar(&opts.version, "version", false, "print the version and exit")
 	fs.StringVar(&opts.metricsListen, "metrics-listen", "", "address to serve Prometheus /metrics on, e.g. 127.0.0.1:9811 (default: none)")
+	fs.BoolVar(&opts.metricsTLS, "metrics-tls", false, server.MetricsTLSFlagHelp)
 }
 
 // resolveAgent completes the stream's configuration and checks it.
@@ -274,6 +279,12 @@ func (f *flags) resolveAgent() {
 		errs.add("--boot-id-file: %v", err)
 	} else if a.BootID = strings.TrimSpace(string(id)); a.BootID == "" {
 		errs.add("--boot-id-file: %s is empty", f.bootIDFile)
+	}
+	if f.opts.metricsTLS {
+		if f.opts.metricsListen == "" {
+			errs.add("--metrics-tls: needs --metrics-listen")
+		}
+		*errs = append(*errs, server.ValidateMetricsTLS(a.TLS)...)
 	}
 	if a.TLS.CertFile != "" && !a.TLS.Insecure {
 		// The coordinator accepts an agent only for the node its certificate names: say so now

@@ -4,7 +4,7 @@
 // thresholds (every --housekeeping-interval, and memory.available every --memory-fast-interval),
 // sends pressure condition changes at once, and, with --shutdown-grace-period or
 // --shutdown-grace-period-by-pod-priority, holds a logind delay inhibitor lock to run a graceful
-// node shutdown. --metrics-listen serves Prometheus metrics.
+// node shutdown. --metrics-listen serves Prometheus metrics (over mutual TLS with --metrics-tls).
 //
 // As kubelet does, when logind's InhibitDelayMaxSec is below the shutdown grace period the agent
 // writes 99-nodefence.conf to --logind-conf-dir, has systemd reload logind, and refuses to start
@@ -25,10 +25,12 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -41,6 +43,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/shutdown"
 	"github.com/nodefence/nodefence/node-agent/signals"
 	"github.com/nodefence/nodefence/services/buildinfo"
+	"github.com/nodefence/nodefence/services/server"
 )
 
 // Main is the whole program: it parses args, runs until ctx ends and returns the exit status (2 for
@@ -107,7 +110,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer closeLogind()
-	metricsLis, ok := listenMetrics(&opts, log)
+	metricsLis, authorizeMetrics, ok := listenMetrics(&opts, log)
 	if !ok {
 		return 1
 	}
@@ -119,7 +122,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	tasks = append(tasks, kube.tasks()...)
 	if metricsLis != nil {
-		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, log) }})
+		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, authorizeMetrics, log) }})
 	}
 	code = runTasks(ctx, tasks, log)
 	log.Info("node-agent stopped")
@@ -147,17 +150,30 @@ func configure(args []string, stdout, stderr io.Writer) (Config, int, bool) {
 	return opts, 0, true
 }
 
-// listenMetrics opens --metrics-listen (nil when not set).
-func listenMetrics(opts *Config, log *slog.Logger) (net.Listener, bool) {
+// listenMetrics opens --metrics-listen (nil when not set), with --metrics-tls over mutual TLS and
+// with the middleware that authorizes its callers.
+func listenMetrics(opts *Config, log *slog.Logger) (net.Listener, func(http.Handler) http.Handler, bool) {
 	if opts.metricsListen == "" {
-		return nil, true
+		return nil, nil, true
+	}
+	var metricsTLS *tls.Config
+	var authorize func(http.Handler) http.Handler
+	if opts.metricsTLS {
+		var err error
+		if metricsTLS, authorize, err = server.SecureMetrics(opts.agent.TLS, nil, log); err != nil {
+			log.Error("cannot serve metrics over TLS", "error", err)
+			return nil, nil, false
+		}
 	}
 	l, err := net.Listen("tcp", opts.metricsListen)
 	if err != nil {
 		log.Error("cannot listen for metrics", "address", opts.metricsListen, "error", err)
-		return nil, false
+		return nil, nil, false
 	}
-	return l, true
+	if metricsTLS != nil {
+		l = tls.NewListener(l, metricsTLS)
+	}
+	return l, authorize, true
 }
 
 // logStart logs what the agent starts with.

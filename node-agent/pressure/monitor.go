@@ -68,6 +68,12 @@ type Sender interface {
 	Send(msg *agentv1.ConnectRequest)
 }
 
+// AllocatableReader is a Reader that also reads allocatableMemory.available alone (ok false: not
+// measured); signals.Reader is one. The fast path then reads it too when a threshold is on it.
+type AllocatableReader interface {
+	Allocatable() (available, capacity int64, ok bool, err error)
+}
+
 // PodSource lists the node's pods with their usage, for ranking. Standalone mode has none.
 type PodSource interface {
 	Pods(ctx context.Context) ([]eviction.Pod, error)
@@ -177,26 +183,31 @@ func New(cfg Config, r Reader, send Sender, pods PodSource, rec Recorder) (*Moni
 }
 
 func (m *Monitor) hasMemoryThreshold() bool {
+	return m.hasThreshold(eviction.SignalMemoryAvailable) || m.hasThreshold(eviction.SignalAllocatableMemoryAvailable)
+}
+
+func (m *Monitor) hasThreshold(signal string) bool {
 	for _, t := range slices.Concat(m.cfg.Eviction.Hard, m.cfg.Eviction.Soft) {
-		if t.Signal == eviction.SignalMemoryAvailable {
+		if t.Signal == signal {
 			return true
 		}
 	}
 	return false
 }
 
-// memoryHeadroom is how far memory.available is above its nearest threshold (counting the minimum
-// reclaim of a threshold being reclaimed would only make it smaller; thresholds alone are enough to
-// time the next read). Unobserved memory has no headroom.
+// memoryHeadroom is how far memory.available and allocatableMemory.available are above their
+// nearest threshold (counting the minimum reclaim of a threshold being reclaimed would only make it
+// smaller; thresholds alone are enough to time the next read). A signal not observed (the pods'
+// cgroup without a limit) is left out; with none observed there is no headroom.
 func (m *Monitor) memoryHeadroom() int64 {
-	o, ok := m.obs[eviction.SignalMemoryAvailable]
-	if !ok {
-		return 0
-	}
 	var headroom int64
 	found := false
 	for _, t := range slices.Concat(m.cfg.Eviction.Hard, m.cfg.Eviction.Soft) {
-		if t.Signal != eviction.SignalMemoryAvailable {
+		if !eviction.IsMemorySignal(t.Signal) {
+			continue
+		}
+		o, ok := m.obs[t.Signal]
+		if !ok {
 			continue
 		}
 		if h := o.Available - t.Value.Resolve(o.Capacity); !found || h < headroom {
@@ -264,8 +275,9 @@ func (m *Monitor) housekeeping(ctx context.Context, now time.Time) {
 	m.act.proposed = nil
 }
 
-// fast reads memory.available alone and evaluates; a memory threshold to reclaim is acted on at
-// once (kubelet waits for its next housekeeping).
+// fast reads memory.available alone (and allocatableMemory.available when a threshold is on it
+// and the reader can) and evaluates; a memory threshold to reclaim is acted on at once (kubelet
+// waits for its next housekeeping).
 func (m *Monitor) fast(ctx context.Context, now time.Time) {
 	if m.waitingForCleanup(ctx, now) {
 		return
@@ -275,9 +287,25 @@ func (m *Monitor) fast(ctx context.Context, now time.Time) {
 		m.log.Debug("fast memory read failed", "error", err)
 		return
 	}
-	// Only memory.available is measured again: the other signals keep their housekeeping time, so
-	// their thresholds are not acted on again here (eviction.ThresholdsUpdatedStats).
+	// Only memory.available (and allocatableMemory.available, below) is measured again: the other
+	// signals keep their housekeeping time, so their thresholds are not acted on again here
+	// (eviction.ThresholdsUpdatedStats).
 	m.obs[eviction.SignalMemoryAvailable] = eviction.Observation{Available: mem.Available, Capacity: mem.Capacity, Time: now}
+	// allocatableMemory.available only where the last housekeeping could measure it (a pods' cgroup
+	// with a memory limit): elsewhere the reads would find nothing every time.
+	_, measured := m.obs[eviction.SignalAllocatableMemoryAvailable]
+	if ar, ok := m.reader.(AllocatableReader); ok && measured && m.hasThreshold(eviction.SignalAllocatableMemoryAvailable) {
+		avail, capacity, ok, err := ar.Allocatable()
+		switch {
+		case err != nil:
+			m.log.Debug("fast allocatable memory read failed", "error", err)
+			return
+		case ok:
+			m.obs[eviction.SignalAllocatableMemoryAvailable] = eviction.Observation{Available: avail, Capacity: capacity, Time: now}
+		default:
+			delete(m.obs, eviction.SignalAllocatableMemoryAvailable)
+		}
+	}
 	res := m.evaluate(now)
 	if len(res.Reclaim) > 0 && eviction.IsMemorySignal(res.Reclaim[0].Threshold.Signal) {
 		m.reclaim(ctx, res.Reclaim[0], now)

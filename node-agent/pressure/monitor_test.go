@@ -515,6 +515,62 @@ func TestGrantAfterPressureGoneIsDeclined(t *testing.T) {
 	}
 }
 
+// allocReader is a reader that also reads allocatableMemory.available alone, as signals.Reader
+// does for the fast path.
+type allocReader struct {
+	reader
+	allocReads int
+}
+
+func (r *allocReader) setAlloc(v int64) {
+	r.mu.Lock()
+	r.alloc = v
+	r.mu.Unlock()
+}
+
+func (r *allocReader) Allocatable() (int64, int64, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.allocReads++
+	return r.alloc, 6 * gi, r.alloc > 0, nil
+}
+
+// TestFastPathReadsAllocatable: the pods' cgroup crossing the allocatable copy of the hard
+// memory threshold, with the node's memory plentiful and housekeeping an hour away, is seen by the
+// fast path alone.
+func TestFastPathReadsAllocatable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &allocReader{reader: reader{mem: 6 * gi, pid: 900, alloc: 512 * mi}}
+	s := make(sender, 16)
+	m, err := New(Config{
+		Eviction:             parse(t, eviction.Flags{HardSet: true, Hard: "memory.available<400Mi", AllocatableMemory: true, PressureTransitionPeriod: time.Minute}),
+		HousekeepingInterval: time.Hour, FastInterval: 10 * time.Millisecond, FastCeiling: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
+	}, r, s, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	for range 3 {
+		if got := describe(next(t, ctx, s)); !strings.HasSuffix(got, "=CONDITION_STATUS_FALSE") {
+			t.Fatalf("initial condition %q, want no pressure", got)
+		}
+	}
+	r.setAlloc(300 * mi)
+	got := next(t, ctx, s)
+	if describe(got) != "CONDITION_TYPE_MEMORY_PRESSURE=CONDITION_STATUS_TRUE" || !strings.Contains(got.GetCondition().Message, eviction.SignalAllocatableMemoryAvailable) {
+		t.Fatalf("got %s (%s), want MemoryPressure true for %s", describe(got), got.GetCondition().GetMessage(), eviction.SignalAllocatableMemoryAvailable)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r.fullReads != 1 || r.allocReads == 0 {
+		t.Errorf("%d full reads and %d allocatable reads, want only the first housekeeping and fast reads", r.fullReads, r.allocReads)
+	}
+}
+
 // TestStaleSignalIsNotActedOnTwice is kubelet's thresholdsUpdatedStats in the monitor: a hard
 // allocatableMemory.available threshold evicts one pod at housekeeping; the fast path, which
 // measures memory.available alone, must not evict again on the allocatable value it did not

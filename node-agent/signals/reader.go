@@ -461,6 +461,14 @@ const AllocatableMemoryAvailable = "allocatableMemory.available"
 // systemd driver's kubepods.slice, then the cgroupfs driver's kubepods.
 var DefaultPodsCgroups = []string{"kubepods.slice", "kubepods"}
 
+// Allocatable is AllocatableMemory of PodsCgroups (ok false when none is set).
+func (r Reader) Allocatable() (available, capacity int64, ok bool, err error) {
+	if len(r.PodsCgroups) == 0 {
+		return 0, 0, false, nil
+	}
+	return r.AllocatableMemory(r.PodsCgroups)
+}
+
 // AllocatableMemory reads allocatableMemory.available as kubelet does from the pods' cgroup (the
 // first of cgroups that exists under the memory hierarchy): working set = usage - inactive_file,
 // available = the cgroup's memory limit - working set (floored at 0), capacity = available +

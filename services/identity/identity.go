@@ -6,6 +6,7 @@
 //	spiffe://nodefence/viewer/<name>          a person or tool that only reads
 //	spiffe://nodefence/coordinator/<id>       a coordinator replica: the only caller of drivers
 //	spiffe://nodefence/driver/<name>          a fence-driver service (serves; calls nothing)
+//	spiffe://nodefence/monitoring/<name>      a metrics scraper (Prometheus): reads /metrics only
 //
 // Who did something is always the certificate's identity, never a field of a request. Parsing is
 // strict (one scheme, one trust domain, one role, one name of the Kubernetes object-name alphabet)
@@ -15,6 +16,7 @@ package identity
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -45,11 +47,12 @@ const (
 	Viewer      Role = "viewer"
 	Coordinator Role = "coordinator"
 	Driver      Role = "driver"
+	Monitoring  Role = "monitoring"
 	Any         Role = "any"
 )
 
 // Roles are the roles a certificate may carry.
-var Roles = []Role{Agent, Operator, Viewer, Coordinator, Driver}
+var Roles = []Role{Agent, Operator, Viewer, Coordinator, Driver, Monitoring}
 
 // Identity is one caller.
 type Identity struct {
@@ -98,7 +101,7 @@ func (id Identity) Validate() error {
 		known = known || r == id.Role
 	}
 	if !known {
-		return fmt.Errorf("unknown role %q (want agent, operator, viewer, coordinator or driver)", clip(string(id.Role)))
+		return fmt.Errorf("unknown role %q (want agent, operator, viewer, coordinator, driver or monitoring)", clip(string(id.Role)))
 	}
 	if err := ValidName(id.Name); err != nil {
 		return fmt.Errorf("name: %w", err)
@@ -182,7 +185,16 @@ func FromPeer(ctx context.Context) (Identity, error) {
 	if !ok {
 		return Identity{}, fmt.Errorf("%w: the connection is not TLS", ErrNoIdentity)
 	}
-	chains := ti.State.VerifiedChains
+	return FromTLS(&ti.State)
+}
+
+// FromTLS reads the verified client certificate of a TLS connection (an HTTP request's r.TLS). It
+// returns ErrNoIdentity when there is none (nil state, or no verified chain).
+func FromTLS(state *tls.ConnectionState) (Identity, error) {
+	if state == nil {
+		return Identity{}, fmt.Errorf("%w: the connection is not TLS", ErrNoIdentity)
+	}
+	chains := state.VerifiedChains
 	if len(chains) == 0 || len(chains[0]) == 0 {
 		return Identity{}, fmt.Errorf("%w: no verified client certificate", ErrNoIdentity)
 	}

@@ -83,10 +83,13 @@ func TestPolicy(t *testing.T) {
 		Viewer:      {list},
 		Coordinator: {off, status},
 		Driver:      nil,
-		Any:         {fence, list, off, status, connect},
+		Monitoring:  {MetricsEndpoint},
+		Any:         {fence, list, off, status, connect, MetricsEndpoint},
 	}
+	allow[Operator] = append(allow[Operator], MetricsEndpoint)
+	allow[Viewer] = append(allow[Viewer], MetricsEndpoint)
 	for role, allowed := range allow {
-		for _, m := range []string{fence, list, off, status, connect, "/x.Y/Z"} {
+		for _, m := range []string{fence, list, off, status, connect, MetricsEndpoint, "/x.Y/Z"} {
 			want := false
 			for _, a := range allowed {
 				want = want || a == m

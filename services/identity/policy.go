@@ -10,9 +10,15 @@ import (
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
-// Policy maps a full gRPC method name ("/package.Service/Method") to the roles that may call it.
-// A method it does not name is refused to everyone, except the open services (health, reflection).
+// Policy maps a full gRPC method name ("/package.Service/Method"), or MetricsEndpoint, to the roles
+// that may call it. A method it does not name is refused to everyone, except the open services
+// (health, reflection).
 type Policy map[string][]Role
+
+// MetricsEndpoint is the policy's entry for the Prometheus /metrics (and /debug/pprof) endpoint a
+// binary serves over mutual TLS (--metrics-tls). A plaintext metrics endpoint, on loopback, has no
+// caller identity and is not checked.
+const MetricsEndpoint = "/metrics"
 
 var (
 	operators = []Role{Operator}
@@ -23,6 +29,7 @@ var (
 //   - an agent may only open its stream (and the stream checks the node is its own);
 //   - only an operator changes anything: Fence, Unfence, Acknowledge, pause and resume;
 //   - operators and viewers read;
+//   - a monitoring identity (Prometheus) reads /metrics only, as operators and viewers may;
 //   - only the coordinator calls a fence driver, reads included (a Status or Describe is a device
 //     login, and a driver's answers name devices and plugs).
 var Default = Policy{
@@ -55,6 +62,8 @@ var Default = Policy{
 	driverv1.FenceDriverService_List_FullMethodName:     {Coordinator},
 	driverv1.FenceDriverService_Monitor_FullMethodName:  {Coordinator},
 	driverv1.FenceDriverService_Describe_FullMethodName: {Coordinator},
+
+	MetricsEndpoint: {Monitoring, Operator, Viewer},
 }
 
 // openServices need no identity: health checks (load balancers, kubelet probes) and reflection

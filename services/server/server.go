@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,6 +52,10 @@ type Config struct {
 	Listen string
 	// MetricsListen is the Prometheus /metrics HTTP address; empty disables it.
 	MetricsListen string
+	// MetricsTLS serves MetricsListen over mutual TLS with TLS's certificate and CA; only callers
+	// whose certificate identity Policy allows for identity.MetricsEndpoint are answered. Off,
+	// metrics are plaintext and meant for loopback (a warning otherwise).
+	MetricsTLS bool
 	// TLS holds the certificate files; TLS.Insecure allows plaintext.
 	TLS tlsfiles.Files
 	// MaxConnectionAge bounds a connection's life so load spreads after a failover; streams are cut
@@ -93,6 +98,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultListen string) {
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (empty: off)")
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "keepalive MaxConnectionAge (0: 30m)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "graceful stop deadline (0: 10s)")
+	fs.BoolVar(&c.MetricsTLS, "metrics-tls", c.MetricsTLS, MetricsTLSFlagHelp)
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve /debug/pprof on --metrics-listen")
 	fs.StringVar(&c.UnauthenticatedCaller, "unauthenticated-caller", c.UnauthenticatedCaller,
 		`identity granted to callers without a client certificate (--insecure or no --tls-ca): "any" (every role, every node) or spiffe://nodefence/ROLE/NAME; empty: they reach only health and reflection (tests and demos only)`)
@@ -130,8 +136,13 @@ func (c Config) Validate() []error {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-listen: %q is not host:port", c.MetricsListen))
 		}
+		if c.MetricsTLS {
+			errs = append(errs, ValidateMetricsTLS(c.TLS)...)
+		}
 	} else if c.Pprof {
 		errs = append(errs, errors.New("--pprof: needs --metrics-listen"))
+	} else if c.MetricsTLS {
+		errs = append(errs, errors.New("--metrics-tls: needs --metrics-listen"))
 	}
 	for _, d := range []struct {
 		flag string
@@ -315,13 +326,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	if cfg.MetricsListen != "" {
-		if !loopback(cfg.MetricsListen) {
-			log.Warn("metrics are served without TLS or authentication on a non-loopback address", "addr", cfg.MetricsListen, "pprof", cfg.Pprof)
-		}
-		s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+		if !cfg.MetricsTLS && !loopback(cfg.MetricsListen) {
+			log.Warn("metrics are served without TLS or authentication on a non-loopback address (see --metrics-tls)", "addr", cfg.MetricsListen, "pprof", cfg.Pprof)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -331,7 +337,25 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		s.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		var handler http.Handler = mux
+		var metricsTLS *tls.Config
+		if cfg.MetricsTLS {
+			var authorize func(http.Handler) http.Handler
+			if metricsTLS, authorize, err = SecureMetrics(cfg.TLS, policy, log); err != nil {
+				lis.Close()
+				return nil, fmt.Errorf("--metrics-tls: %w", err)
+			}
+			handler = authorize(mux)
+		}
+		s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+		}
+		if metricsTLS != nil {
+			s.httpLis = tls.NewListener(s.httpLis, metricsTLS)
+		}
+		s.httpSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	}
 	return s, nil
 }

@@ -25,7 +25,7 @@ import (
 )
 
 // pki writes a CA, a server certificate for 127.0.0.1 and client certificates for an operator, a
-// viewer, and one without an identity.
+// viewer, a monitoring scraper, an agent, a coordinator, and one without an identity.
 type pki struct {
 	dir, ca, serverCert, serverKey string
 	clients                        map[string]tlsfiles.Files
@@ -51,6 +51,8 @@ func newPKI(t *testing.T) pki {
 	}
 	for name, id := range map[string]identity.Identity{
 		"operator": {Role: identity.Operator, Name: "alice"}, "viewer": {Role: identity.Viewer, Name: "bob"},
+		"monitoring": {Role: identity.Monitoring, Name: "prometheus"}, "agent": {Role: identity.Agent, Name: "n1"},
+		"coordinator": {Role: identity.Coordinator, Name: "c1"},
 	} {
 		pair, err := ca.Issue(id, nil, time.Hour)
 		if err != nil {

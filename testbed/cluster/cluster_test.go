@@ -252,3 +252,12 @@ func TestUpMissingBinaries(t *testing.T) {
 		}
 	}
 }
+
+func TestWithFields(t *testing.T) {
+	doc := "kind: KubeletConfiguration\nevictionHard: {}\nauthentication:\n  evictionHard: nested\n"
+	got := withFields(doc, map[string]string{"evictionHard": `{memory.available: "400Mi"}`, "systemReserved": `{memory: "1"}`})
+	want := "kind: KubeletConfiguration\nevictionHard: {memory.available: \"400Mi\"}\nauthentication:\n  evictionHard: nested\nsystemReserved: {memory: \"1\"}\n"
+	if got != want {
+		t.Errorf("withFields:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -416,4 +417,64 @@ func (n *Node) StopService(name string) error {
 	}
 	p.stop(5 * time.Second)
 	return nil
+}
+
+// ReconfigureKubelet rewrites the node's KubeletConfiguration with fields (top-level key → YAML
+// value, e.g. "evictionHard" → `{memory.available: "100Mi"}`) replacing its values or added, and
+// restarts its kubelet when the node runs (containers keep running). The configuration stays for
+// later boots.
+func (n *Node) ReconfigureKubelet(fields map[string]string) error {
+	path := filepath.Join(n.Dir, "kubelet.yaml")
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(withFields(string(doc), fields)), 0o644); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	p, running := n.kubelet, n.running
+	if running {
+		n.kubeletHeld = true // the watchdog leaves it alone meanwhile
+	}
+	n.mu.Unlock()
+	if !running {
+		return nil
+	}
+	if p != nil && !p.exited() {
+		if err := p.killWait(); err != nil {
+			return err
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.kubeletHeld = false
+	if !n.running {
+		return nil
+	}
+	return n.startKubelet()
+}
+
+// withFields replaces the top-level keys of a YAML document that fields name, and appends the
+// others in key order.
+func withFields(doc string, fields map[string]string) string {
+	done := map[string]bool{}
+	lines := strings.Split(strings.TrimSuffix(doc, "\n"), "\n")
+	for i, l := range lines {
+		k, _, ok := strings.Cut(l, ":")
+		if v, set := fields[k]; ok && set && !strings.HasPrefix(l, " ") {
+			lines[i], done[k] = k+": "+v, true
+		}
+	}
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		if !done[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		lines = append(lines, k+": "+fields[k])
+	}
+	return strings.Join(lines, "\n") + "\n"
 }

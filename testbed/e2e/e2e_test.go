@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -31,14 +32,15 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/fence-drivers/ipmi"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
-	"github.com/nodefence/nodefence/fence-drivers/kit/kittest"
 	"github.com/nodefence/nodefence/node-agent/agent"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/pki"
 	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -47,6 +49,36 @@ import (
 )
 
 var insecure = tlsfiles.Files{Insecure: true}
+
+// testPKI is the tests' CA: every coordinator, driver, agent and operator runs with mutual TLS and
+// a certificate of its own identity, as in production. TestUnauthenticatedCaller alone runs a
+// plaintext coordinator.
+var testPKI *pki.PKI
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nodefence-e2e-pki-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if testPKI, err = pki.New(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// tlsAs returns the TLS files of role/name.
+func tlsAs(t *testing.T, role identity.Role, name string) tlsfiles.Files {
+	t.Helper()
+	f, err := testPKI.Files(role, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
 
 func testLog(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -59,11 +91,22 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// startDriver serves the IPMI driver on 127.0.0.1 with its epoch state in stateDir.
+// startDriver serves the IPMI driver on 127.0.0.1 over mutual TLS (identity driver/ipmi; only
+// coordinators may call it) with its epoch state in stateDir.
 func startDriver(t *testing.T, stateDir string) string {
 	t.Helper()
-	addr, _ := kittest.Serve(t, ipmi.New(), kit.Options{StateDir: stateDir, Log: testLog(t)})
-	return addr
+	svc, err := kit.NewService(ipmi.New(), kit.Options{StateDir: stateDir, Log: testLog(t), DefaultTimeout: 10 * time.Second, PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsAs(t, identity.Driver, "ipmi"), DrainTimeout: time.Second}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	driverv1.RegisterFenceDriverServiceServer(srv.GRPC, svc)
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(srv.Stop)
+	return srv.Addr()
 }
 
 type node struct {
@@ -109,8 +152,18 @@ func (c *coordinator) stop() { c.cancel(); <-c.done }
 
 func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 	t.Helper()
-	cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: insecure, UnauthenticatedCaller: "any", DrainTimeout: time.Second}
-	cfg.DriverTLS = insecure
+	// Mutual TLS with the coordinator's own certificate, towards callers and drivers, unless the
+	// test set up the server itself.
+	name := cfg.ID
+	if name == "" {
+		name = "e2e"
+	}
+	if cfg.Server.Listen == "" {
+		cfg.Server = server.Config{Listen: "127.0.0.1:0", TLS: tlsAs(t, identity.Coordinator, name), DrainTimeout: time.Second}
+	}
+	if cfg.DriverTLS == (tlsfiles.Files{}) {
+		cfg.DriverTLS = tlsAs(t, identity.Coordinator, name)
+	}
 	if cfg.DataDir == "" && len(cfg.EtcdEndpoints) == 0 {
 		cfg.DataDir = t.TempDir()
 		cfg.EtcdClientListen, cfg.EtcdPeerListen = "127.0.0.1:0", "127.0.0.1:0"
@@ -138,9 +191,16 @@ func startCoordinator(t *testing.T, cfg app.Config) *coordinator {
 	return c
 }
 
+// conn dials addr as the operator alice.
 func conn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	cc, err := dial.New(addr, insecure)
+	return connAs(t, addr, tlsAs(t, identity.Operator, "alice"))
+}
+
+// connAs dials addr with files.
+func connAs(t *testing.T, addr string, files tlsfiles.Files) *grpc.ClientConn {
+	t.Helper()
+	cc, err := dial.New(addr, files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +242,13 @@ func leaderReady(t *testing.T, cc *grpc.ClientConn) {
 // the node is Ready with its agent connected.
 func runAgent(t *testing.T, cc *grpc.ClientConn, addr, name, zone string) {
 	t.Helper()
-	a, err := agent.New(agent.Config{Coordinators: []string{addr}, TLS: insecure, NodeName: name, BootID: "b-" + name, Zone: zone, Log: testLog(t)}, fixedSampler{})
+	runAgentWith(t, cc, addr, name, zone, tlsAs(t, identity.Agent, name))
+}
+
+// runAgentWith is runAgent with the agent's TLS files.
+func runAgentWith(t *testing.T, cc *grpc.ClientConn, addr, name, zone string, files tlsfiles.Files) {
+	t.Helper()
+	a, err := agent.New(agent.Config{Coordinators: []string{addr}, TLS: files, NodeName: name, BootID: "b-" + name, Zone: zone, Log: testLog(t)}, fixedSampler{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,6 +368,8 @@ func TestAPIRejectsBadInput(t *testing.T) {
 	leaderReady(t, cc)
 	fc := coordv1.NewFenceServiceClient(cc)
 	cl := coordv1.NewClusterServiceClient(cc)
+	// The agent stream is the node's own agent's.
+	ac := agentv1.NewAgentServiceClient(connAs(t, c.app.Addr(), tlsAs(t, identity.Agent, n.name)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
@@ -330,7 +398,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "id"},
 		{"agent stream without hello", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx)
+			s, err := ac.Connect(ctx)
 			if err != nil {
 				return err
 			}
@@ -339,7 +407,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "hello"},
 		{"agent stream with bytes that are no request", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			s, err := ac.Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
 			if err != nil {
 				return err
 			}
@@ -348,7 +416,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "request"},
 		{"agent sample with a name that is not UTF-8", func() error {
-			s, err := agentv1.NewAgentServiceClient(cc).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
+			s, err := ac.Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
 			if err != nil {
 				return err
 			}
@@ -379,7 +447,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 		t.Fatalf("Acknowledge of a reporting node = %v, want FailedPrecondition", err)
 	}
 	ack, err := fc.Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: n.name, Operator: "alice", Reason: "pulled the plug", Force: true})
-	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || !strings.Contains(ack.Fence.AcknowledgedBy, `"alice"`) || len(ack.Fence.Operations) != 0 {
+	if err != nil || ack.Fence.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || ack.Fence.AcknowledgedBy != "alice" || len(ack.Fence.Operations) != 0 {
 		t.Fatalf("Acknowledge = %v, %v", ack, err)
 	}
 	poweredOffView(t, ctx, cc, n.name, ack.Fence.Id)
@@ -465,7 +533,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 		t.Fatalf("fence by new leader: %v", f)
 	}
 	// The deposed leader's epoch reaches the driver: refused, the BMC untouched.
-	dc := driverv1.NewFenceDriverServiceClient(conn(t, driver))
+	dc := driverv1.NewFenceDriverServiceClient(connAs(t, driver, tlsAs(t, identity.Coordinator, "first")))
 	_, err = dc.PowerOn(ctx, &driverv1.PowerOnRequest{OperationId: "stale-1", Epoch: oldEpoch, Timeout: durationpb.New(5 * time.Second),
 		Target: &driverv1.Target{Name: n.name, Parameters: map[string]string{"ip": "127.0.0.1", "ipport": fmt.Sprint(n.bmc.Port), "username": "admin", "password": "password", "lanplus": "1", "cipher": "3"}}})
 	if status.Code(err) != codes.FailedPrecondition {
@@ -504,7 +572,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 	cancels := map[string]context.CancelFunc{}
 	agents := map[string]*agent.Agent{}
 	for _, name := range names {
-		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: name, BootID: "b-" + name, Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: tlsAs(t, identity.Agent, name), NodeName: name, BootID: "b-" + name, Zone: "a", Region: "r", Log: testLog(t)}, fixedSampler{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -590,7 +658,9 @@ func TestGrpcurlListsServices(t *testing.T) {
 		c.app.Addr(): {"grpc.health.v1.Health", "nodefence.agent.v1.AgentService", "nodefence.coordinator.v1.ClusterService", "nodefence.coordinator.v1.FenceService"},
 		driver:       {"grpc.health.v1.Health", "nodefence.driver.v1.FenceDriverService"},
 	} {
-		out, err := exec.Command(grpcurl, "-plaintext", addr, "list").CombinedOutput()
+		// Reflection is open to every identity, but the handshake wants a client certificate.
+		op := tlsAs(t, identity.Operator, "alice")
+		out, err := exec.Command(grpcurl, "-cacert", op.CAFile, "-cert", op.CertFile, "-key", op.KeyFile, addr, "list").CombinedOutput()
 		if err != nil {
 			t.Fatalf("grpcurl list %s: %v\n%s", addr, err, out)
 		}
@@ -623,7 +693,7 @@ func TestAutomaticFencing(t *testing.T) {
 	fc := coordv1.NewFenceServiceClient(cc)
 	stop := map[string]func(){}
 	for _, n := range nodes {
-		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: n.name, BootID: "b", Zone: "a", Log: testLog(t)}, fixedSampler{})
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: tlsAs(t, identity.Agent, n.name), NodeName: n.name, BootID: "b", Zone: "a", Log: testLog(t)}, fixedSampler{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1017,7 +1087,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 	grants := map[string]*grantLog{}
 	for _, name := range names {
 		grants[name] = &grantLog{}
-		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: insecure, NodeName: name, BootID: "b-" + name,
+		a, err := agent.New(agent.Config{Coordinators: []string{c.app.Addr()}, TLS: tlsAs(t, identity.Agent, name), NodeName: name, BootID: "b-" + name,
 			Zone: "a", Grants: grants[name], Log: testLog(t)}, fixedSampler{})
 		if err != nil {
 			t.Fatal(err)
@@ -1090,4 +1160,42 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 	if z := zone(); z.PodCandidatesHeld != 1 || z.PodEvictionsGranted != 2 {
 		t.Fatalf("zone after the second grant: %v", z)
 	}
+}
+
+// TestUnauthenticatedCaller covers --unauthenticated-caller, the one place a coordinator serves
+// plaintext: callers without a certificate reach nothing but health unless the flag grants them an
+// identity, and then exactly that identity's rights.
+func TestUnauthenticatedCaller(t *testing.T) {
+	n := node{name: "plain-1", password: "password", bmc: startBMC(t, "plain-1"), addr: "127.0.0.1"}
+	fenceConfig := writeConfig(t, startDriver(t, t.TempDir()), []node{n})
+	plaintext := func(caller string) (*coordinator, *grpc.ClientConn) {
+		c := startCoordinator(t, app.Config{FenceConfig: fenceConfig,
+			Server: server.Config{Listen: "127.0.0.1:0", TLS: insecure, UnauthenticatedCaller: caller, DrainTimeout: time.Second}})
+		return c, connAs(t, c.app.Addr(), insecure)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Not set: health only.
+	c, cc := plaintext("")
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("health without identity: %v", err)
+	}
+	if _, err := coordv1.NewClusterServiceClient(cc).ListNodes(ctx, &coordv1.ListNodesRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListNodes without identity: %v, want Unauthenticated", err)
+	}
+	c.stop()
+
+	// One identity: a viewer reads but may not fence.
+	c, cc = plaintext("spiffe://nodefence/viewer/demo")
+	leaderReady(t, cc)
+	if _, err := coordv1.NewFenceServiceClient(cc).Fence(ctx, &coordv1.FenceRequest{Node: n.name}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Fence as the granted viewer: %v, want PermissionDenied", err)
+	}
+	c.stop()
+
+	// "any": every role, so a plaintext agent streams and its node becomes Ready.
+	c, cc = plaintext("any")
+	leaderReady(t, cc)
+	runAgentWith(t, cc, c.app.Addr(), n.name, "a", insecure)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/wait"
 )
 
@@ -79,7 +80,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 			m.Grant(g)
 		}
 	})
-	a, err := agent.New(agent.Config{Coordinators: []string{first.app.Addr(), second.app.Addr()}, TLS: insecure, NodeName: n.name,
+	a, err := agent.New(agent.Config{Coordinators: []string{first.app.Addr(), second.app.Addr()}, TLS: tlsAs(t, identity.Agent, n.name), NodeName: n.name,
 		BootID: "b-" + n.name, Zone: "a", Grants: relay, Log: testLog(t),
 		Connected: func() {
 			if m := mon.Load(); m != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,8 +102,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		time.Sleep(50 * time.Millisecond)
 	}
 	ctr("images", "import", tarball)
-	if refs := ctr("images", "ls", "-q"); !strings.Contains(refs, "nodefence/whoami:test") {
-		t.Fatalf("imported images %q do not include nodefence/whoami:test", refs)
+	// Under the name the kubelet asks containerd's CRI for.
+	if refs := ctr("images", "ls", "-q"); !slices.Contains(strings.Fields(refs), "docker.io/nodefence/whoami:test") {
+		t.Fatalf("imported images %q do not include docker.io/nodefence/whoami:test", refs)
 	}
 	d, err := img.Digest()
 	if err != nil {
@@ -111,7 +113,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 	if ls := ctr("images", "ls"); !strings.Contains(ls, d.String()) {
 		t.Fatalf("containerd holds another digest than built (%s):\n%s", d, ls)
 	}
-	if out := ctr("run", "--rm", "nodefence/whoami:test", "nodefence-whoami"); strings.TrimSpace(out) != "uid=65532 gid=65532" {
+	if out := ctr("run", "--rm", "docker.io/nodefence/whoami:test", "nodefence-whoami"); strings.TrimSpace(out) != "uid=65532 gid=65532" {
 		t.Fatalf("container printed %q, want uid=65532 gid=65532", out)
 	}
 }

@@ -155,3 +155,36 @@ func TestDriversAreNotNodeBound(t *testing.T) {
 		t.Fatal("no fence-driver workloads in deploy/")
 	}
 }
+
+// TestNonRootReadsItsSecrets: a container that runs as a non-root user can read every Secret file
+// it mounts. Secret files belong to root, so a mode without "other" read needs the pod's fsGroup
+// and group read; the coordinator once refused to start with its etcd password 0400 and no fsGroup.
+func TestNonRootReadsItsSecrets(t *testing.T) {
+	for w, spec := range podSpecs(t) {
+		sc := spec.SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+			continue
+		}
+		for _, c := range spec.Containers {
+			if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && *c.SecurityContext.RunAsUser == 0 {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Secret == nil {
+					continue
+				}
+				mode := int32(0o644)
+				if v.Secret.DefaultMode != nil {
+					mode = *v.Secret.DefaultMode
+				}
+				switch {
+				case mode&0o004 != 0:
+				case sc.FSGroup == nil:
+					t.Errorf("%s: Secret volume %s (mode %#o) is unreadable to user %d: no fsGroup", w, v.Name, mode, *sc.RunAsUser)
+				case mode&0o040 == 0:
+					t.Errorf("%s: Secret volume %s (mode %#o) is unreadable to fsGroup %d", w, v.Name, mode, *sc.FSGroup)
+				}
+			}
+		}
+	}
+}

@@ -119,7 +119,7 @@ func TestOCILayoutReadsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(m.Manifests) != 1 || m.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != "nodefence/fencectl:v1" ||
-		m.Manifests[0].Annotations["io.containerd.image.name"] != "nodefence/fencectl:v1" {
+		m.Manifests[0].Annotations["io.containerd.image.name"] != "docker.io/nodefence/fencectl:v1" {
 		t.Fatalf("index: %+v", m.Manifests)
 	}
 	if m.Manifests[0].Digest != digest(t, img) {
@@ -259,4 +259,19 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestQualifiedRef: the name containerd stores is the one the kubelet's CRI request normalizes to.
+func TestQualifiedRef(t *testing.T) {
+	for ref, want := range map[string]string{
+		"nodefence/coordinator:v1":          "docker.io/nodefence/coordinator:v1",
+		"busybox:1":                         "docker.io/library/busybox:1",
+		"registry.example:5000/nf/agent:v2": "registry.example:5000/nf/agent:v2",
+		"localhost/nf:v1":                   "localhost/nf:v1",
+		"mirror.example/nf/driver:v3":       "mirror.example/nf/driver:v3",
+	} {
+		if got := QualifiedRef(ref); got != want {
+			t.Errorf("QualifiedRef(%q) = %q, want %q", ref, got, want)
+		}
+	}
 }

@@ -136,8 +136,10 @@ func AgentLayer() (Layer, []*Package, error) {
 }
 
 // WriteOCI writes img as an OCI image-layout tarball at file, the index naming it ref (as
-// org.opencontainers.image.ref.name and containerd's io.containerd.image.name, so `ctr images
-// import` keeps the name). The tar is deterministic: sorted entries, fixed times, numeric owners.
+// org.opencontainers.image.ref.name) and its fully qualified form (containerd's
+// io.containerd.image.name, see QualifiedRef), so `ctr images import` stores it under the name the
+// kubelet asks containerd's CRI for. The tar is deterministic: sorted entries, fixed times,
+// numeric owners.
 func WriteOCI(img v1.Image, ref, file string, created time.Time) error {
 	dir, err := os.MkdirTemp(filepath.Dir(file), ".oci-")
 	if err != nil {
@@ -150,7 +152,7 @@ func WriteOCI(img v1.Image, ref, file string, created time.Time) error {
 	}
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": ref,
-		"io.containerd.image.name":          ref,
+		"io.containerd.image.name":          QualifiedRef(ref),
 	})); err != nil {
 		return err
 	}
@@ -169,6 +171,22 @@ func WriteOCI(img v1.Image, ref, file string, created time.Time) error {
 		return err
 	}
 	return os.Rename(tmp, file)
+}
+
+// QualifiedRef is ref as containerd's CRI names it: the kubelet asks for an image named
+// "nodefence/coordinator:v1" as "docker.io/nodefence/coordinator:v1" (a reference without a
+// registry host is Docker Hub's; one without a path is in its "library"), so an image imported
+// under the short name is "not present" to the kubelet. A ref that names a host (a first component
+// with a dot or a port, or "localhost") is returned as it is.
+func QualifiedRef(ref string) string {
+	first, rest, found := strings.Cut(ref, "/")
+	if !found {
+		return "docker.io/library/" + ref
+	}
+	if strings.ContainsAny(first, ".:") || first == "localhost" {
+		return ref
+	}
+	return "docker.io/" + first + "/" + rest
 }
 
 func tarDir(w io.Writer, root string, created time.Time) error {

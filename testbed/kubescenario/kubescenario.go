@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -36,10 +37,11 @@ import (
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/node-agent/agent"
 	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/server"
-	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -69,6 +71,9 @@ type Env struct {
 	Nodes   []*Node
 	// Proxy stands between the coordinator and the apiserver, to cut it off.
 	Proxy *tcpproxy.Proxy
+	// PKI issues every component's certificate: the coordinator, the driver, the agents and the
+	// operator talk mutual TLS with their own identities.
+	PKI   *pki.PKI
 	dir   string
 	stops []func()
 }
@@ -95,6 +100,13 @@ func DeployDir() string {
 // Start builds the whole scenario; Close stops every part of it.
 func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	e := &Env{Opts: o, dir: dir}
+	if err := os.MkdirAll(filepath.Join(dir, "pki"), 0o700); err != nil {
+		return nil, err
+	}
+	var err error
+	if e.PKI, err = pki.New(filepath.Join(dir, "pki")); err != nil {
+		return nil, err
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -175,9 +187,18 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	return e, nil
 }
 
+// Dial connects to the coordinator as an operator (spiffe://nodefence/operator/scenario).
+func (e *Env) Dial() (*grpc.ClientConn, error) {
+	files, err := e.PKI.Files(identity.Operator, "scenario")
+	if err != nil {
+		return nil, err
+	}
+	return dial.New(e.Coord.Addr(), files)
+}
+
 // nodeView asks the coordinator for its view of a node.
 func (e *Env) nodeView(ctx context.Context, name string) (*coordv1.Node, error) {
-	conn, err := dial.New(e.Coord.Addr(), tlsfiles.Files{Insecure: true})
+	conn, err := e.Dial()
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +209,7 @@ func (e *Env) nodeView(ctx context.Context, name string) (*coordv1.Node, error) 
 
 // waitConnected returns once every node's agent is connected and the node Ready.
 func (e *Env) waitConnected(ctx context.Context) error {
-	conn, err := dial.New(e.Coord.Addr(), tlsfiles.Files{Insecure: true})
+	conn, err := e.Dial()
 	if err != nil {
 		return err
 	}
@@ -224,7 +245,11 @@ func (e *Env) startDriver() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", DrainTimeout: time.Second}, e.Opts.Log)
+	files, err := e.PKI.Files(identity.Driver, "ipmi")
+	if err != nil {
+		return "", err
+	}
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", TLS: files, DrainTimeout: time.Second}, e.Opts.Log)
 	if err != nil {
 		return "", err
 	}
@@ -302,11 +327,15 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 	if healthy == 0 {
 		healthy = time.Second
 	}
+	coordTLS, err := e.PKI.Files(identity.Coordinator, "scenario")
+	if err != nil {
+		return nil, err
+	}
 	cfg := app.Config{
-		Server:  server.Config{Listen: "127.0.0.1:0", TLS: tlsfiles.Files{Insecure: true}, UnauthenticatedCaller: "any", DrainTimeout: time.Second},
+		Server:  server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
 		DataDir: filepath.Join(e.dir, "coordinator"), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true,
 		KubeREST: rc, FenceNamespace: "nodefence", DriverEndpoints: map[string]string{"ipmi": driverAddr},
-		DriverTLS: tlsfiles.Files{Insecure: true}, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,
+		DriverTLS: coordTLS, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 500 * time.Millisecond, IsolationWait: time.Minute, Polls: 3, PollInterval: time.Second},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: time.Second,
 		ReleaseHealthyDelay: healthy,
@@ -334,7 +363,11 @@ func (sampler) Sample(context.Context) (*agentv1.SignalSample, error) {
 }
 
 func (e *Env) startAgent(n *Node) error {
-	ag, err := agent.New(agent.Config{Coordinators: []string{e.Coord.Addr()}, TLS: tlsfiles.Files{Insecure: true},
+	files, err := e.PKI.Files(identity.Agent, n.Name)
+	if err != nil {
+		return err
+	}
+	ag, err := agent.New(agent.Config{Coordinators: []string{e.Coord.Addr()}, TLS: files,
 		NodeName: n.Name, BootID: "boot-" + n.Name, Zone: "zone-a", Region: "region-1", Log: e.Opts.Log}, sampler{})
 	if err != nil {
 		return err

@@ -12,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nodefence/nodefence/services/dial"
-	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -35,7 +33,7 @@ func TestWrongMachineReleasesNothing(t *testing.T) {
 	}
 	defer env.Close()
 	victim := env.Nodes[3]
-	cc, err := dial.New(env.Coord.Addr(), tlsfiles.Files{Insecure: true})
+	cc, err := env.Dial()
 	if err != nil {
 		t.Fatal(err)
 	}

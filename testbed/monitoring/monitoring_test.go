@@ -5,6 +5,7 @@ package monitoring
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -202,7 +203,7 @@ nodes:
 	write(t, caFile, string(ca.CertPEM))
 	tlsFlags := map[string][]string{}
 	files := map[string]tlsfiles.Files{}
-	for _, id := range []string{"coordinator/c1", "driver/ipmi", "agent/n1", "operator/admin"} {
+	for _, id := range []string{"coordinator/c1", "driver/ipmi", "agent/n1", "operator/admin", "monitoring/prometheus"} {
 		ident, err := identity.Parse("spiffe://" + identity.TrustDomain + "/" + id)
 		if err != nil {
 			t.Fatal(err)
@@ -220,14 +221,24 @@ nodes:
 	}
 	coordTLS := files["coordinator/c1"]
 	start(t, work, bin, "fence-driver", append([]string{"--driver", "ipmi", "--listen", driverAddr,
-		"--metrics-listen", driverMetrics, "--state-dir", filepath.Join(work, "driver"), "--default-timeout", "2s"}, tlsFlags["driver/ipmi"]...)...)
+		"--metrics-listen", driverMetrics, "--state-dir", filepath.Join(work, "driver"), "--default-timeout", "2s", "--metrics-tls"}, tlsFlags["driver/ipmi"]...)...)
 	start(t, work, bin, "coordinator", append([]string{"--listen", coordAddr, "--advertise", coordAddr,
 		"--driver-tls-cert", coordTLS.CertFile, "--driver-tls-key", coordTLS.KeyFile, "--driver-tls-ca", caFile,
 		"--metrics-listen", coordMetrics, "--data-dir", filepath.Join(work, "coord"),
 		"--etcd-client-listen", port(), "--etcd-peer-listen", port(), "--kdump-listen", port(),
-		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false", "--device-check-interval", "1s"}, tlsFlags["coordinator/c1"]...)...)
+		"--config", fenceYAML, "--fence-op-timeout", "2s", "--fence-retries", "0", "--auto-fence=false", "--device-check-interval", "1s", "--metrics-tls"}, tlsFlags["coordinator/c1"]...)...)
 	start(t, work, bin, "node-agent", append([]string{"--coordinator", coordAddr, "--node-name", "n1",
-		"--zone", "z1", "--region", "r1", "--metrics-listen", agentMetrics, "--manage-inhibit-delay=false"}, tlsFlags["agent/n1"]...)...)
+		"--zone", "z1", "--region", "r1", "--metrics-listen", agentMetrics, "--manage-inhibit-delay=false", "--metrics-tls"}, tlsFlags["agent/n1"]...)...)
+	// Every /metrics is served over mutual TLS (--metrics-tls), as deploy/monitoring scrapes it:
+	// Prometheus presents a monitoring certificate.
+	scrapeAs := func(who string) *tls.Config {
+		cfg, err := files[who].Client()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	prometheus := scrapeAs("monitoring/prometheus")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -270,16 +281,29 @@ nodes:
 	}
 
 	poll(ctx, t, "the leader's first device check", func() bool {
-		s, err := promscrape.Get("http://" + coordMetrics + "/metrics")
+		s, err := promscrape.GetTLS("https://"+coordMetrics+"/metrics", prometheus)
 		_, ok := s[`nodefence_fence_device_check_ok{driver="ipmi",method="bmc",node="n1"}`]
 		return err == nil && ok
 	})
 	exported := map[string]bool{}
 	scrapes := map[string]promscrape.Scrape{}
 	for name, addr := range map[string]string{"coordinator": coordMetrics, "driver": driverMetrics, "agent": agentMetrics} {
-		s, err := promscrape.Get("http://" + addr + "/metrics")
+		s, err := promscrape.GetTLS("https://"+addr+"/metrics", prometheus)
 		if err != nil {
 			t.Fatalf("scrape %s: %v", name, err)
+		}
+		// Only identities the policy allows read it: not an agent, not a caller without a
+		// certificate, not a plaintext request.
+		if _, err := promscrape.GetTLS("https://"+addr+"/metrics", scrapeAs("agent/n1")); err == nil || !strings.Contains(err.Error(), "403") {
+			t.Errorf("scrape %s with an agent's certificate: %v, want 403 Forbidden", name, err)
+		}
+		anon := scrapeAs("agent/n1").Clone()
+		anon.Certificates = nil
+		if _, err := promscrape.GetTLS("https://"+addr+"/metrics", anon); err == nil {
+			t.Errorf("scrape %s without a client certificate: answered", name)
+		}
+		if _, err := promscrape.Get("http://" + addr + "/metrics"); err == nil {
+			t.Errorf("scrape %s in plaintext: answered", name)
 		}
 		scrapes[name] = s
 		for series := range s {

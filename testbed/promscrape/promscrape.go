@@ -3,6 +3,7 @@
 package promscrape
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"math"
@@ -18,15 +19,27 @@ type Scrape map[string]float64
 
 // Get reads url (http://host:port/metrics).
 func Get(url string) (Scrape, error) {
+	return GetTLS(url, nil)
+}
+
+// GetTLS reads url (https://host:port/metrics of a --metrics-tls endpoint) with cfg, which carries
+// the client certificate; nil cfg is Get. An answer other than 200 is an error.
+func GetTLS(url string, cfg *tls.Config) (Scrape, error) {
 	c := http.Client{Timeout: 10 * time.Second}
+	if cfg != nil {
+		c.Transport = &http.Transport{TLSClientConfig: cfg}
+	}
 	resp, err := c.Get(url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, body)
 	}
 	out := Scrape{}
 	for _, line := range strings.Split(string(body), "\n") {

@@ -16,7 +16,7 @@ import (
 const certsHelp = `Issues a CA (unless --ca-cert/--ca-key name an existing one) and, for each ROLE/NAME, a certificate
 whose URI SAN is spiffe://nodefence/ROLE/NAME, usable as client and server, into DIR as
 ROLE-NAME.crt and ROLE-NAME.key (0600). Roles: agent (NAME = the node), operator, viewer,
-coordinator, driver. --hosts are the DNS names and IP addresses servers answer to.
+coordinator, driver, monitoring (a Prometheus scraping --metrics-tls). --hosts are the DNS names and IP addresses servers answer to.
 Example: fencectl certs --dir pki --hosts 127.0.0.1,localhost coordinator/c1 driver/ipmi agent/worker-1 operator/alice
 `
 

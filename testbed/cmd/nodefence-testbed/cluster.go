@@ -243,7 +243,7 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		if err != nil {
 			return c, fmt.Errorf("metrics of %s: %w", s.name, err)
 		}
-		go func() { _ = s.metrics.Serve(powerCtx, lis, c.log) }()
+		go func() { _ = s.metrics.Serve(powerCtx, lis, nil, c.log) }()
 		if err := c.startSim(s); err != nil {
 			return c, err
 		}

@@ -46,6 +46,8 @@ const (
 	KubeletBinary           = "kubelet"
 	ControllerManagerBinary = "kube-controller-manager"
 	SchedulerBinary         = "kube-scheduler"
+	// KubectlBinary is the client the install test applies deploy/'s overlay with.
+	KubectlBinary = "kubectl"
 )
 
 // AssetsDir is where the binaries live: $NODEFENCE_KUBE_ASSETS if set, else
@@ -106,6 +108,7 @@ func tools(root string) []tool {
 		kube(SchedulerBinary),
 		kube(ControllerManagerBinary),
 		kube(KubeletBinary),
+		kube(KubectlBinary),
 	}
 }
 
