@@ -19,27 +19,31 @@ APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containe
 
 .PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
 
+# VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
+# images; the same commit gives the same VERSION, so builds stay reproducible.
+VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION_LDFLAGS := -X github.com/nodefence/nodefence/services/buildinfo.Version=$(VERSION)
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/coordinator ./coordinator/cmd/coordinator
-	$(GO) build -o $(BIN)/fencectl ./coordinator/cmd/fencectl
-	$(GO) build -o $(BIN)/node-agent ./node-agent/cmd/node-agent
-	$(GO) build -o $(BIN)/fence-driver ./fence-drivers/cmd/fence-driver
-	$(GO) build -o $(BIN)/nodefence-testbed ./testbed/cmd/nodefence-testbed
-	$(GO) build -o $(BIN)/bench-ingest ./testbed/cmd/bench-ingest
-	$(GO) build -o $(BIN)/bench-failover ./testbed/cmd/bench-failover
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/coordinator ./coordinator/cmd/coordinator
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/fencectl ./coordinator/cmd/fencectl
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/fence-driver ./fence-drivers/cmd/fence-driver
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/nodefence-testbed ./testbed/cmd/nodefence-testbed
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/bench-ingest ./testbed/cmd/bench-ingest
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/bench-failover ./testbed/cmd/bench-failover
 
 # images: one OCI image-layout tarball per binary in bin/images (nodefence/<binary>:$(VERSION), and
 # nodefence/etcd for deploy/etcd.yaml), built
 # without a container engine or registry (testbed/images). Static, trimmed binaries and a fixed time
 # (the last commit's) make the same commit give the same digests. Import with
 # `ctr -n k8s.io images import bin/images/nodefence-coordinator.oci.tar`.
-VERSION           ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 images: deps
 	@mkdir -p $(BIN)/linux-amd64
 	for b in coordinator:coordinator node-agent:node-agent fence-driver:fence-drivers fencectl:coordinator; do \
-		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w -buildid=' \
+		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w -buildid= $(VERSION_LDFLAGS)' \
 			-o $(BIN)/linux-amd64/$${b%%:*} ./$${b#*:}/cmd/$${b%%:*} || exit 1; \
 	done
 	cd testbed/kube/tools/etcd && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/linux-amd64/etcd .
@@ -138,7 +142,7 @@ bench-ingest: build
 # real kube-apiserver and a private containerd (--active=false: standalone).
 bench-agent:
 	@mkdir -p $(BIN)/linux-amd64
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/linux-amd64/node-agent ./node-agent/cmd/node-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid= $(VERSION_LDFLAGS)' -o $(BIN)/linux-amd64/node-agent ./node-agent/cmd/node-agent
 	$(GO) run ./testbed/cmd/bench-agent --agent=$(BIN)/linux-amd64/node-agent
 
 # bench-drivers: our driver service vs fence_ipmilan and fence_apc_snmp on the same simulators.

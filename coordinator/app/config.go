@@ -86,7 +86,7 @@ type Config struct {
 	// not enough.
 	ReleaseHealthyDelay time.Duration
 	// GCPercent is the garbage-collection target (Go's GOGC) the coordinator binary sets for its
-	// process; see cli.ApplyGC. The default, 200, keeps collections (each of which slows ingest for
+	// process; see gctune.Apply. The default, 200, keeps collections (each of which slows ingest for
 	// about 100 ms on two cores) three times rarer than Go's 100, for about 30% more memory: RSS
 	// about 530 MB instead of 420 MB at 10,000 agents sending 50,000 samples a second.
 	GCPercent int

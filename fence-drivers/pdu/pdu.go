@@ -193,6 +193,13 @@ func parse(p map[string]string) (*config, error) {
 		}
 		return c, inv.Err()
 	}
+	g.MsgFlags, g.SecurityParameters = parseV3(p, &inv)
+	g.ContextName = p[ParamSNMPContext]
+	return c, inv.Err()
+}
+
+// parseV3 reads the SNMPv3 user, security level, protocols and passphrases.
+func parseV3(p map[string]string, inv *fault.Invalid) (gosnmp.SnmpV3MsgFlags, *gosnmp.UsmSecurityParameters) {
 	usm := &gosnmp.UsmSecurityParameters{UserName: p[kit.ParamUsername]}
 	if usm.UserName == "" {
 		inv.Add(kit.ParamUsername, "required for SNMPv3")
@@ -229,9 +236,7 @@ func parse(p map[string]string) (*config, error) {
 			inv.Add(ParamPrivProt, "must be DES, AES, AES192, AES256, AES192C or AES256C, got %q", p[ParamPrivProt])
 		}
 	}
-	g.MsgFlags, g.SecurityParameters = flags, usm
-	g.ContextName = p[ParamSNMPContext]
-	return c, inv.Err()
+	return flags, usm
 }
 
 // Parse checks canonical parameters and returns them typed.

@@ -12,39 +12,39 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 )
 
-// Driver is the kubelet's --cgroup-driver: how pod cgroups are named.
-type Driver int
+// CgroupDriver is the kubelet's --cgroup-driver: how pod cgroups are named.
+type CgroupDriver int
 
-// The cgroup drivers. DriverAuto picks the one whose kubepods cgroup exists.
+// The cgroup drivers. CgroupDriverAuto picks the one whose kubepods cgroup exists.
 const (
-	DriverAuto Driver = iota
-	DriverCgroupfs
-	DriverSystemd
+	CgroupDriverAuto CgroupDriver = iota
+	CgroupDriverCgroupfs
+	CgroupDriverSystemd
 )
 
-// ParseDriver parses "auto", "cgroupfs" or "systemd".
-func ParseDriver(s string) (Driver, error) {
+// ParseCgroupDriver parses "auto", "cgroupfs" or "systemd".
+func ParseCgroupDriver(s string) (CgroupDriver, error) {
 	switch s {
 	case "auto", "":
-		return DriverAuto, nil
+		return CgroupDriverAuto, nil
 	case "cgroupfs":
-		return DriverCgroupfs, nil
+		return CgroupDriverCgroupfs, nil
 	case "systemd":
-		return DriverSystemd, nil
+		return CgroupDriverSystemd, nil
 	}
 	return 0, fmt.Errorf("cgroup driver %q: want auto, cgroupfs or systemd", s)
 }
 
-func (d Driver) String() string {
+func (d CgroupDriver) String() string {
 	switch d {
-	case DriverAuto:
+	case CgroupDriverAuto:
 		return "auto"
-	case DriverCgroupfs:
+	case CgroupDriverCgroupfs:
 		return "cgroupfs"
-	case DriverSystemd:
+	case CgroupDriverSystemd:
 		return "systemd"
 	}
-	return fmt.Sprintf("Driver(%d)", int(d))
+	return fmt.Sprintf("CgroupDriver(%d)", int(d))
 }
 
 // PodCgroup returns a pod's cgroup relative to the hierarchy's root, as the kubelet names it
@@ -55,8 +55,8 @@ func (d Driver) String() string {
 //	          kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice, ...
 //
 // for Guaranteed, Burstable and BestEffort pods; systemd slices spell the uid's dashes as
-// underscores. DriverAuto is taken as cgroupfs.
-func PodCgroup(d Driver, qos eviction.QoSClass, uid string) string {
+// underscores. CgroupDriverAuto is taken as cgroupfs.
+func PodCgroup(d CgroupDriver, qos eviction.QoSClass, uid string) string {
 	tier := ""
 	switch qos {
 	case eviction.Burstable:
@@ -64,7 +64,7 @@ func PodCgroup(d Driver, qos eviction.QoSClass, uid string) string {
 	case eviction.BestEffort:
 		tier = "besteffort"
 	}
-	if d != DriverSystemd {
+	if d != CgroupDriverSystemd {
 		return filepath.Join("kubepods", tier, "pod"+uid)
 	}
 	slice := "kubepods"
@@ -93,8 +93,8 @@ type Cgroups struct {
 	// Version is the hierarchy the memory controller is read from; CgroupAuto detects it as
 	// signals.Reader does.
 	Version signals.CgroupVersion
-	// Driver is the kubelet's cgroup driver; DriverAuto looks for kubepods.slice, then kubepods.
-	Driver Driver
+	// Driver is the kubelet's cgroup driver; CgroupDriverAuto looks for kubepods.slice, then kubepods.
+	Driver CgroupDriver
 	// KubeletRoot is the kubelet's --cgroup-root, relative to the hierarchy's root (default /):
 	// the pods' cgroups are under it.
 	KubeletRoot string
@@ -116,15 +116,15 @@ func (c Cgroups) hierarchies() (memory, pids string, v signals.CgroupVersion, er
 	return memory, memory, v, nil
 }
 
-// driver resolves DriverAuto in the memory hierarchy dir.
-func (c Cgroups) driver(dir string) Driver {
-	if c.Driver != DriverAuto {
+// driver resolves CgroupDriverAuto in the memory hierarchy dir.
+func (c Cgroups) driver(dir string) CgroupDriver {
+	if c.Driver != CgroupDriverAuto {
 		return c.Driver
 	}
 	if _, err := os.Stat(filepath.Join(dir, c.KubeletRoot, "kubepods.slice")); err == nil {
-		return DriverSystemd
+		return CgroupDriverSystemd
 	}
-	return DriverCgroupfs
+	return CgroupDriverCgroupfs
 }
 
 // Read returns the usage of the pod with this QoS class and uid. ok is false, with no error, when

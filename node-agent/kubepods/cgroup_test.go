@@ -13,16 +13,16 @@ const fixtureUID = "1111aaaa-0000-4000-8000-000000000001"
 
 func TestPodCgroup(t *testing.T) {
 	tests := []struct {
-		driver Driver
+		driver CgroupDriver
 		qos    eviction.QoSClass
 		want   string
 	}{
-		{DriverCgroupfs, eviction.Guaranteed, "kubepods/pod" + fixtureUID},
-		{DriverCgroupfs, eviction.Burstable, "kubepods/burstable/pod" + fixtureUID},
-		{DriverCgroupfs, eviction.BestEffort, "kubepods/besteffort/pod" + fixtureUID},
-		{DriverSystemd, eviction.Guaranteed, "kubepods.slice/kubepods-pod1111aaaa_0000_4000_8000_000000000001.slice"},
-		{DriverSystemd, eviction.Burstable, "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1111aaaa_0000_4000_8000_000000000001.slice"},
-		{DriverSystemd, eviction.BestEffort, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1111aaaa_0000_4000_8000_000000000001.slice"},
+		{CgroupDriverCgroupfs, eviction.Guaranteed, "kubepods/pod" + fixtureUID},
+		{CgroupDriverCgroupfs, eviction.Burstable, "kubepods/burstable/pod" + fixtureUID},
+		{CgroupDriverCgroupfs, eviction.BestEffort, "kubepods/besteffort/pod" + fixtureUID},
+		{CgroupDriverSystemd, eviction.Guaranteed, "kubepods.slice/kubepods-pod1111aaaa_0000_4000_8000_000000000001.slice"},
+		{CgroupDriverSystemd, eviction.Burstable, "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1111aaaa_0000_4000_8000_000000000001.slice"},
+		{CgroupDriverSystemd, eviction.BestEffort, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1111aaaa_0000_4000_8000_000000000001.slice"},
 	}
 	for _, tt := range tests {
 		if got := PodCgroup(tt.driver, tt.qos, fixtureUID); got != tt.want {
@@ -42,7 +42,7 @@ func TestCgroupsRead(t *testing.T) {
 		ok      bool
 		wantErr bool
 	}{
-		{"v1 cgroupfs", Cgroups{Root: "testdata/v1-cgroupfs", Driver: DriverCgroupfs}, eviction.Guaranteed,
+		{"v1 cgroupfs", Cgroups{Root: "testdata/v1-cgroupfs", Driver: CgroupDriverCgroupfs}, eviction.Guaranteed,
 			Usage{MemoryWorkingSet: 200 * mi, Processes: 7, Dir: "testdata/v1-cgroupfs/memory/kubepods/pod" + fixtureUID}, true, false},
 		{"v1 cgroupfs, driver detected", Cgroups{Root: "testdata/v1-cgroupfs"}, eviction.Guaranteed,
 			Usage{MemoryWorkingSet: 200 * mi, Processes: 7, Dir: "testdata/v1-cgroupfs/memory/kubepods/pod" + fixtureUID}, true, false},
@@ -50,7 +50,7 @@ func TestCgroupsRead(t *testing.T) {
 			Usage{MemoryWorkingSet: 0, Dir: "testdata/v1-systemd/memory/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1111aaaa_0000_4000_8000_000000000001.slice"}, true, false},
 		{"v2 cgroupfs", Cgroups{Root: "testdata/v2-cgroupfs"}, eviction.BestEffort,
 			Usage{MemoryWorkingSet: 768 * mi, Processes: 42, Dir: "testdata/v2-cgroupfs/kubepods/besteffort/pod" + fixtureUID}, true, false},
-		{"v2 systemd", Cgroups{Root: "testdata/v2-systemd", Driver: DriverSystemd}, eviction.Guaranteed,
+		{"v2 systemd", Cgroups{Root: "testdata/v2-systemd", Driver: CgroupDriverSystemd}, eviction.Guaranteed,
 			Usage{MemoryWorkingSet: 9 * mi, Processes: 1, Dir: "testdata/v2-systemd/kubepods.slice/kubepods-pod1111aaaa_0000_4000_8000_000000000001.slice"}, true, false},
 		{"hybrid reads the v1 memory controller", Cgroups{Root: "testdata/hybrid"}, eviction.Burstable,
 			Usage{MemoryWorkingSet: 200 * mi, Dir: "testdata/hybrid/memory/kubepods/burstable/pod" + fixtureUID}, true, false},
@@ -58,7 +58,7 @@ func TestCgroupsRead(t *testing.T) {
 			Usage{MemoryWorkingSet: 200 * mi, Processes: 7, Dir: "testdata/v1-cgroup-root/memory/nf-node-1/kubepods/pod" + fixtureUID}, true, false},
 		{"kubelet's --cgroup-root not given: no cgroup, unknown", Cgroups{Root: "testdata/v1-cgroup-root"}, eviction.Guaranteed, Usage{}, false, false},
 		{"wrong QoS tier: no cgroup, unknown", Cgroups{Root: "testdata/v1-cgroupfs"}, eviction.BestEffort, Usage{}, false, false},
-		{"wrong driver: no cgroup, unknown", Cgroups{Root: "testdata/v2-cgroupfs", Driver: DriverSystemd}, eviction.BestEffort, Usage{}, false, false},
+		{"wrong driver: no cgroup, unknown", Cgroups{Root: "testdata/v2-cgroupfs", Driver: CgroupDriverSystemd}, eviction.BestEffort, Usage{}, false, false},
 		{"no cgroup hierarchy at all", Cgroups{Root: "testdata/nonexistent"}, eviction.BestEffort, Usage{}, false, true},
 		{"memory.stat without inactive_file", Cgroups{Root: "testdata/broken"}, eviction.Guaranteed, Usage{}, false, true},
 	}
@@ -78,15 +78,15 @@ func TestCgroupsRead(t *testing.T) {
 	}
 }
 
-func TestParseDriver(t *testing.T) {
-	for in, want := range map[string]Driver{"": DriverAuto, "auto": DriverAuto, "cgroupfs": DriverCgroupfs, "systemd": DriverSystemd} {
-		if got, err := ParseDriver(in); err != nil || got != want {
-			t.Errorf("ParseDriver(%q) = %v, %v; want %v", in, got, err, want)
+func TestParseCgroupDriver(t *testing.T) {
+	for in, want := range map[string]CgroupDriver{"": CgroupDriverAuto, "auto": CgroupDriverAuto, "cgroupfs": CgroupDriverCgroupfs, "systemd": CgroupDriverSystemd} {
+		if got, err := ParseCgroupDriver(in); err != nil || got != want {
+			t.Errorf("ParseCgroupDriver(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{"Systemd", "cgroup", "none"} {
-		if _, err := ParseDriver(bad); err == nil {
-			t.Errorf("ParseDriver(%q) succeeded", bad)
+		if _, err := ParseCgroupDriver(bad); err == nil {
+			t.Errorf("ParseCgroupDriver(%q) succeeded", bad)
 		}
 	}
 }

@@ -61,7 +61,7 @@ func TestSourceListsThisNodesPods(t *testing.T) {
 
 	// A cgroup v2 tree, cgroupfs driver, with the guaranteed pod's cgroup: 512Mi - 128Mi.
 	root := t.TempDir()
-	dir := filepath.Join(root, PodCgroup(DriverCgroupfs, eviction.Guaranteed, string(guaranteed.UID)))
+	dir := filepath.Join(root, PodCgroup(CgroupDriverCgroupfs, eviction.Guaranteed, string(guaranteed.UID)))
 	for path, content := range map[string]string{
 		filepath.Join(root, "cgroup.controllers"): "memory pids\n",
 		filepath.Join(dir, "memory.current"):      "536870912\n",

@@ -238,6 +238,12 @@ func (r Reader) Memory() (Memory, error) {
 	if !errors.Is(err, fs.ErrNotExist) || !isRoot {
 		return Memory{}, err
 	}
+	return rootV2Memory(cg, capacity, mi)
+}
+
+// rootV2Memory is memory.available of a cgroup v2 root, which has no memory.current: from its
+// memory.stat, or, without a memory controller, from /proc/meminfo (mi).
+func rootV2Memory(cg string, capacity uint64, mi map[string]uint64) (Memory, error) {
 	statPath := filepath.Join(cg, "memory.stat")
 	data, err := os.ReadFile(statPath)
 	switch {

@@ -1,5 +1,7 @@
 // Package cli holds what every nodefence binary's main does the same way: a JSON or text slog
-// logger at a chosen level, and a context cancelled by SIGINT or SIGTERM.
+// logger at a chosen level, a context cancelled by SIGINT or SIGTERM, and startup errors listed
+// one a line. EnumWord, the human word for a protobuf enum value, is here too for now (fencectl,
+// the metrics and the Kubernetes events share it).
 package cli
 
 import (

@@ -36,6 +36,7 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -124,7 +125,7 @@ func start(t *testing.T, wrongBMC string) *system {
 		Server:      server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
 		DriverTLS:   coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
-		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second, Engine: eng,
+		EtcdUnsafeNoFsync: true, ElectionTTL: 3 * time.Second, FenceOpTimeout: 10 * time.Second, Engine: eng,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 100 * time.Millisecond, IsolationWait: time.Second, Polls: 3, PollInterval: 100 * time.Millisecond},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond,
 	}, testLog(t))
@@ -233,19 +234,6 @@ func (a snapshot) diff(b snapshot) string {
 	return strings.Join(out, "; ")
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-}
-
 // openStream opens an agent stream and sends first; it returns the status the stream ended with,
 // or OK when the server accepted the hello and sent its configuration.
 func openStream(ctx context.Context, cc *grpc.ClientConn, msgs ...*agentv1.ConnectRequest) error {
@@ -277,7 +265,7 @@ func hello(node string) *agentv1.ConnectRequest {
 func TestAttacks(t *testing.T) {
 	s := start(t, "")
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
-	eventually(t, 30*time.Second, "leader elected", func() error {
+	wait.Until(t, 30*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
@@ -285,7 +273,7 @@ func TestAttacks(t *testing.T) {
 	for _, n := range nodes {
 		stopAgent[n] = s.runAgent(t, n)
 	}
-	eventually(t, 20*time.Second, "both agents connected", func() error {
+	wait.Until(t, 20*time.Second, "both agents connected", func() error {
 		r, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		if err != nil {
 			return err
@@ -536,7 +524,7 @@ func TestAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var final *coordv1.NodeFence
-	eventually(t, 30*time.Second, "fence done", func() error {
+	wait.Until(t, 30*time.Second, "fence done", func() error {
 		g, err := fc(viewer).GetFence(ctx, &coordv1.GetFenceRequest{Id: f.Fence.Id})
 		if err != nil {
 			return err
@@ -556,7 +544,7 @@ func TestAttacks(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["node-a"].Port, "admin", "password"); err != nil || p != "on" {
 		t.Fatalf("ipmitool node-a: %q, %v; want on", p, err)
 	}
-	eventually(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
+	wait.Until(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
 		return auditHas(ctx, viewer, "node-b", "proof", "went dark")
 	})
 	if err := auditHas(ctx, viewer, "node-b", "alarm", ""); err == nil {
@@ -585,14 +573,14 @@ func auditHas(ctx context.Context, cc *grpc.ClientConn, node, kind, text string)
 func TestFenceOfTheWrongMachine(t *testing.T) {
 	s := start(t, "node-a")
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
-	eventually(t, 30*time.Second, "leader elected", func() error {
+	wait.Until(t, 30*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(operator).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
 	s.runAgent(t, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	eventually(t, 20*time.Second, "node-a reporting", func() error {
+	wait.Until(t, 20*time.Second, "node-a reporting", func() error {
 		r, err := coordv1.NewClusterServiceClient(operator).GetNode(ctx, &coordv1.GetNodeRequest{Node: "node-a"})
 		if err != nil || !r.Node.Connected {
 			return fmt.Errorf("%v %v", r, err)
@@ -604,7 +592,7 @@ func TestFenceOfTheWrongMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	var final *coordv1.NodeFence
-	eventually(t, 30*time.Second, "the wrong-machine alarm on the record", func() error {
+	wait.Until(t, 30*time.Second, "the wrong-machine alarm on the record", func() error {
 		g, err := coordv1.NewFenceServiceClient(operator).GetFence(ctx, &coordv1.GetFenceRequest{Id: f.Fence.Id})
 		if err != nil {
 			return err

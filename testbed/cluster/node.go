@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 // Node is one Kubernetes node: a network namespace with its own containerd, runc state and
@@ -343,7 +344,7 @@ func (n *Node) watchKubelet(log *slog.Logger) error {
 		return n.kubelet.failure(fmt.Sprintf("exited %d times", n.restarts+1))
 	}
 	n.restarts++
-	log.Warn("kubelet exited; restarting it", "node", n.Name, "restart", n.restarts, "tail", Tail(n.kubelet.log, 3))
+	log.Warn("kubelet exited; restarting it", "node", n.Name, "restart", n.restarts, "tail", procs.Tail(n.kubelet.log, 3))
 	return n.startKubelet()
 }
 

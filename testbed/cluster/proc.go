@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 // proc is one daemon the cluster started. Its output is appended to Log.
@@ -84,29 +85,7 @@ func (p *proc) failure(what string) error {
 	if p.exited() {
 		state = p.cmd.ProcessState.String()
 	}
-	return fmt.Errorf("%s: %s (pid %d, %s); last lines of %s:\n%s", p.name, what, p.pid(), state, p.log, Tail(p.log, 25))
-}
-
-// Tail returns the last n lines of the file at path (or the error reading it).
-func Tail(path string, n int) string { return TailWithout(path, n, "") }
-
-// TailWithout returns the last n lines of the file at path that do not contain skip (such as a
-// server's access-log lines), or the error reading it.
-func TailWithout(path string, n int, skip string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var lines []string
-	for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
-		if skip == "" || !strings.Contains(l, skip) {
-			lines = append(lines, l)
-		}
-	}
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return fmt.Errorf("%s: %s (pid %d, %s); last lines of %s:\n%s", p.name, what, p.pid(), state, p.log, procs.Tail(p.log, 25))
 }
 
 // poll calls check every interval until it returns true or an error, or deadline passes; then it

@@ -20,6 +20,7 @@ import (
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 // scenario is one test's nodefence deployment on the shared cluster.
@@ -72,9 +73,9 @@ func start(t *testing.T, opts nfcluster.Options) *scenario {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, co := range d.Coordinators {
-				t.Logf("%s log tail:\n%s", co.ID, cluster.TailWithout(co.Log(), 40, nfcluster.AccessLog))
+				t.Logf("%s log tail:\n%s", co.ID, procs.TailWithout(co.Log(), 40, nfcluster.AccessLog))
 			}
-			t.Logf("fence-driver log tail:\n%s", cluster.Tail(filepath.Join(opts.Dir, "log", "fence-driver.log"), 20))
+			t.Logf("fence-driver log tail:\n%s", procs.Tail(filepath.Join(opts.Dir, "log", "fence-driver.log"), 20))
 			for _, n := range c.Nodes {
 				calls, _ := n.BMC.Calls()
 				t.Logf("%s BMC calls: %v", n.Name, calls)

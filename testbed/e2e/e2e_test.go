@@ -41,6 +41,7 @@ import (
 	"github.com/nodefence/nodefence/services/wire"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -207,20 +208,6 @@ func connAs(t *testing.T, addr string, files tlsfiles.Files) *grpc.ClientConn {
 	return cc
 }
 
-// eventually polls f every 50 ms until it returns nil or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-}
-
 // watchUntilFinal follows a record and returns every state seen.
 func watchUntilFinal(t *testing.T, ctx context.Context, fc coordv1.FenceServiceClient, id string) []*coordv1.NodeFence {
 	t.Helper()
@@ -243,7 +230,7 @@ func watchUntilFinal(t *testing.T, ctx context.Context, fc coordv1.FenceServiceC
 
 func leaderReady(t *testing.T, cc *grpc.ClientConn) {
 	t.Helper()
-	eventually(t, 20*time.Second, "leader elected", func() error {
+	wait.Until(t, 20*time.Second, "leader elected", func() error {
 		_, err := coordv1.NewClusterServiceClient(cc).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		return err
 	})
@@ -269,7 +256,7 @@ func runAgentWith(t *testing.T, cc *grpc.ClientConn, addr, name, zone string, fi
 	done := make(chan struct{})
 	go func() { defer close(done); a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	eventually(t, 10*time.Second, name+" ready with its agent connected", func() error {
+	wait.Until(t, 10*time.Second, name+" ready with its agent connected", func() error {
 		r, err := coordv1.NewClusterServiceClient(cc).GetNode(ctx, &coordv1.GetNodeRequest{Node: name})
 		if err != nil {
 			return err
@@ -513,7 +500,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 	oldEpoch := first.app.Term().Epoch
 	// Wait until the second replica is queued in the election; otherwise the stalled first replica,
 	// still alive, could campaign again ahead of it and rightly win.
-	eventually(t, 10*time.Second, "second campaigning", func() error {
+	wait.Until(t, 10*time.Second, "second campaigning", func() error {
 		r, err := first.app.Etcd().Get(ctx, first.app.Store().LeaderPrefix()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return err
@@ -527,7 +514,7 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 	// The leader's process "dies" without resigning: its lease must expire. The embedded etcd lives
 	// in the first coordinator, so only its election is abandoned here.
 	first.app.Term().Abandon()
-	eventually(t, 20*time.Second, "second becomes leader", func() error {
+	wait.Until(t, 20*time.Second, "second becomes leader", func() error {
 		if second.app.Term() == nil {
 			return fmt.Errorf("second not leading")
 		}
@@ -605,7 +592,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		return r.Node
 	}
 	for _, name := range names {
-		eventually(t, 10*time.Second, name+" ready", func() error {
+		wait.Until(t, 10*time.Second, name+" ready", func() error {
 			nd := get(name)
 			if nd.Readiness != coordv1.Readiness_READINESS_READY || !nd.Connected || nd.Signals["memory.available"] != 3<<30 {
 				return fmt.Errorf("%v", nd)
@@ -616,7 +603,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 	cancels["w-1"]()
 	var unknownAt time.Time
 	var lastSeen time.Time
-	eventually(t, grace+5*time.Second, "w-1 unknown", func() error {
+	wait.Until(t, grace+5*time.Second, "w-1 unknown", func() error {
 		nd := get("w-1")
 		if nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN {
 			return fmt.Errorf("%s: %s", nd.Readiness, nd.Reason)
@@ -630,7 +617,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 
 	agents["w-2"].Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{
 		Phase: agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, At: timestamppb.Now(), GracePeriod: durationpb.New(30 * time.Second)}}})
-	eventually(t, 5*time.Second, "w-2 shutting down", func() error {
+	wait.Until(t, 5*time.Second, "w-2 shutting down", func() error {
 		if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_NOT_READY || nd.Reason != "node is shutting down" {
 			return fmt.Errorf("%s: %s", nd.Readiness, nd.Reason)
 		}
@@ -639,7 +626,7 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 	cancels["w-2"]()
 	// Silent past its grace, a node that announced its shutdown is Unknown, as kube-controller-manager
 	// marks it (it stays exempt from fencing: the engine's shutdown rule, scenario scripts).
-	eventually(t, grace+5*time.Second, "w-2 unknown after shutdown and silence", func() error {
+	wait.Until(t, grace+5*time.Second, "w-2 unknown after shutdown and silence", func() error {
 		if nd := get("w-2"); nd.Readiness != coordv1.Readiness_READINESS_UNKNOWN {
 			return fmt.Errorf("%s: %s", nd.Readiness, nd.Reason)
 		}
@@ -736,7 +723,7 @@ func TestAutomaticFencing(t *testing.T) {
 	silenced := time.Now()
 	stop[victim.name]()
 	var rec *coordv1.NodeFence
-	eventually(t, 30*time.Second, victim.name+" fenced automatically", func() error {
+	wait.Until(t, 30*time.Second, victim.name+" fenced automatically", func() error {
 		if rec = fenceOf(victim.name); rec == nil || rec.FinishedAt == nil {
 			return fmt.Errorf("record %v", rec)
 		}
@@ -776,7 +763,7 @@ func TestAutomaticFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop[stuck.name]()
-	eventually(t, 60*time.Second, stuck.name+" fence finished", func() error {
+	wait.Until(t, 60*time.Second, stuck.name+" fence finished", func() error {
 		if rec = fenceOf(stuck.name); rec == nil || rec.FinishedAt == nil {
 			return fmt.Errorf("record %v", rec)
 		}
@@ -840,7 +827,7 @@ func TestKdumpWithRealSender(t *testing.T) {
 	lastMessage := time.Now()
 	fc := coordv1.NewFenceServiceClient(cc)
 	var rec *coordv1.NodeFence
-	eventually(t, 30*time.Second, "node-2 fenced after its dump", func() error {
+	wait.Until(t, 30*time.Second, "node-2 fenced after its dump", func() error {
 		r, err := fc.ListFences(ctx, &coordv1.ListFencesRequest{Node: "node-2"})
 		if err != nil || len(r.Fences) == 0 || r.Fences[0].FinishedAt == nil {
 			return fmt.Errorf("%v %v", r, err)
@@ -1123,7 +1110,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 		}
 		return &coordv1.Zone{}
 	}
-	eventually(t, 10*time.Second, "three agents connected", func() error {
+	wait.Until(t, 10*time.Second, "three agents connected", func() error {
 		if z := zone(); z.Size != 3 || z.Ready != 3 {
 			return fmt.Errorf("%v", z)
 		}
@@ -1143,7 +1130,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 		return n, who
 	}
 	var first string
-	eventually(t, 5*time.Second, "one grant", func() error {
+	wait.Until(t, 5*time.Second, "one grant", func() error {
 		n, who := total()
 		if n != 1 {
 			return fmt.Errorf("%d grants", n)
@@ -1151,7 +1138,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 		first = who
 		return nil
 	})
-	eventually(t, 5*time.Second, "ListZones shows the budget", func() error {
+	wait.Until(t, 5*time.Second, "ListZones shows the budget", func() error {
 		if z := zone(); z.PodEvictionsInFlight != 1 || z.PodEvictionsMaxInFlight != 1 || z.PodCandidatesHeld != 2 || z.PodEvictionsGranted != 1 || z.PodEvictionRate != 0.5 {
 			return fmt.Errorf("%v", z)
 		}
@@ -1164,7 +1151,7 @@ func TestPodEvictionsPacedPerZone(t *testing.T) {
 	}
 	agents[first].Send(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Eviction{Eviction: &agentv1.EvictionReport{
 		Namespace: "web", Name: "hog-" + first, Uid: "uid-" + first, Signal: "memory.available", Kind: agentv1.EvictionKind_EVICTION_KIND_GRANTED}}})
-	eventually(t, 5*time.Second, "a second grant after the report", func() error {
+	wait.Until(t, 5*time.Second, "a second grant after the report", func() error {
 		if n, _ := total(); n != 2 {
 			return fmt.Errorf("%d grants", n)
 		}

@@ -19,6 +19,7 @@ import (
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/testbed/wait"
 )
 
 // lowMemory is a pressure.Reader whose memory.available stays at 900 MiB of 8 GiB.
@@ -124,8 +125,8 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 		}
 	}
 	firstCl := coordv1.NewClusterServiceClient(firstConn)
-	eventually(t, 20*time.Second, "the first leader holds the candidate", held(&firstCl))
-	eventually(t, 20*time.Second, "the agent has nothing unacknowledged", func() error {
+	wait.Until(t, 20*time.Second, "the first leader holds the candidate", held(&firstCl))
+	wait.Until(t, 20*time.Second, "the agent has nothing unacknowledged", func() error {
 		if u := a.Unacked(); u > 0 {
 			return fmt.Errorf("%d unacked", u)
 		}
@@ -136,7 +137,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 	}
 
 	// The first leader dies without resigning.
-	eventually(t, 10*time.Second, "second campaigning", func() error {
+	wait.Until(t, 10*time.Second, "second campaigning", func() error {
 		r, err := first.app.Etcd().Get(ctx, first.app.Store().LeaderPrefix()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return err
@@ -147,18 +148,18 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 		return nil
 	})
 	first.app.Term().Abandon()
-	eventually(t, 40*time.Second, "second becomes leader", func() error {
+	wait.Until(t, 40*time.Second, "second becomes leader", func() error {
 		if second.app.Term() == nil {
 			return fmt.Errorf("second not leading")
 		}
 		return nil
 	})
 	secondCl := coordv1.NewClusterServiceClient(secondConn)
-	eventually(t, 30*time.Second, "the new leader holds the candidate", held(&secondCl))
+	wait.Until(t, 30*time.Second, "the new leader holds the candidate", held(&secondCl))
 	if _, err := secondCl.ResumeEvictions(ctx, &coordv1.ResumeEvictionsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the new leader grants the candidate", func() error {
+	wait.Until(t, 20*time.Second, "the new leader grants the candidate", func() error {
 		if g := granted.list(); len(g) == 0 || g[0] != "web/hog" {
 			return fmt.Errorf("grants %v", g)
 		}

@@ -36,6 +36,7 @@ import (
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
+	"github.com/nodefence/nodefence/testbed/procs"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -643,7 +644,7 @@ func dumpPods(t *testing.T, admin *kubernetes.Clientset, c *cluster.Cluster) {
 		}
 		logs, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", nfcluster.Namespace+"_"+p.Name+"_*", "*", "*.log"))
 		for _, l := range logs {
-			t.Logf("%s:\n%s", l, cluster.TailWithout(l, 15, nfcluster.AccessLog))
+			t.Logf("%s:\n%s", l, procs.TailWithout(l, 15, nfcluster.AccessLog))
 		}
 	}
 }

@@ -16,14 +16,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -42,6 +40,7 @@ import (
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/procs"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -130,7 +129,7 @@ type Deployment struct {
 	// the API calls of tests.
 	OperatorTLS tlsfiles.Files
 
-	etcd, driver *process
+	etcd, driver *procs.Proc
 	etcdURL      string
 	ca           *certs.CA
 	caFile       string
@@ -140,17 +139,17 @@ type Deployment struct {
 type Coordinator struct {
 	ID   string
 	Addr string // on the cluster's host address, reachable from the nodes
-	p    *process
+	p    *procs.Proc
 }
 
 // Log is the replica's log file.
-func (c *Coordinator) Log() string { return c.p.log }
+func (c *Coordinator) Log() string { return c.p.Log }
 
 // Kill SIGKILLs the replica and waits for it.
-func (c *Coordinator) Kill() { c.p.kill() }
+func (c *Coordinator) Kill() { c.p.Kill() }
 
 // Alive reports whether the replica's process runs.
-func (c *Coordinator) Alive() bool { return !c.p.exited() }
+func (c *Coordinator) Alive() bool { exited, _ := c.p.Exited(); return !exited }
 
 // DeployDir locates deploy/ from this source file.
 func DeployDir() string {
@@ -381,110 +380,6 @@ func (d *Deployment) agentKubeconfig(ctx context.Context, admin *kubernetes.Clie
 	return path, clientcmd.WriteToFile(cfg, path)
 }
 
-func (d *Deployment) startEtcd() error {
-	assets, err := kubetest.AssetsDir()
-	if err != nil {
-		return err
-	}
-	ports, err := freePorts("127.0.0.1", 2)
-	if err != nil {
-		return err
-	}
-	// The store is locked: clients need a certificate of the deployment's CA.
-	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
-	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
-	if err != nil {
-		return err
-	}
-	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
-	if err != nil {
-		return err
-	}
-	data := filepath.Join(d.Opts.Dir, "etcd")
-	_ = os.RemoveAll(data)
-	d.etcd, err = start("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
-		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
-		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
-	if err != nil {
-		return err
-	}
-	d.etcdURL = client
-	tlsConf, err := d.OperatorTLS.Client()
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
-	return waitFor(time.Now().Add(30*time.Second), d.etcd, func() bool {
-		resp, err := hc.Get(client + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-}
-
-func (d *Deployment) logPath(name string) string {
-	return filepath.Join(d.Opts.Dir, "log", name+".log")
-}
-
-func (d *Deployment) startDriver() error {
-	ports, err := freePorts("127.0.0.1", 1)
-	if err != nil {
-		return err
-	}
-	d.DriverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
-	tls, err := d.issue(identity.Driver, "ipmi")
-	if err != nil {
-		return err
-	}
-	d.driver, err = start("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
-		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
-		"--poll-interval=100ms", "--default-timeout=20s")...)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Join(d.Opts.Dir, "driver"), 0o700); err != nil {
-		return err
-	}
-	return waitFor(time.Now().Add(30*time.Second), d.driver, func() bool { return dialable(d.DriverAddr) })
-}
-
-func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
-	host := d.Cluster.HostIP().String()
-	ports, err := freePorts(host, 1)
-	if err != nil {
-		return nil, err
-	}
-	o := d.Opts
-	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
-	tls, err := d.issue(identity.Coordinator, co.ID)
-	if err != nil {
-		return nil, err
-	}
-	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
-	args = append(args,
-		"--id="+co.ID, "--listen="+co.Addr,
-		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
-		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
-		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
-		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
-		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
-		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
-		"--power-management-polls=3", "--power-management-poll-interval=1s",
-		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")
-	co.p, err = start(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)...)
-	if err != nil {
-		return nil, err
-	}
-	if err := waitFor(time.Now().Add(30*time.Second), co.p, func() bool { return dialable(co.Addr) }); err != nil {
-		return nil, err
-	}
-	return co, nil
-}
-
 // Conn dials a coordinator replica as the operator.
 func (d *Deployment) Conn(addr string) (coordv1.ClusterServiceClient, coordv1.FenceServiceClient, func(), error) {
 	conn, err := dial.New(addr, d.OperatorTLS)
@@ -556,10 +451,10 @@ func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) erro
 		if time.Now().After(deadline) {
 			var tails []string
 			for _, name := range missing {
-				tails = append(tails, name+" node-agent log:\n"+cluster.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
+				tails = append(tails, name+" node-agent log:\n"+procs.Tail(filepath.Join(d.Cluster.Node(name).Dir, "log", "node-agent.log"), 10))
 			}
 			for _, co := range d.Coordinators {
-				tails = append(tails, co.ID+" log:\n"+cluster.TailWithout(co.Log(), 15, AccessLog))
+				tails = append(tails, co.ID+" log:\n"+procs.TailWithout(co.Log(), 15, AccessLog))
 			}
 			return fmt.Errorf("agents within %s: %s\n%s", timeout, last, strings.Join(tails, "\n"))
 		}
@@ -573,9 +468,12 @@ func (d *Deployment) WaitAgents(ctx context.Context, timeout time.Duration) erro
 
 // checkAlive fails with the log tail of the driver or etcd if either exited.
 func (d *Deployment) checkAlive() error {
-	for _, p := range []*process{d.etcd, d.driver} {
-		if p != nil && p.exited() {
-			return p.failure("exited")
+	for _, p := range []*procs.Proc{d.etcd, d.driver} {
+		if p == nil {
+			continue
+		}
+		if exited, _ := p.Exited(); exited {
+			return p.Failure("exited")
 		}
 	}
 	return nil
@@ -599,81 +497,10 @@ func (d *Deployment) Stop() {
 		n.RemoveService("node-agent")
 	}
 	for _, co := range d.Coordinators {
-		co.p.stop(5 * time.Second)
+		co.p.Stop(5 * time.Second)
 	}
-	d.driver.stop(5 * time.Second)
-	d.etcd.stop(5 * time.Second)
-}
-
-// process is a started child process with its log.
-type process struct {
-	name, log string
-	cmd       *exec.Cmd
-	done      chan struct{}
-}
-
-func start(name, logPath, bin string, args ...string) (*process, error) {
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *process) stop(grace time.Duration) {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		p.kill()
-	}
-}
-
-func (p *process) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *process) failure(what string) error {
-	return fmt.Errorf("%s %s (pid %d); last lines of %s:\n%s", p.name, what, p.cmd.Process.Pid, p.log, cluster.Tail(p.log, 25))
-}
-
-// waitFor polls ok until it holds, p exits or deadline passes.
-func waitFor(deadline time.Time, p *process, ok func() bool) error {
-	for !ok() {
-		if p.exited() {
-			return p.failure("exited at start")
-		}
-		if time.Now().After(deadline) {
-			return p.failure("not ready in time")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
+	d.driver.Stop(5 * time.Second)
+	d.etcd.Stop(5 * time.Second)
 }
 
 func dialable(addr string) bool {

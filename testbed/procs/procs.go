@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -21,9 +22,19 @@ type Proc struct {
 	done chan error
 }
 
-// Start runs bin with args, logging stdout and stderr to logPath.
+// Start runs bin with args, logging stdout and stderr to logPath (truncated first).
 func Start(name, logPath, bin string, args ...string) (*Proc, error) {
-	f, err := os.Create(logPath)
+	return start(os.O_TRUNC, name, logPath, bin, args...)
+}
+
+// StartAppend is Start appending to logPath, so that a restarted process's log follows the one of
+// the run before.
+func StartAppend(name, logPath, bin string, args ...string) (*Proc, error) {
+	return start(os.O_APPEND, name, logPath, bin, args...)
+}
+
+func start(mode int, name, logPath, bin string, args ...string) (*Proc, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|mode, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -55,20 +66,83 @@ func (p *Proc) Exited() (bool, error) {
 	}
 }
 
-// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it.
+// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it; a nil p is a
+// no-op.
 func (p *Proc) Stop(grace time.Duration) error {
+	if p == nil {
+		return nil
+	}
 	if exited, _ := p.Exited(); exited {
 		return nil
 	}
 	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case err := <-p.done:
+		p.done <- err // keep the exit for Exited
 		return nil
 	case <-time.After(grace):
 		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
-		<-p.done
+		p.done <- <-p.done
 		return fmt.Errorf("%s (pid %d) did not stop within %s and was killed", p.Name, p.PID(), grace)
 	}
+}
+
+// Kill SIGKILLs the process group and waits until the process is reaped; a nil p is a no-op.
+func (p *Proc) Kill() {
+	if p == nil {
+		return
+	}
+	if exited, _ := p.Exited(); exited {
+		return
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+	p.done <- <-p.done // keep the exit for Exited
+}
+
+// Failure describes why the process is not usable (what), with how it ended and its log's tail.
+func (p *Proc) Failure(what string) error {
+	state := "running"
+	if exited, err := p.Exited(); exited {
+		state = fmt.Sprintf("exited: %v", err)
+	}
+	return fmt.Errorf("%s: %s (pid %d, %s); last lines of %s:\n%s", p.Name, what, p.PID(), state, p.Log, Tail(p.Log, 25))
+}
+
+// WaitUntil polls ready every 100 ms until it holds; it fails when the process exits or deadline
+// passes first.
+func (p *Proc) WaitUntil(deadline time.Time, ready func() bool) error {
+	for !ready() {
+		if exited, _ := p.Exited(); exited {
+			return p.Failure("exited at start")
+		}
+		if time.Now().After(deadline) {
+			return p.Failure("not ready in time")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+// Tail returns the last n lines of the file at path (or the error reading it).
+func Tail(path string, n int) string { return TailWithout(path, n, "") }
+
+// TailWithout returns the last n lines of the file at path that do not contain skip (such as a
+// server's access-log lines), or the error reading it.
+func TailWithout(path string, n int, skip string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+		if skip == "" || !strings.Contains(l, skip) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

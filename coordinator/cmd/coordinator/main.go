@@ -11,25 +11,33 @@ import (
 	"strings"
 
 	"github.com/nodefence/nodefence/coordinator/app"
+	"github.com/nodefence/nodefence/services/buildinfo"
 	"github.com/nodefence/nodefence/services/cli"
+	"github.com/nodefence/nodefence/services/gctune"
 )
 
 func main() {
 	ctx, cancel := cli.SignalContext()
-	code := run(ctx, os.Args[1:], os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	cancel()
 	os.Exit(code)
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) int {
+// run is the whole program: the configuration and the run are package app's.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg app.Config
 	cfg.RegisterFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logJSON := fs.Bool("log-json", false, "log as JSON")
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.String("coordinator"))
+		return 0
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "coordinator: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
@@ -49,7 +57,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	gogc, memLimit := cli.ApplyGC(cfg.GCPercent, cli.CgroupMemoryMax)
+	gogc, memLimit := gctune.Apply(cfg.GCPercent, gctune.CgroupMemoryMax)
 	log.Info("coordinator started", "addr", a.Addr(), "etcd", a.EtcdEndpoint(), "gogc", gogc, "memory_limit_bytes", memLimit)
 	if err := a.Run(ctx); err != nil {
 		log.Error("coordinator stopped", "err", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,7 @@ func TestRefusesToStartListingEveryProblem(t *testing.T) {
 		"--fence-policy", "bogus", "--driver-endpoint", "ipmi=nohostport", "--config", bad, "--etcd-prefix", "nodefence/",
 		"--gc-percent", "20", "--control-plane-selector", "role in (", "--fence-guard-settle", "-1s", "--release-healthy-delay", "-1s",
 		"--pod-eviction-timeout", "5m",
-	}, &stderr)
+	}, io.Discard, &stderr)
 	if code != 2 {
 		t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr.String())
 	}
@@ -42,8 +43,20 @@ func TestRefusesToStartListingEveryProblem(t *testing.T) {
 func TestRejectsUnknownFlagsAndArguments(t *testing.T) {
 	for _, args := range [][]string{{"--no-such-flag"}, {"--insecure", "extra"}, {"--kubelet-down-policy", "maybe"}} {
 		var stderr bytes.Buffer
-		if code := run(context.Background(), args, &stderr); code != 2 {
+		if code := run(context.Background(), args, io.Discard, &stderr); code != 2 {
 			t.Errorf("run(%q) = %d, want 2", args, code)
 		}
+	}
+}
+
+// --version prints the binary's name and build, and exits 0 without starting (no --insecure or
+// TLS flags needed).
+func TestVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"--version"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("--version: exit %d, stderr %q", code, stderr.String())
+	}
+	if out := stdout.String(); !strings.HasPrefix(out, "coordinator ") || strings.Count(out, "\n") != 1 {
+		t.Errorf("--version printed %q, want one line starting with \"coordinator \"", out)
 	}
 }

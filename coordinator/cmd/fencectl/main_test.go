@@ -141,7 +141,7 @@ nodes:
 	a, err := app.New(app.Config{
 		Server: server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second}, DriverTLS: coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
-		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, KdumpListen: "",
+		EtcdUnsafeNoFsync: true, ElectionTTL: 3 * time.Second, KdumpListen: "",
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ nodes:
 	a, err := app.New(app.Config{
 		Server: server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second}, DriverTLS: coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
-		EtcdUnsafeNoFsync: true, ElectionTTL: time.Second, FenceOpTimeout: 4 * time.Second,
+		EtcdUnsafeNoFsync: true, ElectionTTL: 3 * time.Second, FenceOpTimeout: 4 * time.Second,
 		Fencing: fencing.Policy{Retries: 0, Backoff: 100 * time.Millisecond, Polls: 1, PollInterval: 100 * time.Millisecond},
 	}, log)
 	if err != nil {

@@ -15,9 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -30,20 +28,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/services/dial"
-	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/tlsfiles"
-	"github.com/nodefence/nodefence/services/wire"
+	"github.com/nodefence/nodefence/testbed/benchkit"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/procs"
 
-	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -63,37 +55,16 @@ type result struct {
 }
 
 func main() {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	exe, _ := os.Executable()
-	agents := flag.Int("agents", 10000, "simulated agents (one stream each)")
+	fleet := benchkit.RegisterFleet(flag.CommandLine, "coordinator and fence-driver binaries")
 	rounds := flag.Int("rounds", 10, "leader kills")
-	perConn := flag.Int("streams-per-conn", 100, "agent streams per gRPC connection")
-	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator and fence-driver binaries")
 	flag.Parse()
-	var problems []string
-	if *agents < 1 || *agents > 50000 {
-		problems = append(problems, "--agents: must be 1..50000")
-	}
+	problems := fleet.Problems(50000)
 	if *rounds < 1 || *rounds > 100 {
 		problems = append(problems, "--rounds: must be 1..100")
 	}
-	if *perConn < 1 {
-		problems = append(problems, "--streams-per-conn: must be positive")
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintln(os.Stderr, "bench-failover:", p)
-		}
-		os.Exit(2)
-	}
-	res, err := run(ctx, *binDir, *agents, *rounds, *perConn)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-failover:", err)
-		os.Exit(1)
-	}
-	b, _ := json.Marshal(res)
-	fmt.Println(string(b))
+	benchkit.Main("bench-failover", problems, func(ctx context.Context) (*result, error) {
+		return run(ctx, fleet, *rounds)
+	})
 }
 
 // bench is the running system.
@@ -112,7 +83,8 @@ type bench struct {
 
 const victim = "victim"
 
-func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *result, err error) {
+func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err error) {
+	binDir, agents, perConn := fleet.Bin, fleet.Agents, fleet.PerConn
 	dir, err := os.MkdirTemp("", "bench-failover-")
 	if err != nil {
 		return nil, err
@@ -138,13 +110,9 @@ func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *re
 	// The agents: each keeps a stream to the leader, following redirects, and notes when its latest
 	// stream was answered.
 	for _, addr := range b.coordAddr {
-		var group []*grpc.ClientConn
-		for range (agents + perConn - 1) / perConn {
-			c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
-			if err != nil {
-				return nil, err
-			}
-			group = append(group, c)
+		group, err := fleet.Conns(addr)
+		if err != nil {
+			return nil, err
 		}
 		b.agentConns = append(b.agentConns, group)
 	}
@@ -236,7 +204,7 @@ func run(ctx context.Context, binDir string, agents, rounds, perConn int) (_ *re
 			last = max(last, answered[i].Load())
 		}
 		bk := time.Unix(0, last).Sub(killed)
-		if rss, err = rssMB(b.coord[leader.idx].PID()); err != nil {
+		if rss, err = benchkit.RSSMB(b.coord[leader.idx].PID()); err != nil {
 			return nil, err
 		}
 		rec, err := b.waitDone(ctx, leader.idx, fr.Fence.Id)
@@ -438,93 +406,6 @@ func (b *bench) waitLeader(ctx context.Context, after int64) (leaderInfo, error)
 // agent keeps one simulated agent streaming to the leader: a hello, then a heartbeat a second;
 // after a stream ends it tries the leader a coordinator named, else the next coordinator, at once,
 // and waits briefly only after a whole round failed (as node-agent does).
-func (b *bench) agent(ctx context.Context, i, perConn, start int, answered *atomic.Int64) {
-	idx := start
-	next := -1
-	tried := 0
-	for ctx.Err() == nil {
-		c := idx
-		if next >= 0 {
-			c, next = next, -1
-		}
-		leader, worked := b.stream(ctx, b.agentConns[c][i/perConn], i, answered)
-		if worked {
-			tried = 0
-		}
-		if leader != "" {
-			for j, a := range b.coordAddr {
-				if a == leader {
-					next = j
-				}
-			}
-			if next >= 0 && next != c {
-				continue
-			}
-			next = -1
-		}
-		idx = (c + 1) % len(b.coordAddr)
-		if tried++; tried >= len(b.coordAddr) {
-			tried = 0
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(50+rand.IntN(50)) * time.Millisecond):
-			}
-		}
-	}
-}
-
-// stream runs one stream; it returns the leader a follower named, and whether the hello was answered.
-func (b *bench) stream(ctx context.Context, conn *grpc.ClientConn, i int, answered *atomic.Int64) (string, bool) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := agentv1.NewAgentServiceClient(conn).Connect(sctx, grpc.ForceCodecV2(wire.Codec()))
-	if err != nil {
-		return "", false
-	}
-	hello := &agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
-		NodeName: fmt.Sprintf("agent-%d", i), BootId: "bench", Zone: fmt.Sprintf("zone-%d", i%10), Region: "bench"}}}
-	if err := st.Send(hello); err != nil {
-		return leaderOf(st.Trailer(), err), false
-	}
-	var resp wire.Encoded
-	if err := st.RecvMsg(&resp); err != nil {
-		return leaderOf(st.Trailer(), err), false
-	}
-	answered.Store(time.Now().UnixNano())
-	recvErr := make(chan error, 1)
-	go func() {
-		var ack wire.Encoded
-		for {
-			if err := st.RecvMsg(&ack); err != nil {
-				recvErr <- err
-				return
-			}
-		}
-	}()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for seq := uint64(2); ; seq++ {
-		select {
-		case <-ctx.Done():
-			return "", true
-		case err := <-recvErr:
-			return leaderOf(st.Trailer(), err), true
-		case <-tick.C:
-		}
-		if err := st.Send(&agentv1.ConnectRequest{Seq: seq, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}}); err != nil {
-			return leaderOf(st.Trailer(), <-recvErr), true
-		}
-	}
-}
-
-func leaderOf(md metadata.MD, err error) string {
-	if status.Code(err) != codes.Unavailable {
-		return ""
-	}
-	return fault.LeaderFromTrailer(md)
-}
-
-// driverCalled reports when the driver first logged an operation with epoch (the fence resumed).
 func (b *bench) driverCalled(epoch int64) (time.Time, bool) {
 	f, err := os.Open(b.driver.Log)
 	if err != nil {
@@ -655,20 +536,6 @@ func quantile(v []float64, q float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[min(len(s)-1, int(q*float64(len(s)-1)+0.5))]
-}
-
-func rssMB(pid int) (float64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseFloat(f[1], 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
 }
 
 func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }

@@ -8,14 +8,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -24,15 +22,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/services/dial"
-	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
+	"github.com/nodefence/nodefence/testbed/benchkit"
 	"github.com/nodefence/nodefence/testbed/procs"
 	"github.com/nodefence/nodefence/testbed/promscrape"
 
@@ -61,28 +57,17 @@ type result struct {
 }
 
 func main() {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	exe, _ := os.Executable()
-	agents := flag.Int("agents", 10000, "simulated agents (one stream each)")
+	fleet := benchkit.RegisterFleet(flag.CommandLine, "coordinator binary")
 	rate := flag.Float64("rate", 5, "updates per second per agent")
-	perConn := flag.Int("streams-per-conn", 100, "streams per gRPC connection")
 	warmup := flag.Duration("warmup", 10*time.Second, "time after all agents connected before measuring")
 	window := flag.Duration("window", 20*time.Second, "measurement window")
 	coordGC := flag.Int("coordinator-gc-percent", 0, "the coordinator's --gc-percent (0: its default)")
 	genGC := flag.Int("generator-gc-percent", 100, "GOGC of the load generator itself")
 	client := flag.String("client", "h2", `how the simulated agents speak gRPC: "h2" (this program's own HTTP/2 framing, light enough to leave the machine to the coordinator) or "grpc" (grpc-go's client, as the real agent)`)
-	binDir := flag.String("bin", filepath.Dir(exe), "directory holding the coordinator binary")
 	flag.Parse()
-	var problems []string
-	if *agents < 1 || *agents > 100000 {
-		problems = append(problems, "--agents: must be 1..100000")
-	}
+	problems := fleet.Problems(100000)
 	if *rate <= 0 || *rate > 100 {
 		problems = append(problems, "--rate: must be in (0, 100]")
-	}
-	if *perConn < 1 {
-		problems = append(problems, "--streams-per-conn: must be positive")
 	}
 	if *window < time.Second || *window > 10*time.Minute || *warmup < 0 || *warmup > 10*time.Minute {
 		problems = append(problems, "--window: 1s..10m, --warmup: 0..10m")
@@ -93,24 +78,18 @@ func main() {
 	if *coordGC < 0 || *genGC < 1 {
 		problems = append(problems, "--coordinator-gc-percent: must not be negative; --generator-gc-percent: must be at least 1")
 	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintln(os.Stderr, "bench-ingest:", p)
-		}
-		os.Exit(2)
-	}
 	debug.SetGCPercent(*genGC)
-	res, err := run(ctx, *binDir, *client, *agents, *rate, *perConn, *coordGC, *warmup, *window)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-ingest:", err)
-		os.Exit(1)
-	}
-	res.GenGC, res.Client = *genGC, *client
-	b, _ := json.Marshal(res)
-	fmt.Println(string(b))
+	benchkit.Main("bench-ingest", problems, func(ctx context.Context) (*result, error) {
+		res, err := run(ctx, fleet, *client, *rate, *coordGC, *warmup, *window)
+		if err == nil {
+			res.GenGC, res.Client = *genGC, *client
+		}
+		return res, err
+	})
 }
 
-func run(ctx context.Context, binDir, client string, agents int, rate float64, perConn, coordGC int, warmup, window time.Duration) (*result, error) {
+func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64, coordGC int, warmup, window time.Duration) (*result, error) {
+	binDir, agents, perConn := fleet.Bin, fleet.Agents, fleet.PerConn
 	dir, err := os.MkdirTemp("", "bench-ingest-")
 	if err != nil {
 		return nil, err
@@ -174,19 +153,15 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 		}
 		agentRun = func(i int) error { return agentH2(runCtx, conns[i/perConn], i, rate, &connected) }
 	default:
-		var conns []*grpc.ClientConn
+		conns, err := fleet.Conns(addr)
+		if err != nil {
+			return nil, err
+		}
 		defer func() {
 			for _, c := range conns {
 				c.Close()
 			}
 		}()
-		for range (agents + perConn - 1) / perConn {
-			c, err := dial.New(addr, tlsfiles.Files{Insecure: true})
-			if err != nil {
-				return nil, err
-			}
-			conns = append(conns, c)
-		}
 		agentRun = func(i int) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, &connected) }
 	}
 	var wg sync.WaitGroup
@@ -244,7 +219,7 @@ func run(ctx context.Context, binDir, client string, agents int, rate float64, p
 	elapsed := time.Since(t0).Seconds()
 	cpu1, _ := cpuSeconds(coord.PID())
 	gen1, _ := cpuSeconds(os.Getpid())
-	rss, err := rssMB(coord.PID())
+	rss, err := benchkit.RSSMB(coord.PID())
 	if err != nil {
 		return nil, err
 	}
@@ -390,20 +365,6 @@ func profile(url, path string) {
 	}
 	defer f.Close()
 	io.Copy(f, resp.Body)
-}
-
-func rssMB(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseFloat(f[1], 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
 }
 
 // cpuSeconds is utime+stime of pid (clock ticks are 100 Hz on Linux).

@@ -51,6 +51,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 const (
@@ -200,7 +201,7 @@ func run(o options) (*result, error) {
 		}
 		if err != nil {
 			d.Stop()
-			return nil, fmt.Errorf("nodefence round %d: %w\nnode-agent log:\n%s", i, err, cluster.Tail(filepath.Join(node.Dir, "log", "node-agent.log"), 15))
+			return nil, fmt.Errorf("nodefence round %d: %w\nnode-agent log:\n%s", i, err, procs.Tail(filepath.Join(node.Dir, "log", "node-agent.log"), 15))
 		}
 		res.NodefenceEach = append(res.NodefenceEach, ms)
 	}
@@ -253,7 +254,7 @@ func (b *bench) kubelet(ctx context.Context, evictionHard string) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: the restarted kubelet did not report Ready within 90 s (%v); log tail:\n%s", nodeName, err, cluster.Tail(filepath.Join(b.node.Dir, "log", "kubelet.log"), 15))
+			return fmt.Errorf("%s: the restarted kubelet did not report Ready within 90 s (%v); log tail:\n%s", nodeName, err, procs.Tail(filepath.Join(b.node.Dir, "log", "kubelet.log"), 15))
 		}
 	}
 	want := b.o.podsLimit * mib
@@ -336,7 +337,7 @@ func (b *bench) round(ctx context.Context, side string, i int) (float64, error) 
 	select {
 	case m = <-marked:
 	case <-time.After(b.o.wait):
-		return 0, fmt.Errorf("%s not marked for eviction within %s; hog log tail:\n%s", name, b.o.wait, cluster.Tail(filepath.Join(b.hogDir, name+".log"), 5))
+		return 0, fmt.Errorf("%s not marked for eviction within %s; hog log tail:\n%s", name, b.o.wait, procs.Tail(filepath.Join(b.hogDir, name+".log"), 5))
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}

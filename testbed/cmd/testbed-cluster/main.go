@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/testbed/cluster"
+	"github.com/nodefence/nodefence/testbed/procs"
 )
 
 func main() {
@@ -119,7 +120,7 @@ func up(o options, args []string, stdout io.Writer) error {
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("the cluster did not start (%v); %s:\n%s", err, logFile(o.dir), cluster.Tail(logFile(o.dir), 30))
+			return fmt.Errorf("the cluster did not start (%v); %s:\n%s", err, logFile(o.dir), procs.Tail(logFile(o.dir), 30))
 		case <-time.After(200 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {

@@ -1,4 +1,4 @@
-package main
+package nodeagent
 
 import (
 	"bytes"
@@ -99,7 +99,7 @@ func TestRunInvalidFlags(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			var stdout, stderr bytes.Buffer
-			if code := run(ctx, tt.args, &stdout, &stderr); code != 2 {
+			if code := Main(ctx, tt.args, &stdout, &stderr); code != 2 {
 				t.Errorf("exit %d; want 2", code)
 			}
 			t.Log(stderr.String())
@@ -118,7 +118,7 @@ func TestRunInvalidFlags(t *testing.T) {
 
 func TestRunHelp(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
+	if code := Main(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
 		t.Errorf("--help: exit %d", code)
 	}
 	for _, f := range []string{"-coordinator", "-insecure", "-eviction-hard", "-cgroup-version", "-manage-inhibit-delay", "-logind-conf-dir", "-kubelet-root-dir", "-pod-log-dir"} {
@@ -177,10 +177,10 @@ func TestRunConnects(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{
+		done <- Main(ctx, []string{
 			"--coordinator=" + lis.Addr().String(), "--insecure", "--node-name=node-b2", "--zone=b", "--region=eu",
 			"--label=rack=r7", "--boot-id-file=" + bootID(t),
-			"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+			"--proc-root=../signals/testdata/proc", "--cgroup-root=../signals/testdata/v1", "--cgroup-version=1",
 			"--eviction-soft=memory.available<1.5Gi", "--eviction-soft-grace-period=memory.available=1m",
 		}, &stdout, &stderr)
 	}()
@@ -208,8 +208,8 @@ func TestRunBadKubeconfig(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{"--coordinator=127.0.0.1:1", "--insecure", "--boot-id-file=" + bootID(t),
-		"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+	code := Main(ctx, []string{"--coordinator=127.0.0.1:1", "--insecure", "--boot-id-file=" + bootID(t),
+		"--proc-root=../signals/testdata/proc", "--cgroup-root=../signals/testdata/v1", "--cgroup-version=1",
 		"--nodefs-path=" + t.TempDir(), "--kubeconfig=/nonexistent/kubeconfig"}, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "cannot start Kubernetes mode") || !strings.Contains(stderr.String(), "--kubeconfig") {
 		t.Errorf("exit %d; want 1 naming --kubeconfig:\n%s", code, stderr.String())

@@ -1,4 +1,4 @@
-package main
+package nodeagent
 
 import (
 	"bytes"
@@ -112,9 +112,9 @@ func TestRunWiring(t *testing.T) {
 	var stderr bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{
+		done <- Main(ctx, []string{
 			"--coordinator=" + lis.Addr().String(), "--insecure", "--node-name=node-w1", "--boot-id-file=" + bootID(t),
-			"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+			"--proc-root=../signals/testdata/proc", "--cgroup-root=../signals/testdata/v1", "--cgroup-version=1",
 			"--nodefs-path=" + t.TempDir(),
 			// More than the fixture's 16Gi: met at once.
 			"--eviction-hard=memory.available<100Gi,nodefs.available<1%",
@@ -260,7 +260,7 @@ func TestRunInhibitDelay(t *testing.T) {
 			confDir := filepath.Join(tmp, "agent")
 			args := []string{
 				"--coordinator=" + lis.Addr().String(), "--insecure", "--node-name=node-s1", "--boot-id-file=" + bootID(t),
-				"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+				"--proc-root=../signals/testdata/proc", "--cgroup-root=../signals/testdata/v1", "--cgroup-version=1",
 				"--nodefs-path=" + t.TempDir(), "--shutdown-grace-period=5s", "--logind-bus=" + bus.Address,
 			}
 			if tt.manage {
@@ -272,7 +272,7 @@ func TestRunInhibitDelay(t *testing.T) {
 			done := make(chan int, 1)
 			rctx, stop := context.WithCancel(ctx)
 			defer stop()
-			go func() { done <- run(rctx, args, io.Discard, &stderr) }()
+			go func() { done <- Main(rctx, args, io.Discard, &stderr) }()
 			locked := make(chan error, 1)
 			go func() {
 				_, err := login1.WaitLocks(rctx, 1)

@@ -1,4 +1,4 @@
-package main
+package nodeagent
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 // The DaemonSet in deploy/ passes flags this agent accepts: a renamed or removed flag, or a value the
 // agent refuses, fails here instead of in a cluster's crash loop.
 func TestDeployedArgsParse(t *testing.T) {
-	for _, args := range manifests.Args(t, "../../../deploy/node-agent.yaml", "node-agent") {
+	for _, args := range manifests.Args(t, "../../deploy/node-agent.yaml", "node-agent") {
 		args = manifests.Localize(t, args, map[string]string{"NODE_NAME": "worker-1"}, []string{"/host/", "/etc/nodefence/"},
 			"/host/proc/sys/kernel/random/boot_id", "/etc/nodefence/tls/tls.crt", "/etc/nodefence/tls/tls.key", "/etc/nodefence/tls/ca.crt")
 		// The agent checks that its certificate names its node: give it worker-1's.

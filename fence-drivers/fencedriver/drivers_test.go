@@ -1,4 +1,4 @@
-package main
+package fencedriver
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 
 // TestDriversByName checks that every --driver name serves the driver of that name.
 func TestDriversByName(t *testing.T) {
-	cfg := config{StateDir: t.TempDir()}
+	cfg := Config{StateDir: t.TempDir()}
 	for name, mk := range drivers {
 		if got := mk(&cfg, slog.Default()).Name(); got != name {
 			t.Errorf("--driver %s serves driver %q", name, got)

@@ -1,4 +1,4 @@
-package cli
+package gctune
 
 import (
 	"math"
@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-func TestApplyGC(t *testing.T) {
-	// ApplyGC changes process-wide settings: put them back.
+func TestApply(t *testing.T) {
+	// Apply changes process-wide settings: put them back.
 	prevGC, prevLimit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetGCPercent(prevGC); debug.SetMemoryLimit(prevLimit) })
 	dir := t.TempDir()
@@ -48,9 +48,9 @@ func TestApplyGC(t *testing.T) {
 			if _, ok := tt.env["GOMEMLIMIT"]; ok {
 				debug.SetMemoryLimit(300 << 20)
 			}
-			gogc, limit := ApplyGC(200, tt.memoryMax)
+			gogc, limit := Apply(200, tt.memoryMax)
 			if gogc != tt.wantGOGC || limit != tt.wantLimit {
-				t.Errorf("ApplyGC = %d, %d; want %d, %d", gogc, limit, tt.wantGOGC, tt.wantLimit)
+				t.Errorf("Apply = %d, %d; want %d, %d", gogc, limit, tt.wantGOGC, tt.wantLimit)
 			}
 			if got := debug.SetGCPercent(-1); got != tt.wantGOGC {
 				t.Errorf("GOGC in force %d, want %d", got, tt.wantGOGC)

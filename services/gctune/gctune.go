@@ -1,4 +1,6 @@
-package cli
+// Package gctune sets a long-running binary's garbage-collection target and, in a container, a soft
+// memory limit below the container's, so that a target above Go's default stays inside it.
+package gctune
 
 import (
 	"os"
@@ -15,13 +17,13 @@ const CgroupMemoryMax = "/sys/fs/cgroup/memory.max"
 // the rest is for memory it does not manage and for the collector's lag.
 const memoryLimitShare = 0.9
 
-// ApplyGC sets the process's garbage-collection target to percent (Go's GOGC; the GOGC environment
+// Apply sets the process's garbage-collection target to percent (Go's GOGC; the GOGC environment
 // variable wins when set) and, unless GOMEMLIMIT is set, a soft memory limit of 90% of the memory
 // limit in cgroupMemoryMax (CgroupMemoryMax in production; "max" or a missing file means none), so
 // that a target above Go's default never takes the process past its container's limit: near the
 // limit the collector runs more often instead. It returns the target and limit in force (limit 0:
 // none), for the log.
-func ApplyGC(percent int, cgroupMemoryMax string) (gogc int, limit int64) {
+func Apply(percent int, cgroupMemoryMax string) (gogc int, limit int64) {
 	if _, ok := os.LookupEnv("GOGC"); ok {
 		sample := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 		metrics.Read(sample)

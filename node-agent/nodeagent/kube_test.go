@@ -1,4 +1,4 @@
-package main
+package nodeagent
 
 import (
 	"bytes"
@@ -76,7 +76,7 @@ func agentKubeconfig(ctx context.Context, t *testing.T, c *kubetest.Cluster) str
 		t.Fatal(err)
 	}
 	for _, f := range []string{"namespace.yaml", "rbac-node-agent.yaml"} {
-		objs, err := kubetest.ReadObjects(filepath.Join("../../../deploy", f))
+		objs, err := kubetest.ReadObjects(filepath.Join("../../deploy", f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,10 +120,10 @@ func runAgent(ctx context.Context, t *testing.T, g *granter, node, kubeconfig st
 	done := make(chan int, 1)
 	args := append([]string{
 		"--coordinator=" + lis.Addr().String(), "--insecure", "--node-name=" + node, "--boot-id-file=" + bootID(t),
-		"--proc-root=../../signals/testdata/proc", "--cgroup-root=../../signals/testdata/v1", "--cgroup-version=1",
+		"--proc-root=../signals/testdata/proc", "--cgroup-root=../signals/testdata/v1", "--cgroup-version=1",
 		"--nodefs-path=" + t.TempDir(), "--kubeconfig=" + kubeconfig, "--housekeeping-interval=200ms", "--memory-fast-interval=0",
 	}, extra...)
-	go func() { done <- run(rctx, args, io.Discard, &stderr) }()
+	go func() { done <- Main(rctx, args, io.Discard, &stderr) }()
 	t.Cleanup(func() {
 		stop()
 		if code := <-done; code != 0 {

@@ -1,0 +1,119 @@
+package nfcluster
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
+	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/procs"
+)
+
+func (d *Deployment) startEtcd() error {
+	assets, err := kubetest.AssetsDir()
+	if err != nil {
+		return err
+	}
+	ports, err := freePorts("127.0.0.1", 2)
+	if err != nil {
+		return err
+	}
+	// The store is locked: clients need a certificate of the deployment's CA.
+	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
+	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
+	if err != nil {
+		return err
+	}
+	data := filepath.Join(d.Opts.Dir, "etcd")
+	_ = os.RemoveAll(data)
+	d.etcd, err = procs.StartAppend("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
+		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
+		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
+	if err != nil {
+		return err
+	}
+	d.etcdURL = client
+	tlsConf, err := d.OperatorTLS.Client()
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}
+	return d.etcd.WaitUntil(time.Now().Add(30*time.Second), func() bool {
+		resp, err := hc.Get(client + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+func (d *Deployment) logPath(name string) string {
+	return filepath.Join(d.Opts.Dir, "log", name+".log")
+}
+
+func (d *Deployment) startDriver() error {
+	ports, err := freePorts("127.0.0.1", 1)
+	if err != nil {
+		return err
+	}
+	d.DriverAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
+	tls, err := d.issue(identity.Driver, "ipmi")
+	if err != nil {
+		return err
+	}
+	d.driver, err = procs.StartAppend("fence-driver", d.logPath("fence-driver"), filepath.Join(d.Opts.BinDir, "fence-driver"), append(pki.Args("", tls),
+		"--driver=ipmi", "--state-dir="+filepath.Join(d.Opts.Dir, "driver"), "--listen="+d.DriverAddr,
+		"--poll-interval=100ms", "--default-timeout=20s")...)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(d.Opts.Dir, "driver"), 0o700); err != nil {
+		return err
+	}
+	return d.driver.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(d.DriverAddr) })
+}
+
+func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
+	host := d.Cluster.HostIP().String()
+	ports, err := freePorts(host, 1)
+	if err != nil {
+		return nil, err
+	}
+	o := d.Opts
+	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
+	tls, err := d.issue(identity.Coordinator, co.ID)
+	if err != nil {
+		return nil, err
+	}
+	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
+	args = append(args,
+		"--id="+co.ID, "--listen="+co.Addr,
+		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
+		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
+		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
+		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
+		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
+		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
+		"--power-management-polls=3", "--power-management-poll-interval=1s",
+		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")
+	co.p, err = procs.StartAppend(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := co.p.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(co.Addr) }); err != nil {
+		return nil, err
+	}
+	return co, nil
+}
