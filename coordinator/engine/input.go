@@ -123,22 +123,7 @@ func (e *Engine) Step(in Input) {
 		n.contact(in.At)
 		e.apply(n, in)
 	case Hello:
-		n := e.node(in.Node, in.Region, in.Zone, in.At)
-		if n.bootID != "" && n.bootID != in.BootID {
-			// A new boot: the previous boot's announcement and conditions are history.
-			n.conditions = map[string]*coordv1.NodeCondition{}
-			if n.shuttingDown {
-				n.shuttingDown = false
-				e.persistNode(n)
-			}
-		}
-		n.bootID = in.BootID
-		n.poweredOff, n.helloAt = "", in.At // the node is up again
-		n.streams++
-		n.contact(in.At)
-		if in.Region != "" || in.Zone != "" {
-			e.setLocation(n, in.Region, in.Zone)
-		}
+		e.hello(in)
 	case Disconnected:
 		if n, ok := e.nodes[in.Node]; ok && n.streams > 0 {
 			n.streams--
@@ -156,58 +141,98 @@ func (e *Engine) Step(in Input) {
 			e.setLocation(n, in.Region, in.Zone)
 		}
 	case Kubelet:
-		n := e.node(in.Node, "", "", in.At)
-		if in.Heartbeat.IsZero() {
-			return // the kubelet never posted: the startup grace period runs from the node's registration
-		}
-		if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
-			n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
-		}
+		e.kubelet(in)
 	case Removed:
 		e.forget(in.Node)
 	case APIServer:
-		if in.Reachable != e.blind {
-			return
-		}
-		e.blind = !in.Reachable
-		if in.At.After(e.now) {
-			e.now = in.At
-		}
-		if in.Reachable {
-			if in.At.After(e.floor) {
-				e.floor = in.At
-			}
-			e.event(in.At, "apiserver", "", "apiserver readable: kubelets judged again; every node gets a fresh grace period")
-		} else {
-			e.event(in.At, "apiserver", "", "apiserver unreadable: judgements frozen; no node becomes a fence candidate")
-		}
+		e.apiServer(in)
 	case LeaderElected:
 		e.floor = in.At
 		if in.At.After(e.now) {
 			e.now = in.At
 		}
 	case Paused:
-		if in.Paused != e.paused {
-			e.paused = in.Paused
-			if in.Paused {
-				e.event(e.now, "pause", "", "evictions paused by an operator")
-			} else {
-				e.event(e.now, "pause", "", "evictions resumed by an operator")
-			}
-		}
+		e.pause(in)
 	case Restored:
 		e.restore(in.Nodes)
 	case Kdump:
-		n, ok := e.nodes[in.Node]
-		if !ok {
-			return
-		}
-		if !e.dumping(n, in.At) {
-			n.kdumpFirst = in.At
-			e.event(in.At, "kdump", n.name, "node %s: fence_kdump message: the node crashed and is dumping its memory", n.name)
-		}
-		n.kdumpLast = in.At
+		e.kdump(in)
 	}
+}
+
+// hello records an agent's hello: a new boot clears the previous boot's announcement and conditions.
+func (e *Engine) hello(in Hello) {
+	n := e.node(in.Node, in.Region, in.Zone, in.At)
+	if n.bootID != "" && n.bootID != in.BootID {
+		// A new boot: the previous boot's announcement and conditions are history.
+		n.conditions = map[string]*coordv1.NodeCondition{}
+		if n.shuttingDown {
+			n.shuttingDown = false
+			e.persistNode(n)
+		}
+	}
+	n.bootID = in.BootID
+	n.poweredOff, n.helloAt = "", in.At // the node is up again
+	n.streams++
+	n.contact(in.At)
+	if in.Region != "" || in.Zone != "" {
+		e.setLocation(n, in.Region, in.Zone)
+	}
+}
+
+// kubelet records a kubelet heartbeat read from the apiserver.
+func (e *Engine) kubelet(in Kubelet) {
+	n := e.node(in.Node, "", "", in.At)
+	if in.Heartbeat.IsZero() {
+		return // the kubelet never posted: the startup grace period runs from the node's registration
+	}
+	if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
+		n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
+	}
+}
+
+// apiServer records a change of the apiserver's readability: judgements freeze while it is unreadable.
+func (e *Engine) apiServer(in APIServer) {
+	if in.Reachable != e.blind {
+		return
+	}
+	e.blind = !in.Reachable
+	if in.At.After(e.now) {
+		e.now = in.At
+	}
+	if in.Reachable {
+		if in.At.After(e.floor) {
+			e.floor = in.At
+		}
+		e.event(in.At, "apiserver", "", "apiserver readable: kubelets judged again; every node gets a fresh grace period")
+	} else {
+		e.event(in.At, "apiserver", "", "apiserver unreadable: judgements frozen; no node becomes a fence candidate")
+	}
+}
+
+// pause records an operator pausing or resuming evictions.
+func (e *Engine) pause(in Paused) {
+	if in.Paused != e.paused {
+		e.paused = in.Paused
+		if in.Paused {
+			e.event(e.now, "pause", "", "evictions paused by an operator")
+		} else {
+			e.event(e.now, "pause", "", "evictions resumed by an operator")
+		}
+	}
+}
+
+// kdump records a fence_kdump message of a known node.
+func (e *Engine) kdump(in Kdump) {
+	n, ok := e.nodes[in.Node]
+	if !ok {
+		return
+	}
+	if !e.dumping(n, in.At) {
+		n.kdumpFirst = in.At
+		e.event(in.At, "kdump", n.name, "node %s: fence_kdump message: the node crashed and is dumping its memory", n.name)
+	}
+	n.kdumpLast = in.At
 }
 
 // forget removes a node that was deleted from the cluster.
