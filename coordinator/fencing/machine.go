@@ -162,114 +162,10 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 		return Decision{Next: next}
 
 	case coordv1.FenceStatus_FENCE_STATUS_RUNNING:
-		ops := stepOps(rec)
-		if n := len(ops); n > 0 && ops[n-1].Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
-			return Decision{Resend: ops[n-1]}
-		}
-		methods, err := Methods(rec, f.Plan)
-		if err != nil || len(methods) == 0 {
-			if err == nil {
-				err = fmt.Errorf("node %s has no %s methods", rec.Node, stepName(rec.Step))
-			}
-			next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, err.Error()
-			return Decision{Next: next}
-		}
-		if rec.Step == coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT && len(ops) == 0 && now.Before(f.KdumpUntil) {
-			return Decision{Wait: f.KdumpUntil.Sub(now)}
-		}
-		// A reboot powers its node on only after its power-off was confirmed.
-		if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && len(ops) < len(methods) && methods[len(ops)].Action == "on" &&
-			(len(ops) == 0 || ops[len(ops)-1].Action != "on") {
-			if why := rebootOffFailed(ops); why != "" {
-				next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, why
-				return Decision{Next: next}
-			}
-		}
-		if len(ops) < len(methods) {
-			m := methods[len(ops)]
-			op := &coordv1.Operation{
-				OperationId: fmt.Sprintf("%s/%d/%s/%s/%s", rec.Id, rec.Retries, stepName(rec.Step), m.Name, m.Action),
-				Method:      m.Name, Driver: m.Driver, Action: m.Action, Step: rec.Step, Attempt: rec.Retries,
-				Required: m.Required, StartedAt: timestamppb.New(now),
-			}
-			next.Operations = append(next.Operations, op)
-			return Decision{Next: next}
-		}
-		// Every method of the step was tried: the step succeeds when every required method and at
-		// least one method was confirmed.
-		var confirmed, confirmedOn int
-		var failed []string
-		for _, op := range ops {
-			if op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED {
-				confirmed++
-				if op.Action == "on" {
-					confirmedOn++
-				}
-			} else {
-				failed = append(failed, fmt.Sprintf("%s %s: %s", op.Method, op.Action, op.Error))
-				if op.Required {
-					next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
-					next.Error = fmt.Sprintf("%s: required method %s failed: %s", stepName(rec.Step), op.Method, op.Error)
-					return Decision{Next: next}
-				}
-			}
-		}
-		if confirmed == 0 {
-			next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
-			next.Error = fmt.Sprintf("%s: every method failed: %s", stepName(rec.Step), strings.Join(failed, "; "))
-			return Decision{Next: next}
-		}
-		if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && confirmedOn == 0 {
-			next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
-			next.Error = fmt.Sprintf("reboot: the node was powered off but no power-on was confirmed: %s", strings.Join(failed, "; "))
-			return Decision{Next: next}
-		}
-		next.Status, next.Error, next.Polls = coordv1.FenceStatus_FENCE_STATUS_DONE, "", 0
-		return Decision{Next: next}
+		return decideRunning(rec, next, f)
 
 	case coordv1.FenceStatus_FENCE_STATUS_DONE:
-		if rec.Action == coordv1.FenceAction_FENCE_ACTION_ON || rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT {
-			finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
-			return Decision{Next: next}
-		}
-		switch rec.Step {
-		case coordv1.FenceStep_FENCE_STEP_ISOLATION:
-			if f.NodeReady {
-				return toStep(next, coordv1.FenceStep_FENCE_STEP_RECOVERY, f, "node ready again after isolation")
-			}
-			if ms, _ := f.Plan(fenceconfig.StepPowerManagement); len(ms) == 0 {
-				finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
-				return Decision{Next: next}
-			}
-			waitEnd := rec.GetUpdatedAt().AsTime().Add(f.Policy.IsolationWait)
-			if now.Before(waitEnd) {
-				return Decision{Wait: waitEnd.Sub(now)}
-			}
-			return toStep(next, coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, f, "node still not ready after isolation")
-		case coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT:
-			if !lastConfirmedIsOn(rec) {
-				// The node was left off: fenced until an operator unfences it.
-				finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
-				return Decision{Next: next}
-			}
-			if f.NodeReady {
-				return toStep(next, coordv1.FenceStep_FENCE_STEP_RECOVERY, f, "node ready after power cycle")
-			}
-			if int(rec.Polls) >= f.Policy.Polls {
-				next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
-				next.Error = fmt.Sprintf("power_management done but the node is not ready after %d polls", rec.Polls)
-				return Decision{Next: next}
-			}
-			due := rec.GetUpdatedAt().AsTime().Add(f.Policy.PollInterval)
-			if now.Before(due) {
-				return Decision{Wait: due.Sub(now)}
-			}
-			next.Polls++
-			return Decision{Next: next}
-		default:
-			finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
-			return Decision{Next: next}
-		}
+		return decideDone(rec, next, f)
 
 	case coordv1.FenceStatus_FENCE_STATUS_ERROR:
 		if int(rec.Retries) >= f.Policy.Retries {
@@ -285,6 +181,123 @@ func Decide(rec *coordv1.NodeFence, f Facts) Decision {
 		return Decision{Next: next}
 	}
 	return Decision{}
+}
+
+// decideRunning is Decide for a running record: the next operation of its step, or the step's result
+// once every method was tried.
+func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
+	now := f.Now
+	ops := stepOps(rec)
+	if n := len(ops); n > 0 && ops[n-1].Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
+		return Decision{Resend: ops[n-1]}
+	}
+	methods, err := Methods(rec, f.Plan)
+	if err != nil || len(methods) == 0 {
+		if err == nil {
+			err = fmt.Errorf("node %s has no %s methods", rec.Node, stepName(rec.Step))
+		}
+		next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, err.Error()
+		return Decision{Next: next}
+	}
+	if rec.Step == coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT && len(ops) == 0 && now.Before(f.KdumpUntil) {
+		return Decision{Wait: f.KdumpUntil.Sub(now)}
+	}
+	// A reboot powers its node on only after its power-off was confirmed.
+	if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && len(ops) < len(methods) && methods[len(ops)].Action == "on" &&
+		(len(ops) == 0 || ops[len(ops)-1].Action != "on") {
+		if why := rebootOffFailed(ops); why != "" {
+			next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, why
+			return Decision{Next: next}
+		}
+	}
+	if len(ops) < len(methods) {
+		m := methods[len(ops)]
+		op := &coordv1.Operation{
+			OperationId: fmt.Sprintf("%s/%d/%s/%s/%s", rec.Id, rec.Retries, stepName(rec.Step), m.Name, m.Action),
+			Method:      m.Name, Driver: m.Driver, Action: m.Action, Step: rec.Step, Attempt: rec.Retries,
+			Required: m.Required, StartedAt: timestamppb.New(now),
+		}
+		next.Operations = append(next.Operations, op)
+		return Decision{Next: next}
+	}
+	// Every method of the step was tried: the step succeeds when every required method and at
+	// least one method was confirmed.
+	var confirmed, confirmedOn int
+	var failed []string
+	for _, op := range ops {
+		if op.Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED {
+			confirmed++
+			if op.Action == "on" {
+				confirmedOn++
+			}
+		} else {
+			failed = append(failed, fmt.Sprintf("%s %s: %s", op.Method, op.Action, op.Error))
+			if op.Required {
+				next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
+				next.Error = fmt.Sprintf("%s: required method %s failed: %s", stepName(rec.Step), op.Method, op.Error)
+				return Decision{Next: next}
+			}
+		}
+	}
+	if confirmed == 0 {
+		next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
+		next.Error = fmt.Sprintf("%s: every method failed: %s", stepName(rec.Step), strings.Join(failed, "; "))
+		return Decision{Next: next}
+	}
+	if rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT && confirmedOn == 0 {
+		next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
+		next.Error = fmt.Sprintf("reboot: the node was powered off but no power-on was confirmed: %s", strings.Join(failed, "; "))
+		return Decision{Next: next}
+	}
+	next.Status, next.Error, next.Polls = coordv1.FenceStatus_FENCE_STATUS_DONE, "", 0
+	return Decision{Next: next}
+}
+
+// decideDone is Decide for a record whose step is done: the next step, a wait, or the end.
+func decideDone(rec, next *coordv1.NodeFence, f Facts) Decision {
+	now := f.Now
+	if rec.Action == coordv1.FenceAction_FENCE_ACTION_ON || rec.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT {
+		finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
+		return Decision{Next: next}
+	}
+	switch rec.Step {
+	case coordv1.FenceStep_FENCE_STEP_ISOLATION:
+		if f.NodeReady {
+			return toStep(next, coordv1.FenceStep_FENCE_STEP_RECOVERY, f, "node ready again after isolation")
+		}
+		if ms, _ := f.Plan(fenceconfig.StepPowerManagement); len(ms) == 0 {
+			finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
+			return Decision{Next: next}
+		}
+		waitEnd := rec.GetUpdatedAt().AsTime().Add(f.Policy.IsolationWait)
+		if now.Before(waitEnd) {
+			return Decision{Wait: waitEnd.Sub(now)}
+		}
+		return toStep(next, coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, f, "node still not ready after isolation")
+	case coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT:
+		if !lastConfirmedIsOn(rec) {
+			// The node was left off: fenced until an operator unfences it.
+			finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
+			return Decision{Next: next}
+		}
+		if f.NodeReady {
+			return toStep(next, coordv1.FenceStep_FENCE_STEP_RECOVERY, f, "node ready after power cycle")
+		}
+		if int(rec.Polls) >= f.Policy.Polls {
+			next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
+			next.Error = fmt.Sprintf("power_management done but the node is not ready after %d polls", rec.Polls)
+			return Decision{Next: next}
+		}
+		due := rec.GetUpdatedAt().AsTime().Add(f.Policy.PollInterval)
+		if now.Before(due) {
+			return Decision{Wait: due.Sub(now)}
+		}
+		next.Polls++
+		return Decision{Next: next}
+	default:
+		finish(next, now, coordv1.FenceStatus_FENCE_STATUS_DONE, "")
+		return Decision{Next: next}
+	}
 }
 
 func toStep(next *coordv1.NodeFence, step coordv1.FenceStep, f Facts, why string) Decision {
