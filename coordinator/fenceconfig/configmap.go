@@ -267,40 +267,7 @@ func FromConfigMaps(cms []ConfigMap, drivers map[string]Driver) (*Config, error)
 			inv.Add(cm.Source+" config.properties node_name", "node %s configured twice", node)
 			continue
 		}
-		n := Node{Methods: map[string]Method{}, Steps: map[string][]string{}}
-		for _, step := range steps {
-			for _, m := range strings.Fields(p[step]) {
-				n.Steps[step] = append(n.Steps[step], m)
-				if _, ok := n.Methods[m]; ok {
-					continue
-				}
-				mcm, ok := byName[MethodPrefix+m+"-"+node]
-				if !ok {
-					mcm, ok = byName[MethodPrefix+m+"-"+suffix]
-				}
-				if !ok {
-					inv.Add(cm.Source+" config.properties "+step, "method %q: no ConfigMap %s%s-%s", m, MethodPrefix, m, node)
-					continue
-				}
-				mp := props(mcm, "method.properties")
-				if mp == nil {
-					continue
-				}
-				n.Methods[m] = methodFromProperties(&inv, mcm.Source+" method.properties", mp)
-			}
-		}
-		for k, v := range p {
-			if !controlKeys[k] {
-				switch k {
-				case "zone":
-					n.Zone = v
-				case "region":
-					n.Region = v
-				default:
-					inv.Add(cm.Source+" config.properties "+k, "unknown key")
-				}
-			}
-		}
+		n := nodeFromProperties(&inv, props, byName, cm, p, node, suffix)
 		c.Nodes[node] = n
 	}
 	for _, name := range names {
@@ -312,6 +279,48 @@ func FromConfigMaps(cms []ConfigMap, drivers map[string]Driver) (*Config, error)
 		return nil, err
 	}
 	return c, nil
+}
+
+// nodeFromProperties builds node's model from its fence-config properties p (in cm), finding its
+// methods' ConfigMaps in byName by node and by suffix, the ConfigMap name's suffix. props reads a
+// ConfigMap's properties, reporting problems to inv as every problem here is.
+func nodeFromProperties(inv *fault.Invalid, props func(ConfigMap, string) map[string]string, byName map[string]ConfigMap,
+	cm ConfigMap, p map[string]string, node, suffix string) Node {
+	n := Node{Methods: map[string]Method{}, Steps: map[string][]string{}}
+	for _, step := range steps {
+		for _, m := range strings.Fields(p[step]) {
+			n.Steps[step] = append(n.Steps[step], m)
+			if _, ok := n.Methods[m]; ok {
+				continue
+			}
+			mcm, ok := byName[MethodPrefix+m+"-"+node]
+			if !ok {
+				mcm, ok = byName[MethodPrefix+m+"-"+suffix]
+			}
+			if !ok {
+				inv.Add(cm.Source+" config.properties "+step, "method %q: no ConfigMap %s%s-%s", m, MethodPrefix, m, node)
+				continue
+			}
+			mp := props(mcm, "method.properties")
+			if mp == nil {
+				continue
+			}
+			n.Methods[m] = methodFromProperties(inv, mcm.Source+" method.properties", mp)
+		}
+	}
+	for k, v := range p {
+		if !controlKeys[k] {
+			switch k {
+			case "zone":
+				n.Zone = v
+			case "region":
+				n.Region = v
+			default:
+				inv.Add(cm.Source+" config.properties "+k, "unknown key")
+			}
+		}
+	}
+	return n
 }
 
 // methodFromProperties turns a template's or method's properties into a Method: template (a
