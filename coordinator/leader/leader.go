@@ -143,66 +143,73 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	readTimeout := min(CallTimeout, ttl/2)
 	check := time.NewTicker(every)
 	lastRead := time.Now()
-	go func() {
-		// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
-		// its key and lease up: the session would otherwise keep the lease alive, and with it the
-		// key every later campaign (this replica's next one included) queues behind, so no replica
-		// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
-		// has nothing to give up.
-		release := true
-		defer func() {
-			cancel()
-			check.Stop()
-			if release {
-				rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
-				_ = t.Resign(rctx)
-				rcancel()
+	go e.guard(tctx, t, session, cancel, watch, check, ttl, readTimeout, lastRead)
+	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
+	return t, nil
+}
+
+// guard ends term t when its leadership is lost: session gone, tctx (the term's context, cancel its
+// cancel) done, the key gone from etcd (read on every tick of check, each read bounded by
+// readTimeout; lastRead is the latest successful one) or deleted (seen on watch), or etcd unreadable
+// for four fifths of ttl.
+func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Session, cancel context.CancelFunc,
+	watch clientv3.WatchChan, check *time.Ticker, ttl, readTimeout time.Duration, lastRead time.Time) {
+	// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
+	// its key and lease up: the session would otherwise keep the lease alive, and with it the
+	// key every later campaign (this replica's next one included) queues behind, so no replica
+	// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
+	// has nothing to give up.
+	release := true
+	defer func() {
+		cancel()
+		check.Stop()
+		if release {
+			rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
+			_ = t.Resign(rctx)
+			rcancel()
+		}
+	}()
+	for {
+		select {
+		case <-session.Done():
+			e.log.Warn("leadership lost: election session ended", "epoch", t.Epoch)
+			release = false
+			return
+		case <-tctx.Done():
+			release = false
+			return
+		case now := <-check.C:
+			switch live, err := t.keyLive(tctx, readTimeout); {
+			case err == nil && !live:
+				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
+				return
+			case err == nil:
+				lastRead = now
+			case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
+				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
+				return
 			}
-		}()
-		for {
-			select {
-			case <-session.Done():
-				e.log.Warn("leadership lost: election session ended", "epoch", t.Epoch)
-				release = false
+		case wr, ok := <-watch:
+			if tctx.Err() != nil {
+				release = false // the watch ended with the term
 				return
-			case <-tctx.Done():
-				release = false
+			}
+			if !ok {
+				e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
 				return
-			case now := <-check.C:
-				switch live, err := t.keyLive(tctx, readTimeout); {
-				case err == nil && !live:
-					e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
+			}
+			if err := wr.Err(); err != nil {
+				e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
+				return
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
 					return
-				case err == nil:
-					lastRead = now
-				case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
-					e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
-					return
-				}
-			case wr, ok := <-watch:
-				if tctx.Err() != nil {
-					release = false // the watch ended with the term
-					return
-				}
-				if !ok {
-					e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
-					return
-				}
-				if err := wr.Err(); err != nil {
-					e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
-					return
-				}
-				for _, ev := range wr.Events {
-					if ev.Type == clientv3.EventTypeDelete {
-						e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
-						return
-					}
 				}
 			}
 		}
-	}()
-	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
-	return t, nil
+	}
 }
 
 // keyLive reads the election key within timeout: is it still this term's? Reachability is judged by
