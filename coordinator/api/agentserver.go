@@ -80,20 +80,30 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	// serializes them with the acks.
 	grants, unsubscribe := l.Loop.Subscribe(name)
 	defer unsubscribe()
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
+	go sendGrants(ctx, in, grants)
+	return s.receive(ctx, in, l, name, first.Seq)
+}
+
+// sendGrants sends the engine's grants for the stream's node on in until ctx ends or a send fails.
+func sendGrants(ctx context.Context, in *agentStream, grants <-chan *agentv1.ConnectResponse) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case g := <-grants:
+			if err := in.send(g); err != nil {
 				return
-			case g := <-grants:
-				if err := in.send(g); err != nil {
-					return
-				}
 			}
 		}
-	}()
-	lastAck := s.now()   // one clock: the acknowledgement pacing reads the same clock as the engine
-	lastSeq := first.Seq // seqs strictly increase on a stream (agentv1.ConnectRequest.seq)
+	}
+}
+
+// receive is the stream's receive loop after the hello (whose seq was firstSeq): every message of
+// node name goes to leader l's engine, and is acknowledged when it is an event or an acknowledgement
+// is due.
+func (s *AgentServer) receive(ctx context.Context, in *agentStream, l *Leading, name string, firstSeq uint64) error {
+	lastAck := s.now()  // one clock: the acknowledgement pacing reads the same clock as the engine
+	lastSeq := firstSeq // seqs strictly increase on a stream (agentv1.ConnectRequest.seq)
 	for {
 		m, reused, err := in.recv()
 		if errors.Is(err, io.EOF) {
