@@ -267,42 +267,58 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 		return result{err: err}
 	}
 
-	var worked atomic.Bool
-	var lastRecv atomic.Int64
-	ended := make(chan recvEnd, 1)
-	go func() {
-		for {
-			resp, err := st.Recv()
-			if err != nil {
-				ended <- recvEnd{err: err, trailer: st.Trailer()}
-				return
-			}
-			lastRecv.Store(time.Now().UnixNano())
-			if !worked.Swap(true) {
-				a.connected.Store(true)
-				a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
-				if a.cfg.Connected != nil {
-					a.cfg.Connected()
-				}
-			}
-			a.receive(resp)
-		}
-	}()
+	ss := &sessionStream{st: st, ended: make(chan recvEnd, 1)}
+	go a.recvLoop(ss, addr, resume)
 	// A coordinator that does not answer the Hello in time (a stopped process) is given up.
 	helloTimer := time.AfterFunc(helloTimeout, func() {
-		if !worked.Load() {
+		if !ss.worked.Load() {
 			cancel()
 		}
 	})
 	defer helloTimer.Stop()
-	finish := func(e recvEnd) result {
-		r := result{worked: worked.Load(), err: e.err}
-		if status.Code(e.err) == codes.Unavailable {
-			r.leader = fault.LeaderFromTrailer(e.trailer)
-		}
-		return r
-	}
+	return a.sendLoop(ctx, sctx, cancel, ss, addr, helloSeq)
+}
 
+// sessionStream is one session's stream and what its receive goroutine shares with its send loop.
+type sessionStream struct {
+	st       agentv1.AgentService_ConnectClient
+	worked   atomic.Bool  // the coordinator answered the Hello
+	lastRecv atomic.Int64 // when the latest answer came, in Unix nanoseconds
+	ended    chan recvEnd // why Recv ended (buffered, one)
+}
+
+// finish is the session's result once its stream ended with e.
+func (ss *sessionStream) finish(e recvEnd) result {
+	r := result{worked: ss.worked.Load(), err: e.err}
+	if status.Code(e.err) == codes.Unavailable {
+		r.leader = fault.LeaderFromTrailer(e.trailer)
+	}
+	return r
+}
+
+// recvLoop receives the coordinator's answers on ss until the stream ends, and says why on ss.ended.
+func (a *Agent) recvLoop(ss *sessionStream, addr string, resume uint64) {
+	for {
+		resp, err := ss.st.Recv()
+		if err != nil {
+			ss.ended <- recvEnd{err: err, trailer: ss.st.Trailer()}
+			return
+		}
+		ss.lastRecv.Store(time.Now().UnixNano())
+		if !ss.worked.Swap(true) {
+			a.connected.Store(true)
+			a.log.Info("connected to the coordinator", "coordinator", addr, "resume_from_seq", resume)
+			if a.cfg.Connected != nil {
+				a.cfg.Connected()
+			}
+		}
+		a.receive(resp)
+	}
+}
+
+// sendLoop sends the queued messages after helloSeq on ss, heartbeats and samples, until the stream
+// ends, ctx is done (then it cancels the session's context sctx), or the coordinator stops answering.
+func (a *Agent) sendLoop(ctx, sctx context.Context, cancel context.CancelFunc, ss *sessionStream, addr string, helloSeq uint64) result {
 	a.mu.Lock()
 	hbEvery, sampleEvery := a.heartbeat, a.sample
 	a.mu.Unlock()
@@ -318,14 +334,14 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 		pending := a.out.After(lastSent)
 		a.mu.Unlock()
 		for _, m := range pending {
-			if err := st.Send(m); err != nil {
+			if err := ss.st.Send(m); err != nil {
 				// The stream is over; Recv tells why.
 				select {
-				case e := <-ended:
-					return finish(e)
+				case e := <-ss.ended:
+					return ss.finish(e)
 				case <-ctx.Done():
 					cancel()
-					return finish(<-ended)
+					return ss.finish(<-ss.ended)
 				}
 			}
 			lastSent = m.Seq
@@ -333,15 +349,15 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 		select {
 		case <-ctx.Done():
 			cancel()
-			return finish(<-ended)
-		case e := <-ended:
-			return finish(e)
+			return ss.finish(<-ss.ended)
+		case e := <-ss.ended:
+			return ss.finish(e)
 		case <-a.notify:
 		case <-hb.C:
-			if silent := time.Since(time.Unix(0, lastRecv.Load())); worked.Load() && silent > max(silenceTimeout, 5*hbEvery) && a.Unacked() > 0 {
+			if silent := time.Since(time.Unix(0, ss.lastRecv.Load())); ss.worked.Load() && silent > max(silenceTimeout, 5*hbEvery) && a.Unacked() > 0 {
 				a.log.Warn("coordinator stopped answering; leaving it", "coordinator", addr, "silent_for", silent.Round(time.Millisecond))
 				cancel()
-				r := finish(<-ended)
+				r := ss.finish(<-ss.ended)
 				r.worked = false // go on to the next address, not back to this one
 				return r
 			}
