@@ -236,7 +236,47 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if anon != nil {
 		log.Warn("callers without a client certificate are trusted", "identity", anon.String())
 	}
-	authFn := func(ctx context.Context) (context.Context, error) {
+	authFn := authorizer(cfg, policy, anon)
+	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+
+	busy := map[string]bool{}
+	for _, m := range cfg.BusyStreams {
+		busy[m] = true
+	}
+	notBusy := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !busy[c.FullMethod()] })
+	busyStreams := newBusyStreams(busy, logger)
+	reg.MustRegister(busyStreams.handled, busyStreams.seconds)
+
+	opts := serverOptions(cfg, log, logger, metrics, authFn, notBusy, busyStreams, tlsCfg)
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	}
+	s := &Server{
+		GRPC:     grpc.NewServer(opts...),
+		Health:   health.NewServer(),
+		Registry: reg,
+		cfg:      cfg,
+		log:      log,
+		lis:      lis,
+		metrics:  metrics,
+	}
+	healthpb.RegisterHealthServer(s.GRPC, s.Health)
+	reflection.Register(s.GRPC)
+	if cfg.MetricsListen != "" {
+		if err := s.listenMetrics(policy); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// authorizer is the server's authentication and authorization: open methods pass; every other call
+// needs a certificate identity (or anon, if set) that policy and cfg.Authorize allow for the method.
+func authorizer(cfg Config, policy identity.Policy, anon *identity.Identity) auth.AuthFunc {
+	return func(ctx context.Context) (context.Context, error) {
 		method, _ := grpc.Method(ctx)
 		if identity.Open(method) {
 			return ctx, nil
@@ -262,24 +302,19 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		return ctx, nil
 	}
-	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
+}
+
+// serverOptions are the gRPC server's options: flow-control windows, codec, keepalives, TLS (if
+// tlsCfg is set) and the interceptor chains (metrics and logging skip the notBusy streams, which
+// busyStreams counts and logs itself).
+func serverOptions(cfg Config, log *slog.Logger, logger logging.Logger, metrics *grpcprom.ServerMetrics, authFn auth.AuthFunc,
+	notBusy selector.Matcher, busyStreams *busyStreams, tlsCfg *tls.Config) []grpc.ServerOption {
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		method, _ := grpc.Method(ctx)
 		log.Error("panic in handler", "method", method, "panic", fmt.Sprint(p))
 		return status.Error(codes.Internal, "internal error (see the server log)")
 	})
-
-	busy := map[string]bool{}
-	for _, m := range cfg.BusyStreams {
-		busy[m] = true
-	}
-	notBusy := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !busy[c.FullMethod()] })
-	busyStreams := newBusyStreams(busy, logger)
-	reg.MustRegister(busyStreams.handled, busyStreams.seconds)
-
 	opts := []grpc.ServerOption{
 		grpc.InitialWindowSize(wire.StreamWindow), grpc.InitialConnWindowSize(wire.ConnWindow),
 		// The protobuf codec, which also lets a busy stream receive *wire.Encoded and decode it itself.
@@ -310,54 +345,46 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	lis, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	return opts
+}
+
+// listenMetrics binds the metrics listener and builds its HTTP server (metrics, and pprof if
+// configured), with TLS and policy's authorization under cfg.MetricsTLS. On an error it closes the
+// gRPC listener.
+func (s *Server) listenMetrics(policy identity.Policy) error {
+	cfg, log, reg, lis := s.cfg, s.log, s.Registry, s.lis
+	var err error
+	if !cfg.MetricsTLS && !loopback(cfg.MetricsListen) {
+		log.Warn("metrics are served without TLS or authentication on a non-loopback address (see --metrics-tls)", "addr", cfg.MetricsListen, "pprof", cfg.Pprof)
 	}
-	s := &Server{
-		GRPC:     grpc.NewServer(opts...),
-		Health:   health.NewServer(),
-		Registry: reg,
-		cfg:      cfg,
-		log:      log,
-		lis:      lis,
-		metrics:  metrics,
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	healthpb.RegisterHealthServer(s.GRPC, s.Health)
-	reflection.Register(s.GRPC)
-	if cfg.MetricsListen != "" {
-		if !cfg.MetricsTLS && !loopback(cfg.MetricsListen) {
-			log.Warn("metrics are served without TLS or authentication on a non-loopback address (see --metrics-tls)", "addr", cfg.MetricsListen, "pprof", cfg.Pprof)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if cfg.Pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		var handler http.Handler = mux
-		var metricsTLS *tls.Config
-		if cfg.MetricsTLS {
-			var authorize func(http.Handler) http.Handler
-			if metricsTLS, authorize, err = SecureMetrics(cfg.TLS, policy, log); err != nil {
-				lis.Close()
-				return nil, fmt.Errorf("--metrics-tls: %w", err)
-			}
-			handler = authorize(mux)
-		}
-		s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
+	var handler http.Handler = mux
+	var metricsTLS *tls.Config
+	if cfg.MetricsTLS {
+		var authorize func(http.Handler) http.Handler
+		if metricsTLS, authorize, err = SecureMetrics(cfg.TLS, policy, log); err != nil {
 			lis.Close()
-			return nil, fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+			return fmt.Errorf("--metrics-tls: %w", err)
 		}
-		if metricsTLS != nil {
-			s.httpLis = tls.NewListener(s.httpLis, metricsTLS)
-		}
-		s.httpSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+		handler = authorize(mux)
 	}
-	return s, nil
+	s.httpLis, err = net.Listen("tcp", cfg.MetricsListen)
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+	}
+	if metricsTLS != nil {
+		s.httpLis = tls.NewListener(s.httpLis, metricsTLS)
+	}
+	s.httpSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	return nil
 }
 
 // Addr is the bound gRPC address (useful with port 0).
