@@ -49,7 +49,6 @@ var oversized = map[string]string{
 	"testbed/containerdtest/containerdtest.go:New": "containerd's config and start in one; not split yet",
 	"testbed/nfcluster/nfcluster.go:Deploy":        "the deployment's start sequence; not split yet",
 	"testbed/cmd/bench-pressure/main.go:run":       "the pressure benchmark's setup and measurement; not split yet",
-	"testbed/install/install_test.go":              "the install tests; split by install path not done",
 }
 
 var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
