@@ -38,7 +38,6 @@ var oversized = map[string]string{
 	"testbed/cmd/bench-drivers/main.go:run":                        "benchmark driver loop; not split yet",
 	"testbed/cmd/bench-failover/main.go:bench.start":               "starts etcd, coordinators and the driver; not split yet",
 	"testbed/cmd/bench-failover/main.go:run":                       "the failover rounds and their measurements; not split yet",
-	"testbed/cmd/bench-ingest/h2.go:h2Conn.handle":                 "HTTP/2 frame switch of the light client; 1 line over",
 	"testbed/cmd/bench-ingest/main.go:run":                         "the ingest benchmark's setup and measurement; not split yet",
 	"testbed/cmd/nodefence-testbed/cluster.go:startCluster":        "the local testbed's start sequence; not split yet",
 	"testbed/cmd/nodefence-testbed/console.go:cluster.followFence": "the console's fence follower; not split yet",
