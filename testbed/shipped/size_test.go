@@ -41,7 +41,6 @@ var oversized = map[string]string{
 	"testbed/cmd/bench-ingest/main.go:run":                         "the ingest benchmark's setup and measurement; not split yet",
 	"testbed/cmd/nodefence-testbed/cluster.go:startCluster":        "the local testbed's start sequence; not split yet",
 	"testbed/cmd/nodefence-testbed/console.go:cluster.followFence": "the console's fence follower; not split yet",
-	"testbed/cmd/nodefence-testbed/main.go:run":                    "the local testbed's command dispatch; not split yet",
 	// Landed on main while the size test was being written; not split yet.
 	"testbed/cluster/cluster.go:Cluster.prepare":   "the real cluster's host preparation; not split yet",
 	"testbed/containerdtest/containerdtest.go:New": "containerd's config and start in one; not split yet",
