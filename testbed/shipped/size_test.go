@@ -42,7 +42,6 @@ var oversized = map[string]string{
 	// Landed on main while the size test was being written; not split yet.
 	"testbed/cluster/cluster.go:Cluster.prepare":   "the real cluster's host preparation; not split yet",
 	"testbed/containerdtest/containerdtest.go:New": "containerd's config and start in one; not split yet",
-	"testbed/nfcluster/nfcluster.go:Deploy":        "the deployment's start sequence; not split yet",
 	"testbed/cmd/bench-pressure/main.go:run":       "the pressure benchmark's setup and measurement; not split yet",
 }
 
