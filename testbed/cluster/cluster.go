@@ -246,32 +246,8 @@ func (c *Cluster) prepare() error {
 	if c.pki, err = newPKI(filepath.Join(cfg.Dir, "pki")); err != nil {
 		return err
 	}
-	l := c.layout
-	if err := c.pki.issue("apiserver", "kube-apiserver", nil,
-		[]net.IP{l.APIServerIP.AsSlice(), net.IPv4(127, 0, 0, 1), l.KubeService.AsSlice()},
-		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}); err != nil {
+	if err := c.issueCerts(); err != nil {
 		return err
-	}
-	if err := c.pki.serviceAccountKeys(); err != nil {
-		return err
-	}
-	clients := []struct{ name, cn, org string }{
-		{"admin", "nodefence-testbed-admin", "system:masters"},
-		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"},
-		{"kcm", "system:kube-controller-manager", ""},
-		{"scheduler", "system:kube-scheduler", ""},
-	}
-	for _, n := range c.Nodes {
-		clients = append(clients, struct{ name, cn, org string }{"kubelet-" + n.Name, "system:node:" + n.Name, "system:nodes"})
-	}
-	for _, cl := range clients {
-		var orgs []string
-		if cl.org != "" {
-			orgs = []string{cl.org}
-		}
-		if _, err := c.IssueClient(cl.name, cl.cn, orgs...); err != nil {
-			return err
-		}
 	}
 	pass := make([]byte, 8)
 	if _, err := io.ReadFull(crand.Reader, pass); err != nil {
@@ -311,6 +287,39 @@ func (c *Cluster) prepare() error {
 			return err
 		}
 		if n.BMC, err = ipmisim.Start(filepath.Join(n.Dir, "bmc"), 0, BMCUser, c.bmcPass); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// issueCerts issues the apiserver's serving certificate, the service-account keys and the
+// client certificates of the admin, the control plane and every node's kubelet.
+func (c *Cluster) issueCerts() error {
+	l := c.layout
+	if err := c.pki.issue("apiserver", "kube-apiserver", nil,
+		[]net.IP{l.APIServerIP.AsSlice(), net.IPv4(127, 0, 0, 1), l.KubeService.AsSlice()},
+		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}); err != nil {
+		return err
+	}
+	if err := c.pki.serviceAccountKeys(); err != nil {
+		return err
+	}
+	clients := []struct{ name, cn, org string }{
+		{"admin", "nodefence-testbed-admin", "system:masters"},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"},
+		{"kcm", "system:kube-controller-manager", ""},
+		{"scheduler", "system:kube-scheduler", ""},
+	}
+	for _, n := range c.Nodes {
+		clients = append(clients, struct{ name, cn, org string }{"kubelet-" + n.Name, "system:node:" + n.Name, "system:nodes"})
+	}
+	for _, cl := range clients {
+		var orgs []string
+		if cl.org != "" {
+			orgs = []string{cl.org}
+		}
+		if _, err := c.IssueClient(cl.name, cl.cn, orgs...); err != nil {
 			return err
 		}
 	}
