@@ -244,48 +244,9 @@ func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err
 }
 
 func (b *bench) start(ctx context.Context, binDir string, agents int) error {
-	etcdDir, err := kubetest.AssetsDir()
+	clientURLs, err := b.startEtcd(ctx)
 	if err != nil {
 		return err
-	}
-	etcdBin := filepath.Join(etcdDir, kubetest.EtcdBinary)
-	var clientURLs, initial []string
-	var peers []string
-	for i := 1; i <= 3; i++ {
-		cp, err := procs.FreePort()
-		if err != nil {
-			return err
-		}
-		pp, err := procs.FreePort()
-		if err != nil {
-			return err
-		}
-		clientURLs = append(clientURLs, fmt.Sprintf("http://127.0.0.1:%d", cp))
-		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", pp))
-		initial = append(initial, fmt.Sprintf("e%d=%s", i, peers[i-1]))
-	}
-	for i := 1; i <= 3; i++ {
-		p, err := procs.Start(fmt.Sprintf("e%d", i), filepath.Join(b.dir, fmt.Sprintf("e%d.log", i)), etcdBin,
-			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(b.dir, fmt.Sprintf("e%d", i)),
-			"--listen-client-urls", clientURLs[i-1], "--advertise-client-urls", clientURLs[i-1],
-			"--listen-peer-urls", peers[i-1], "--initial-advertise-peer-urls", peers[i-1],
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-			"--unsafe-no-fsync", "--log-level", "warn")
-		if err != nil {
-			return fmt.Errorf("etcd (make kube-assets builds it): %w", err)
-		}
-		b.etcd = append(b.etcd, p)
-	}
-	if b.cli, err = clientv3.New(clientv3.Config{Endpoints: clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
-		return err
-	}
-	if err := poll(ctx, 30*time.Second, func() bool {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		_, err := b.cli.Put(cctx, "/bench/ready", "1")
-		return err == nil
-	}); err != nil {
-		return fmt.Errorf("etcd cluster: %w", err)
 	}
 	if b.bmc, err = ipmisim.Start(filepath.Join(b.dir, "bmc"), 0, "admin", "password"); err != nil {
 		return err
@@ -332,6 +293,54 @@ func (b *bench) start(ctx context.Context, binDir string, agents int) error {
 		}
 	}
 	return nil
+}
+
+// startEtcd starts a three-member etcd cluster and returns its client URLs once it takes writes.
+func (b *bench) startEtcd(ctx context.Context) ([]string, error) {
+	etcdDir, err := kubetest.AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	etcdBin := filepath.Join(etcdDir, kubetest.EtcdBinary)
+	var clientURLs, initial []string
+	var peers []string
+	for i := 1; i <= 3; i++ {
+		cp, err := procs.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pp, err := procs.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		clientURLs = append(clientURLs, fmt.Sprintf("http://127.0.0.1:%d", cp))
+		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", pp))
+		initial = append(initial, fmt.Sprintf("e%d=%s", i, peers[i-1]))
+	}
+	for i := 1; i <= 3; i++ {
+		p, err := procs.Start(fmt.Sprintf("e%d", i), filepath.Join(b.dir, fmt.Sprintf("e%d.log", i)), etcdBin,
+			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(b.dir, fmt.Sprintf("e%d", i)),
+			"--listen-client-urls", clientURLs[i-1], "--advertise-client-urls", clientURLs[i-1],
+			"--listen-peer-urls", peers[i-1], "--initial-advertise-peer-urls", peers[i-1],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--unsafe-no-fsync", "--log-level", "warn")
+		if err != nil {
+			return nil, fmt.Errorf("etcd (make kube-assets builds it): %w", err)
+		}
+		b.etcd = append(b.etcd, p)
+	}
+	if b.cli, err = clientv3.New(clientv3.Config{Endpoints: clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
+		return nil, err
+	}
+	if err := poll(ctx, 30*time.Second, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.cli.Put(cctx, "/bench/ready", "1")
+		return err == nil
+	}); err != nil {
+		return nil, fmt.Errorf("etcd cluster: %w", err)
+	}
+	return clientURLs, nil
 }
 
 func (b *bench) close() {
