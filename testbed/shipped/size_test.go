@@ -39,7 +39,6 @@ var oversized = map[string]string{
 	"testbed/cmd/bench-failover/main.go:run":              "the failover rounds and their measurements; not split yet",
 	"testbed/cmd/bench-ingest/main.go:run":                "the ingest benchmark's setup and measurement; not split yet",
 	// Landed on main while the size test was being written; not split yet.
-	"testbed/cmd/bench-pressure/main.go:run": "the pressure benchmark's setup and measurement; not split yet",
 }
 
 var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
