@@ -126,6 +126,66 @@ func (c *Cluster) start(ctx context.Context) error {
 	if _, err := c.Net.Add(ctlMember); err != nil {
 		return err
 	}
+	if err := c.startEtcd(ctx); err != nil {
+		return err
+	}
+
+	// The fence-driver and the BMCs share a namespace: the driver reaches them on its 127.0.0.1.
+	daddr, err := c.Net.Add(driverMember)
+	if err != nil {
+		return err
+	}
+	c.DriverAddr = daddr + ":7101"
+	for i := 1; i <= o.Agents; i++ {
+		n := fmt.Sprintf("n%d", i)
+		bmc, err := ipmisim.StartIn(c.Net.NS(driverMember), filepath.Join(o.Dir, "bmc-"+n), 6230+i, "admin", "password")
+		if err != nil {
+			return fmt.Errorf("BMC of %s: %w", n, err)
+		}
+		c.BMCs[n] = bmc
+		c.Nodes = append(c.Nodes, n)
+	}
+	driverTLS, err := c.pki.Files(identity.Driver, "ipmi")
+	if err != nil {
+		return err
+	}
+	c.Driver = c.proc("fence-driver", driverMember, filepath.Join(o.Bin, "fence-driver"), append([]string{"--driver", "ipmi", "--listen", c.DriverAddr,
+		"--state-dir", filepath.Join(o.Dir, "driver-state"), "--log-level", "debug"}, pki.Args("", driverTLS)...)...)
+	if err := c.Driver.Start(); err != nil {
+		return err
+	}
+	cfg, err := c.writeConfig()
+	if err != nil {
+		return err
+	}
+	if err := c.startCoordinators(cfg); err != nil {
+		return err
+	}
+	if _, err := c.WaitLeader(ctx, 60*time.Second, 0); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if _, err := c.Net.Add(n); err != nil {
+			return err
+		}
+		agentTLS, err := c.tlsArgs("", identity.Agent, n)
+		if err != nil {
+			return err
+		}
+		p := c.proc("agent-"+n, n, filepath.Join(o.Bin, "node-agent"), append([]string{"--coordinator", strings.Join(c.CoordAddr, ","),
+			"--node-name", n, "--zone", "a", "--region", "r", "--nodefs-path", ""}, agentTLS...)...)
+		if err := p.Start(); err != nil {
+			return err
+		}
+		c.Agents = append(c.Agents, p)
+	}
+	return nil
+}
+
+// startEtcd starts the three etcd members, each in its own namespace, and waits until they take
+// writes.
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	o := c.opts
 	// etcd: three members.
 	var initial []string
 	for i := 1; i <= 3; i++ {
@@ -167,35 +227,12 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	o.Log("etcd: 3 members up: %s", strings.Join(c.EtcdURL, ","))
+	return nil
+}
 
-	// The fence-driver and the BMCs share a namespace: the driver reaches them on its 127.0.0.1.
-	daddr, err := c.Net.Add(driverMember)
-	if err != nil {
-		return err
-	}
-	c.DriverAddr = daddr + ":7101"
-	for i := 1; i <= o.Agents; i++ {
-		n := fmt.Sprintf("n%d", i)
-		bmc, err := ipmisim.StartIn(c.Net.NS(driverMember), filepath.Join(o.Dir, "bmc-"+n), 6230+i, "admin", "password")
-		if err != nil {
-			return fmt.Errorf("BMC of %s: %w", n, err)
-		}
-		c.BMCs[n] = bmc
-		c.Nodes = append(c.Nodes, n)
-	}
-	driverTLS, err := c.pki.Files(identity.Driver, "ipmi")
-	if err != nil {
-		return err
-	}
-	c.Driver = c.proc("fence-driver", driverMember, filepath.Join(o.Bin, "fence-driver"), append([]string{"--driver", "ipmi", "--listen", c.DriverAddr,
-		"--state-dir", filepath.Join(o.Dir, "driver-state"), "--log-level", "debug"}, pki.Args("", driverTLS)...)...)
-	if err := c.Driver.Start(); err != nil {
-		return err
-	}
-	cfg, err := c.writeConfig()
-	if err != nil {
-		return err
-	}
+// startCoordinators starts the three coordinators, each in its own namespace, with configuration cfg.
+func (c *Cluster) startCoordinators(cfg string) error {
+	o := c.opts
 	for i := 1; i <= 3; i++ {
 		m := fmt.Sprintf("c%d", i)
 		addr, err := c.Net.Add(m)
@@ -219,24 +256,6 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 		c.Coord = append(c.Coord, p)
-	}
-	if _, err := c.WaitLeader(ctx, 60*time.Second, 0); err != nil {
-		return err
-	}
-	for _, n := range c.Nodes {
-		if _, err := c.Net.Add(n); err != nil {
-			return err
-		}
-		agentTLS, err := c.tlsArgs("", identity.Agent, n)
-		if err != nil {
-			return err
-		}
-		p := c.proc("agent-"+n, n, filepath.Join(o.Bin, "node-agent"), append([]string{"--coordinator", strings.Join(c.CoordAddr, ","),
-			"--node-name", n, "--zone", "a", "--region", "r", "--nodefs-path", ""}, agentTLS...)...)
-		if err := p.Start(); err != nil {
-			return err
-		}
-		c.Agents = append(c.Agents, p)
 	}
 	return nil
 }

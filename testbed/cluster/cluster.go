@@ -29,7 +29,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -107,19 +106,7 @@ func Up(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var missing []error
-	for _, b := range []string{kubeletBin, apiBin, kcmBin, schedulerBin, etcdBin} {
-		if st, err := os.Stat(filepath.Join(assets, b)); err != nil || st.Mode()&0o111 == 0 {
-			missing = append(missing, fmt.Errorf("%w: %s not in %s; build them with `%s` (or `make kube-assets`)",
-				kubetest.ErrNoBinaries, b, assets, kubetest.BuildCommand))
-		}
-	}
-	for _, t := range hostTools {
-		if _, err := exec.LookPath(t[0]); err != nil {
-			missing = append(missing, fmt.Errorf("%s not found: install the Debian package %s (make deps)", t[0], t[1]))
-		}
-	}
-	if err := errors.Join(missing...); err != nil {
+	if err := checkHost(assets); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(cfg.StartTimeout)
@@ -161,54 +148,15 @@ func Up(ctx context.Context, cfg Config, log *slog.Logger) (*Cluster, error) {
 	}
 	log.Info("etcd ready", "after", time.Since(start).Round(time.Millisecond))
 	// Containerd and the image import run while the apiserver starts.
-	nodeErrs := make(chan error, len(c.Nodes))
-	for _, n := range c.Nodes {
-		go func() {
-			n.mu.Lock()
-			defer n.mu.Unlock()
-			n.running = true
-			err := n.newBootID()
-			if err == nil {
-				err = n.startContainerd()
-			}
-			if err == nil {
-				err = n.waitContainerd(deadline)
-			}
-			if err == nil {
-				err = n.importImages()
-			}
-			nodeErrs <- err
-		}()
-	}
-	apiErr := c.startAPIServer(deadline)
-	var errs []error
-	for range c.Nodes {
-		errs = append(errs, <-nodeErrs)
-	}
-	if err := errors.Join(append(errs, apiErr)...); err != nil {
+	if err := c.startNodesAndAPIServer(deadline); err != nil {
 		return nil, err
 	}
 	log.Info("apiserver and containerd ready", "after", time.Since(start).Round(time.Millisecond))
 	if err := c.startControllers(); err != nil {
 		return nil, err
 	}
-	for i, n := range c.Nodes {
-		if i > 0 {
-			time.Sleep(time.Second) // kubelets starting together race for the device-plugin socket
-		}
-		n.mu.Lock()
-		err := n.startKubelet()
-		n.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
-	}
-	for _, n := range c.Nodes {
-		if err := n.BMC.SetExternalPower(true); err != nil {
-			return nil, err
-		}
-		c.powerWG.Add(1)
-		go func() { defer c.powerWG.Done(); n.supply(c.stopPower) }()
+	if err := c.startKubelets(); err != nil {
+		return nil, err
 	}
 	if err := c.WaitReady(ctx, time.Until(deadline)); err != nil {
 		return nil, err
@@ -246,32 +194,8 @@ func (c *Cluster) prepare() error {
 	if c.pki, err = newPKI(filepath.Join(cfg.Dir, "pki")); err != nil {
 		return err
 	}
-	l := c.layout
-	if err := c.pki.issue("apiserver", "kube-apiserver", nil,
-		[]net.IP{l.APIServerIP.AsSlice(), net.IPv4(127, 0, 0, 1), l.KubeService.AsSlice()},
-		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}); err != nil {
+	if err := c.issueCerts(); err != nil {
 		return err
-	}
-	if err := c.pki.serviceAccountKeys(); err != nil {
-		return err
-	}
-	clients := []struct{ name, cn, org string }{
-		{"admin", "nodefence-testbed-admin", "system:masters"},
-		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"},
-		{"kcm", "system:kube-controller-manager", ""},
-		{"scheduler", "system:kube-scheduler", ""},
-	}
-	for _, n := range c.Nodes {
-		clients = append(clients, struct{ name, cn, org string }{"kubelet-" + n.Name, "system:node:" + n.Name, "system:nodes"})
-	}
-	for _, cl := range clients {
-		var orgs []string
-		if cl.org != "" {
-			orgs = []string{cl.org}
-		}
-		if _, err := c.IssueClient(cl.name, cl.cn, orgs...); err != nil {
-			return err
-		}
 	}
 	pass := make([]byte, 8)
 	if _, err := io.ReadFull(crand.Reader, pass); err != nil {

@@ -149,17 +149,8 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	if err := e.fenceTemplate(ctx); err != nil {
 		return nil, err
 	}
-	for i := 0; i < o.Healthy+o.Victims; i++ {
-		n := &Node{Name: fmt.Sprintf("node-%02d", i+1), Victim: i >= o.Healthy}
-		if n.BMC, err = ipmisim.Start(filepath.Join(dir, n.Name), 0, "admin", "password"); err != nil {
-			return nil, err
-		}
-		bmc := n.BMC
-		e.stops = append(e.stops, func() { bmc.Stop() })
-		if err := e.createNode(ctx, n); err != nil {
-			return nil, err
-		}
-		e.Nodes = append(e.Nodes, n)
+	if err := e.addNodes(ctx); err != nil {
+		return nil, err
 	}
 	for _, n := range e.Nodes {
 		if err := e.startKubelet(ctx, n, 200*time.Millisecond); err != nil {
@@ -185,6 +176,25 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	}
 	ok = true
 	return e, nil
+}
+
+// addNodes starts a BMC and creates the Node object for each of the healthy and victim nodes.
+func (e *Env) addNodes(ctx context.Context) error {
+	o := e.Opts
+	for i := 0; i < o.Healthy+o.Victims; i++ {
+		n := &Node{Name: fmt.Sprintf("node-%02d", i+1), Victim: i >= o.Healthy}
+		var err error
+		if n.BMC, err = ipmisim.Start(filepath.Join(e.dir, n.Name), 0, "admin", "password"); err != nil {
+			return err
+		}
+		bmc := n.BMC
+		e.stops = append(e.stops, func() { bmc.Stop() })
+		if err := e.createNode(ctx, n); err != nil {
+			return err
+		}
+		e.Nodes = append(e.Nodes, n)
+	}
+	return nil
 }
 
 // Dial connects to the coordinator as an operator (spiffe://nodefence/operator/scenario).

@@ -174,19 +174,7 @@ func BuildBinaries(ctx context.Context, dir string) error {
 // and the node ready in its view.
 func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, error) {
 	o.setDefaults()
-	var errs []error
-	if o.BinDir == "" || o.Dir == "" {
-		errs = append(errs, errors.New("nfcluster options: BinDir and Dir are required"))
-	}
-	for _, b := range Binaries {
-		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
-			errs = append(errs, fmt.Errorf("nfcluster options: BinDir: %s missing (make build)", b))
-		}
-	}
-	if o.Coordinators < 1 || o.Coordinators > 3 {
-		errs = append(errs, fmt.Errorf("nfcluster options: Coordinators: 1 to 3, got %d", o.Coordinators))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := o.check(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(o.Dir, "log"), 0o755); err != nil {
@@ -256,6 +244,23 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 	}
 	ok = true
 	return d, nil
+}
+
+// check names every option that is missing or out of range.
+func (o Options) check() error {
+	var errs []error
+	if o.BinDir == "" || o.Dir == "" {
+		errs = append(errs, errors.New("nfcluster options: BinDir and Dir are required"))
+	}
+	for _, b := range Binaries {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			errs = append(errs, fmt.Errorf("nfcluster options: BinDir: %s missing (make build)", b))
+		}
+	}
+	if o.Coordinators < 1 || o.Coordinators > 3 {
+		errs = append(errs, fmt.Errorf("nfcluster options: Coordinators: 1 to 3, got %d", o.Coordinators))
+	}
+	return errors.Join(errs...)
 }
 
 // newCA makes the deployment's certificate authority and the operator's certificate.

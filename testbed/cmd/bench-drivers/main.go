@@ -215,6 +215,46 @@ func run(rounds int, out io.Writer) error {
 		return err
 	}
 	defer stopR()
+	t := newTargets(bmc, sim, sw, rf, caFile)
+	s, err := measure(ctx, rounds, t, ic, pc, bc, rc)
+	if err != nil {
+		return err
+	}
+
+	return report(out, s, rounds)
+}
+
+// report prints the table of medians and, last, the results as one JSON object.
+func report(out io.Writer, s series, rounds int) error {
+	result := map[string]any{"bench": "drivers", "rounds": rounds}
+	fmt.Fprintf(out, "%-12s %-7s %12s %12s %8s\n", "case", "action", "ours ms", "ref ms", "ratio")
+	for _, c := range []string{"ipmi", "pdu", "pdu_v3", "brocade", "brocade_ssh", "redfish"} {
+		for _, a := range []string{"off", "on", "status"} {
+			o, ref := s.median(c+"_ours_"+a), s.median(c+"_ref_"+a)
+			ratio := math.Round(ref/o*10) / 10
+			fmt.Fprintf(out, "%-12s %-7s %12.2f %12.2f %8.1f\n", c, a, o, ref, ratio)
+			result[c+"_"+a+"_ratio"] = ratio
+			result[c+"_"+a+"_ms_ours"] = math.Round(o*100) / 100
+			result[c+"_"+a+"_ms_ref"] = math.Round(ref*100) / 100
+		}
+	}
+	line, err := json.Marshal(result)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, string(line))
+	return nil
+}
+
+// targets are the benchmark's fence targets, for our drivers and as the reference agents' arguments.
+type targets struct {
+	ipmiTarget, v2c, v3, brocadeTelnet, brocadeSSH, redfishTarget           *driverv1.Target
+	ipmiArgs, apcV2c, apcV3, brocadeTelnetArgs, brocadeSSHArgs, redfishArgs []string
+}
+
+// newTargets are the targets of the simulators: the BMC, the APC PDU (SNMP v2c and v3), the Brocade
+// switch (telnet and ssh) and the Redfish service whose CA is in caFile.
+func newTargets(bmc *ipmisim.BMC, sim *snmpsim.Sim, sw *brocadesim.Switch, rf *redfishsim.Service, caFile string) targets {
 	telnetPort, sshPort := strconv.Itoa(sw.TelnetPort()), strconv.Itoa(sw.SSHPort())
 	brocadeTelnet := &driverv1.Target{Name: "bench", Parameters: map[string]string{
 		"ip": "127.0.0.1", "ipport": telnetPort, "username": "admin", "password": "fibranne", "plug": "3"}}
@@ -244,56 +284,43 @@ func run(rounds int, out io.Writer) error {
 	apcV3 := []string{"--ip=127.0.0.1", "--ipport=" + apcPort, "--plug=4", "--snmp-version=3", "--username=" + snmpsim.UserAuthPriv,
 		"--password=" + snmpsim.AuthPass, "--snmp-auth-prot=SHA", "--snmp-sec-level=authPriv", "--snmp-priv-prot=AES",
 		"--snmp-priv-passwd=" + snmpsim.PrivPass}
+	return targets{ipmiTarget, v2c, v3, brocadeTelnet, brocadeSSH, redfishTarget,
+		ipmiArgs, apcV2c, apcV3, brocadeTelnetArgs, brocadeSSHArgs, redfishArgs}
+}
 
+// measure runs one warm-up per target, then the rounds of ours and the reference side by side.
+func measure(ctx context.Context, rounds int, t targets, ic, pc, bc, rc driverv1.FenceDriverServiceClient) (series, error) {
 	s := series{}
 	// One warm-up of ours per target (connections, v3 engine discovery), not counted.
 	for _, w := range []struct {
 		c  driverv1.FenceDriverServiceClient
 		tg *driverv1.Target
-	}{{ic, ipmiTarget}, {pc, v2c}, {pc, v3}, {bc, brocadeTelnet}, {bc, brocadeSSH}, {rc, redfishTarget}} {
+	}{{ic, t.ipmiTarget}, {pc, t.v2c}, {pc, t.v3}, {bc, t.brocadeTelnet}, {bc, t.brocadeSSH}, {rc, t.redfishTarget}} {
 		if err := ours(ctx, w.c, w.tg, series{}, "warmup"); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for r := range rounds {
 		steps := []func() error{
-			func() error { return ours(ctx, ic, ipmiTarget, s, "ipmi_ours") },
-			func() error { return refRound(ctx, s, "ipmi_ref", "fence_ipmilan", ipmiArgs...) },
-			func() error { return ours(ctx, pc, v2c, s, "pdu_ours") },
-			func() error { return refRound(ctx, s, "pdu_ref", "fence_apc_snmp", apcV2c...) },
-			func() error { return ours(ctx, pc, v3, s, "pdu_v3_ours") },
-			func() error { return refRound(ctx, s, "pdu_v3_ref", "fence_apc_snmp", apcV3...) },
-			func() error { return ours(ctx, bc, brocadeTelnet, s, "brocade_ours") },
-			func() error { return refRound(ctx, s, "brocade_ref", "fence_brocade", brocadeTelnetArgs...) },
-			func() error { return ours(ctx, bc, brocadeSSH, s, "brocade_ssh_ours") },
-			func() error { return refRound(ctx, s, "brocade_ssh_ref", "fence_brocade", brocadeSSHArgs...) },
-			func() error { return ours(ctx, rc, redfishTarget, s, "redfish_ours") },
-			func() error { return refRound(ctx, s, "redfish_ref", "fence_redfish", redfishArgs...) },
+			func() error { return ours(ctx, ic, t.ipmiTarget, s, "ipmi_ours") },
+			func() error { return refRound(ctx, s, "ipmi_ref", "fence_ipmilan", t.ipmiArgs...) },
+			func() error { return ours(ctx, pc, t.v2c, s, "pdu_ours") },
+			func() error { return refRound(ctx, s, "pdu_ref", "fence_apc_snmp", t.apcV2c...) },
+			func() error { return ours(ctx, pc, t.v3, s, "pdu_v3_ours") },
+			func() error { return refRound(ctx, s, "pdu_v3_ref", "fence_apc_snmp", t.apcV3...) },
+			func() error { return ours(ctx, bc, t.brocadeTelnet, s, "brocade_ours") },
+			func() error { return refRound(ctx, s, "brocade_ref", "fence_brocade", t.brocadeTelnetArgs...) },
+			func() error { return ours(ctx, bc, t.brocadeSSH, s, "brocade_ssh_ours") },
+			func() error { return refRound(ctx, s, "brocade_ssh_ref", "fence_brocade", t.brocadeSSHArgs...) },
+			func() error { return ours(ctx, rc, t.redfishTarget, s, "redfish_ours") },
+			func() error { return refRound(ctx, s, "redfish_ref", "fence_redfish", t.redfishArgs...) },
 		}
 		for _, step := range steps {
 			if err := step(); err != nil {
-				return fmt.Errorf("round %d: %w", r+1, err)
+				return nil, fmt.Errorf("round %d: %w", r+1, err)
 			}
 		}
 		fmt.Fprintf(os.Stderr, "round %d/%d done\n", r+1, rounds)
 	}
-
-	result := map[string]any{"bench": "drivers", "rounds": rounds}
-	fmt.Fprintf(out, "%-12s %-7s %12s %12s %8s\n", "case", "action", "ours ms", "ref ms", "ratio")
-	for _, c := range []string{"ipmi", "pdu", "pdu_v3", "brocade", "brocade_ssh", "redfish"} {
-		for _, a := range []string{"off", "on", "status"} {
-			o, ref := s.median(c+"_ours_"+a), s.median(c+"_ref_"+a)
-			ratio := math.Round(ref/o*10) / 10
-			fmt.Fprintf(out, "%-12s %-7s %12.2f %12.2f %8.1f\n", c, a, o, ref, ratio)
-			result[c+"_"+a+"_ratio"] = ratio
-			result[c+"_"+a+"_ms_ours"] = math.Round(o*100) / 100
-			result[c+"_"+a+"_ms_ref"] = math.Round(ref*100) / 100
-		}
-	}
-	line, err := json.Marshal(result)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(out, string(line))
-	return nil
+	return s, nil
 }

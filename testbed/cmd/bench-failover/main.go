@@ -109,12 +109,8 @@ func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err
 
 	// The agents: each keeps a stream to the leader, following redirects, and notes when its latest
 	// stream was answered.
-	for _, addr := range b.coordAddr {
-		group, err := fleet.Conns(addr)
-		if err != nil {
-			return nil, err
-		}
-		b.agentConns = append(b.agentConns, group)
+	if err := b.dialAgents(fleet); err != nil {
+		return nil, err
 	}
 	actx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -137,6 +133,49 @@ func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err
 		}
 		return true
 	}
+	if err := waitConnected(ctx, answered, allBack); err != nil {
+		return nil, err
+	}
+	fmt.Printf("all %d agents connected\n", agents)
+
+	var elected, resumed, back []float64
+	var rss float64
+	doubles := 0
+	for r := 1; r <= rounds; r++ {
+		var st roundStats
+		if leader, st, err = b.round(ctx, r, leader, answered, allBack, agents, binDir, dir); err != nil {
+			return nil, err
+		}
+		elected, resumed, back = append(elected, st.el.Seconds()), append(resumed, st.res.Seconds()), append(back, st.bk.Seconds())
+		rss, doubles = st.rss, doubles+st.doubles
+	}
+	stale, live, err := b.audit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &result{
+		Bench: "failover", Rounds: rounds, Agents: agents,
+		ElectedP50: round(quantile(elected, 0.5)), ResumedP50: round(quantile(resumed, 0.5)), ResumedMax: round(quantile(resumed, 1)),
+		AgentsBackP50: round(quantile(back, 0.5)), AgentsBackMax: round(quantile(back, 1)), LeaderRSSMB: round(rss),
+		DoubleFences: doubles, StaleEpochCalls: stale, LiveNodesFenced: live,
+	}, nil
+}
+
+// dialAgents opens the agents' connections to every coordinator.
+func (b *bench) dialAgents(fleet *benchkit.Fleet) error {
+	for _, addr := range b.coordAddr {
+		group, err := fleet.Conns(addr)
+		if err != nil {
+			return err
+		}
+		b.agentConns = append(b.agentConns, group)
+	}
+	return nil
+}
+
+// waitConnected waits until every agent's hello was answered, reporting progress every 10s.
+func waitConnected(ctx context.Context, answered []atomic.Int64, allBack func(time.Time) bool) error {
+	agents := len(answered)
 	lastReport := time.Now()
 	if err := poll(ctx, 5*time.Minute, func() bool {
 		if time.Since(lastReport) > 10*time.Second {
@@ -151,141 +190,102 @@ func run(ctx context.Context, fleet *benchkit.Fleet, rounds int) (_ *result, err
 		}
 		return allBack(time.Unix(0, 1))
 	}); err != nil {
-		return nil, fmt.Errorf("agents never all connected: %w", err)
+		return fmt.Errorf("agents never all connected: %w", err)
 	}
-	fmt.Printf("all %d agents connected\n", agents)
+	return nil
+}
 
-	var elected, resumed, back []float64
+// roundStats are one round's measurements: time to a new leader, to the fence's resumption and to
+// every agent back, the new leader's RSS and the power-offs beyond one.
+type roundStats struct {
+	el, res, bk time.Duration
+	rss         float64
+	doubles     int
+}
+
+// round fences the victim, kills the leader while the power-off is in flight, measures the failover
+// and restarts the killed coordinator as a follower. It returns the new leader.
+func (b *bench) round(ctx context.Context, r int, leader leaderInfo, answered []atomic.Int64, allBack func(time.Time) bool,
+	agents int, binDir, dir string) (leaderInfo, roundStats, error) {
 	var rss float64
 	doubles := 0
-	for r := 1; r <= rounds; r++ {
-		if err := b.bmc.SetPower(true); err != nil {
-			return nil, err
-		}
-		if err := b.bmc.SetDelay(300 * time.Millisecond); err != nil {
-			return nil, err
-		}
-		calls0, err := b.bmc.Calls()
-		if err != nil {
-			return nil, err
-		}
-		fc := coordv1.NewFenceServiceClient(b.conn(b.coordAddr[leader.idx]))
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		fr, err := fc.Fence(cctx, &coordv1.FenceRequest{Node: victim, Reason: fmt.Sprintf("bench-failover round %d", r)})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("round %d: fence: %w", r, err)
-		}
-		if err := poll(ctx, 20*time.Second, func() bool { c, _ := b.bmc.Calls(); return len(c) > len(calls0) }); err != nil {
-			return nil, fmt.Errorf("round %d: the power-off never reached the BMC: %w", r, err)
-		}
-		killed := time.Now()
-		if err := syscall.Kill(b.coord[leader.idx].PID(), syscall.SIGKILL); err != nil {
-			return nil, err
-		}
-		old := leader
-		if leader, err = b.waitLeader(ctx, old.epoch); err != nil {
-			return nil, fmt.Errorf("round %d: %w", r, err)
-		}
-		el := time.Since(killed)
-		var res time.Duration
-		if err := poll(ctx, 60*time.Second, func() bool {
-			at, ok := b.driverCalled(leader.epoch)
-			res = at.Sub(killed)
-			return ok
-		}); err != nil {
-			return nil, fmt.Errorf("round %d: the fence was not resumed: %w", r, err)
-		}
-		if err := poll(ctx, 60*time.Second, func() bool { return allBack(killed) }); err != nil {
-			return nil, fmt.Errorf("round %d: agents not back: %w", r, err)
-		}
-		var last int64
-		for i := range answered {
-			last = max(last, answered[i].Load())
-		}
-		bk := time.Unix(0, last).Sub(killed)
-		if rss, err = benchkit.RSSMB(b.coord[leader.idx].PID()); err != nil {
-			return nil, err
-		}
-		rec, err := b.waitDone(ctx, leader.idx, fr.Fence.Id)
-		if err != nil {
-			return nil, fmt.Errorf("round %d: %w", r, err)
-		}
-		calls, err := b.bmc.Calls()
-		if err != nil {
-			return nil, err
-		}
-		if offs := powerOffs(calls[len(calls0):]); offs != 1 || rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
-			doubles += max(0, offs-1)
-			fmt.Printf("round %d: fence %s %s with %d power-offs\n", r, rec.Id, rec.Status, offs)
-		}
-		elected, resumed, back = append(elected, el.Seconds()), append(resumed, res.Seconds()), append(back, bk.Seconds())
-		fmt.Printf("round %d: leader %d -> %d: elected %.2fs, fence resumed %.2fs, %d agents back %.2fs; leader RSS %.0f MB\n",
-			r, old.epoch, leader.epoch, el.Seconds(), res.Seconds(), agents, bk.Seconds(), rss)
-		// The killed coordinator comes back as a follower.
-		if b.coord[old.idx], err = procs.Start(fmt.Sprintf("c%d", old.idx+1), filepath.Join(dir, fmt.Sprintf("c%d-%d.log", old.idx+1, r)),
-			filepath.Join(binDir, "coordinator"), b.coordArgs[old.idx]...); err != nil {
-			return nil, err
-		}
-		if err := b.coord[old.idx].WaitTCP(b.coordAddr[old.idx], 30*time.Second); err != nil {
-			return nil, err
-		}
+	if err := b.bmc.SetPower(true); err != nil {
+		return leader, roundStats{}, err
 	}
-	stale, live, err := b.audit(ctx)
+	if err := b.bmc.SetDelay(300 * time.Millisecond); err != nil {
+		return leader, roundStats{}, err
+	}
+	calls0, err := b.bmc.Calls()
 	if err != nil {
-		return nil, err
+		return leader, roundStats{}, err
 	}
-	return &result{
-		Bench: "failover", Rounds: rounds, Agents: agents,
-		ElectedP50: round(quantile(elected, 0.5)), ResumedP50: round(quantile(resumed, 0.5)), ResumedMax: round(quantile(resumed, 1)),
-		AgentsBackP50: round(quantile(back, 0.5)), AgentsBackMax: round(quantile(back, 1)), LeaderRSSMB: round(rss),
-		DoubleFences: doubles, StaleEpochCalls: stale, LiveNodesFenced: live,
-	}, nil
+	fc := coordv1.NewFenceServiceClient(b.conn(b.coordAddr[leader.idx]))
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	fr, err := fc.Fence(cctx, &coordv1.FenceRequest{Node: victim, Reason: fmt.Sprintf("bench-failover round %d", r)})
+	cancel()
+	if err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: fence: %w", r, err)
+	}
+	if err := poll(ctx, 20*time.Second, func() bool { c, _ := b.bmc.Calls(); return len(c) > len(calls0) }); err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: the power-off never reached the BMC: %w", r, err)
+	}
+	killed := time.Now()
+	if err := syscall.Kill(b.coord[leader.idx].PID(), syscall.SIGKILL); err != nil {
+		return leader, roundStats{}, err
+	}
+	old := leader
+	if leader, err = b.waitLeader(ctx, old.epoch); err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: %w", r, err)
+	}
+	el := time.Since(killed)
+	var res time.Duration
+	if err := poll(ctx, 60*time.Second, func() bool {
+		at, ok := b.driverCalled(leader.epoch)
+		res = at.Sub(killed)
+		return ok
+	}); err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: the fence was not resumed: %w", r, err)
+	}
+	if err := poll(ctx, 60*time.Second, func() bool { return allBack(killed) }); err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: agents not back: %w", r, err)
+	}
+	var last int64
+	for i := range answered {
+		last = max(last, answered[i].Load())
+	}
+	bk := time.Unix(0, last).Sub(killed)
+	if rss, err = benchkit.RSSMB(b.coord[leader.idx].PID()); err != nil {
+		return leader, roundStats{}, err
+	}
+	rec, err := b.waitDone(ctx, leader.idx, fr.Fence.Id)
+	if err != nil {
+		return leader, roundStats{}, fmt.Errorf("round %d: %w", r, err)
+	}
+	calls, err := b.bmc.Calls()
+	if err != nil {
+		return leader, roundStats{}, err
+	}
+	if offs := powerOffs(calls[len(calls0):]); offs != 1 || rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+		doubles += max(0, offs-1)
+		fmt.Printf("round %d: fence %s %s with %d power-offs\n", r, rec.Id, rec.Status, offs)
+	}
+	fmt.Printf("round %d: leader %d -> %d: elected %.2fs, fence resumed %.2fs, %d agents back %.2fs; leader RSS %.0f MB\n",
+		r, old.epoch, leader.epoch, el.Seconds(), res.Seconds(), agents, bk.Seconds(), rss)
+	// The killed coordinator comes back as a follower.
+	if b.coord[old.idx], err = procs.Start(fmt.Sprintf("c%d", old.idx+1), filepath.Join(dir, fmt.Sprintf("c%d-%d.log", old.idx+1, r)),
+		filepath.Join(binDir, "coordinator"), b.coordArgs[old.idx]...); err != nil {
+		return leader, roundStats{}, err
+	}
+	if err := b.coord[old.idx].WaitTCP(b.coordAddr[old.idx], 30*time.Second); err != nil {
+		return leader, roundStats{}, err
+	}
+	return leader, roundStats{el: el, res: res, bk: bk, rss: rss, doubles: doubles}, nil
 }
 
 func (b *bench) start(ctx context.Context, binDir string, agents int) error {
-	etcdDir, err := kubetest.AssetsDir()
+	clientURLs, err := b.startEtcd(ctx)
 	if err != nil {
 		return err
-	}
-	etcdBin := filepath.Join(etcdDir, kubetest.EtcdBinary)
-	var clientURLs, initial []string
-	var peers []string
-	for i := 1; i <= 3; i++ {
-		cp, err := procs.FreePort()
-		if err != nil {
-			return err
-		}
-		pp, err := procs.FreePort()
-		if err != nil {
-			return err
-		}
-		clientURLs = append(clientURLs, fmt.Sprintf("http://127.0.0.1:%d", cp))
-		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", pp))
-		initial = append(initial, fmt.Sprintf("e%d=%s", i, peers[i-1]))
-	}
-	for i := 1; i <= 3; i++ {
-		p, err := procs.Start(fmt.Sprintf("e%d", i), filepath.Join(b.dir, fmt.Sprintf("e%d.log", i)), etcdBin,
-			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(b.dir, fmt.Sprintf("e%d", i)),
-			"--listen-client-urls", clientURLs[i-1], "--advertise-client-urls", clientURLs[i-1],
-			"--listen-peer-urls", peers[i-1], "--initial-advertise-peer-urls", peers[i-1],
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-			"--unsafe-no-fsync", "--log-level", "warn")
-		if err != nil {
-			return fmt.Errorf("etcd (make kube-assets builds it): %w", err)
-		}
-		b.etcd = append(b.etcd, p)
-	}
-	if b.cli, err = clientv3.New(clientv3.Config{Endpoints: clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
-		return err
-	}
-	if err := poll(ctx, 30*time.Second, func() bool {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		_, err := b.cli.Put(cctx, "/bench/ready", "1")
-		return err == nil
-	}); err != nil {
-		return fmt.Errorf("etcd cluster: %w", err)
 	}
 	if b.bmc, err = ipmisim.Start(filepath.Join(b.dir, "bmc"), 0, "admin", "password"); err != nil {
 		return err
@@ -332,6 +332,54 @@ func (b *bench) start(ctx context.Context, binDir string, agents int) error {
 		}
 	}
 	return nil
+}
+
+// startEtcd starts a three-member etcd cluster and returns its client URLs once it takes writes.
+func (b *bench) startEtcd(ctx context.Context) ([]string, error) {
+	etcdDir, err := kubetest.AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	etcdBin := filepath.Join(etcdDir, kubetest.EtcdBinary)
+	var clientURLs, initial []string
+	var peers []string
+	for i := 1; i <= 3; i++ {
+		cp, err := procs.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pp, err := procs.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		clientURLs = append(clientURLs, fmt.Sprintf("http://127.0.0.1:%d", cp))
+		peers = append(peers, fmt.Sprintf("http://127.0.0.1:%d", pp))
+		initial = append(initial, fmt.Sprintf("e%d=%s", i, peers[i-1]))
+	}
+	for i := 1; i <= 3; i++ {
+		p, err := procs.Start(fmt.Sprintf("e%d", i), filepath.Join(b.dir, fmt.Sprintf("e%d.log", i)), etcdBin,
+			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(b.dir, fmt.Sprintf("e%d", i)),
+			"--listen-client-urls", clientURLs[i-1], "--advertise-client-urls", clientURLs[i-1],
+			"--listen-peer-urls", peers[i-1], "--initial-advertise-peer-urls", peers[i-1],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--unsafe-no-fsync", "--log-level", "warn")
+		if err != nil {
+			return nil, fmt.Errorf("etcd (make kube-assets builds it): %w", err)
+		}
+		b.etcd = append(b.etcd, p)
+	}
+	if b.cli, err = clientv3.New(clientv3.Config{Endpoints: clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}); err != nil {
+		return nil, err
+	}
+	if err := poll(ctx, 30*time.Second, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.cli.Put(cctx, "/bench/ready", "1")
+		return err == nil
+	}); err != nil {
+		return nil, fmt.Errorf("etcd cluster: %w", err)
+	}
+	return clientURLs, nil
 }
 
 func (b *bench) close() {

@@ -237,29 +237,7 @@ func (c *h2Conn) handle(f http2.Frame) error {
 		}
 		return c.bw.Flush()
 	case *http2.DataFrame:
-		n := int64(f.Length)
-		c.recvConn += n
-		if c.recvConn >= h2UpdateAt {
-			if err := c.fr.WriteWindowUpdate(0, uint32(c.recvConn)); err != nil {
-				return err
-			}
-			c.recvConn = 0
-		}
-		if s := c.streams[f.StreamID]; s != nil {
-			s.answer.Do(func() { close(s.answered) })
-			s.recvData += n
-			s.received += int64(len(f.Data()))
-			if s.recvData >= h2UpdateAt && !f.StreamEnded() {
-				if err := c.fr.WriteWindowUpdate(s.id, uint32(s.recvData)); err != nil {
-					return err
-				}
-				s.recvData = 0
-			}
-			if f.StreamEnded() {
-				c.end(s, io.EOF)
-			}
-		}
-		return c.bw.Flush()
+		return c.data(f)
 	case *http2.MetaHeadersFrame:
 		s := c.streams[f.StreamID]
 		if s == nil || !f.StreamEnded() {
@@ -281,6 +259,34 @@ func (c *h2Conn) handle(f http2.Frame) error {
 		return fmt.Errorf("server sent GOAWAY: %v %s", f.ErrCode, f.DebugData())
 	}
 	return nil
+}
+
+// data takes a DATA frame: it returns flow-control credit and ends the stream on END_STREAM.
+// c.mu is held.
+func (c *h2Conn) data(f *http2.DataFrame) error {
+	n := int64(f.Length)
+	c.recvConn += n
+	if c.recvConn >= h2UpdateAt {
+		if err := c.fr.WriteWindowUpdate(0, uint32(c.recvConn)); err != nil {
+			return err
+		}
+		c.recvConn = 0
+	}
+	if s := c.streams[f.StreamID]; s != nil {
+		s.answer.Do(func() { close(s.answered) })
+		s.recvData += n
+		s.received += int64(len(f.Data()))
+		if s.recvData >= h2UpdateAt && !f.StreamEnded() {
+			if err := c.fr.WriteWindowUpdate(s.id, uint32(s.recvData)); err != nil {
+				return err
+			}
+			s.recvData = 0
+		}
+		if f.StreamEnded() {
+			c.end(s, io.EOF)
+		}
+	}
+	return c.bw.Flush()
 }
 
 func headerValue(f *http2.MetaHeadersFrame, name string) string {

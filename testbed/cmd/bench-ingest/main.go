@@ -95,32 +95,9 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	cfg := filepath.Join(dir, "fence.yaml")
-	// Only configured nodes may say hello: every agent is a node (the driver is never called in
-	// this benchmark).
-	var yaml strings.Builder
-	yaml.WriteString("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\ntemplates:\n  bmc: {driver: ipmi}\nnodes:\n")
-	for i := 0; i < agents; i++ {
-		fmt.Fprintf(&yaml, "  agent-%d: {zone: zone-%d, region: bench, methods: {bmc: {template: bmc}}, steps: {power_management: [bmc]}}\n", i, i%10)
-	}
-	if err := os.WriteFile(cfg, []byte(yaml.String()), 0o600); err != nil {
-		return nil, err
-	}
-	port, err := procs.FreePort()
+	addr, maddr, args, err := coordinatorSetup(dir, agents, rate, coordGC)
 	if err != nil {
 		return nil, err
-	}
-	mport, err := procs.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	addr, maddr := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(mport)
-	args := []string{"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--unauthenticated-caller", "any", "--kdump-listen=", "--driver-insecure", "--config", cfg,
-		"--data-dir", filepath.Join(dir, "data"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
-		"--etcd-unsafe-no-fsync", "--log-level", "warn", "--node-monitor-grace-period", "1h", "--node-startup-grace-period", "1h",
-		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second) / rate))}
-	if coordGC > 0 {
-		args = append(args, "--gc-percent", strconv.Itoa(coordGC))
 	}
 	coord, err := procs.Start("coordinator", filepath.Join(dir, "coordinator.log"), filepath.Join(binDir, "coordinator"), args...)
 	if err != nil {
@@ -135,53 +112,14 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var connected, sendErrs atomic.Int64
-	var agentRun func(i int) error
-	switch client {
-	case "h2":
-		var conns []*h2Conn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for range (agents + perConn - 1) / perConn {
-			c, err := dialH2(ctx, addr)
-			if err != nil {
-				return nil, err
-			}
-			conns = append(conns, c)
-		}
-		agentRun = func(i int) error { return agentH2(runCtx, conns[i/perConn], i, rate, &connected) }
-	default:
-		conns, err := fleet.Conns(addr)
-		if err != nil {
-			return nil, err
-		}
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		agentRun = func(i int) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, &connected) }
+	agentRun, closeConns, err := agentClients(ctx, runCtx, fleet, client, addr, rate, &connected)
+	if err != nil {
+		return nil, err
 	}
-	var wg sync.WaitGroup
-	for i := 0; i < agents; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := agentRun(i); err != nil && runCtx.Err() == nil {
-				fmt.Fprintf(os.Stderr, "agent %d: %v\n", i, err)
-				sendErrs.Add(1)
-			}
-		}()
-		if i%500 == 499 {
-			time.Sleep(50 * time.Millisecond) // a gentle ramp: 10,000 hellos in about a second
-		}
-	}
-	for deadline := time.Now().Add(2 * time.Minute); connected.Load() < int64(agents); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fmt.Errorf("only %d of %d agents connected", connected.Load(), agents)
-		}
+	defer closeConns()
+	wg, err := startAgents(ctx, runCtx, agents, agentRun, &connected, &sendErrs)
+	if err != nil {
+		return nil, err
 	}
 	fmt.Printf("all %d agents connected; warming up for %s\n", agents, warmup)
 	time.Sleep(warmup)
@@ -199,18 +137,7 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 		return nil, err
 	}
 	t0 := time.Now()
-	if p := os.Getenv("BENCH_PROFILE"); p != "" {
-		go profile("http://"+maddr+"/debug/pprof/profile?seconds="+strconv.Itoa(int(window.Seconds())-1), p)
-	}
-	if p := os.Getenv("BENCH_SELF_PROFILE"); p != "" {
-		// A CPU profile of the load generator itself, to see what the agents' side costs.
-		if f, err := os.Create(p); err == nil {
-			if pprof.StartCPUProfile(f) == nil {
-				defer f.Close()
-				defer pprof.StopCPUProfile()
-			}
-		}
-	}
+	defer startProfiles(maddr, window)()
 	time.Sleep(window)
 	after, err := promscrape.Get(metricsURL)
 	if err != nil {
@@ -238,6 +165,118 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
 		StacksMB: round(after["go_memstats_stack_inuse_bytes"] / (1 << 20)), CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 	}, nil
+}
+
+// coordinatorSetup writes the fence configuration below dir and returns the coordinator's address,
+// metrics address and arguments.
+func coordinatorSetup(dir string, agents int, rate float64, coordGC int) (string, string, []string, error) {
+	cfg := filepath.Join(dir, "fence.yaml")
+	// Only configured nodes may say hello: every agent is a node (the driver is never called in
+	// this benchmark).
+	var yaml strings.Builder
+	yaml.WriteString("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\ntemplates:\n  bmc: {driver: ipmi}\nnodes:\n")
+	for i := 0; i < agents; i++ {
+		fmt.Fprintf(&yaml, "  agent-%d: {zone: zone-%d, region: bench, methods: {bmc: {template: bmc}}, steps: {power_management: [bmc]}}\n", i, i%10)
+	}
+	if err := os.WriteFile(cfg, []byte(yaml.String()), 0o600); err != nil {
+		return "", "", nil, err
+	}
+	port, err := procs.FreePort()
+	if err != nil {
+		return "", "", nil, err
+	}
+	mport, err := procs.FreePort()
+	if err != nil {
+		return "", "", nil, err
+	}
+	addr, maddr := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(mport)
+	args := []string{"--listen", addr, "--metrics-listen", maddr, "--pprof", "--insecure", "--unauthenticated-caller", "any", "--kdump-listen=", "--driver-insecure", "--config", cfg,
+		"--data-dir", filepath.Join(dir, "data"), "--etcd-client-listen", "127.0.0.1:0", "--etcd-peer-listen", "127.0.0.1:0",
+		"--etcd-unsafe-no-fsync", "--log-level", "warn", "--node-monitor-grace-period", "1h", "--node-startup-grace-period", "1h",
+		"--agent-heartbeat-interval", "10s", "--agent-sample-interval", fmt.Sprint(time.Duration(float64(time.Second) / rate))}
+	if coordGC > 0 {
+		args = append(args, "--gc-percent", strconv.Itoa(coordGC))
+	}
+	return addr, maddr, args, nil
+}
+
+// agentClients dials the connections of the client kind ("h2", else gRPC) and returns how agent i
+// runs and how to close the connections (on an error they are closed already).
+func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, addr string, rate float64, connected *atomic.Int64) (func(i int) error, func(), error) {
+	agents, perConn := fleet.Agents, fleet.PerConn
+	switch client {
+	case "h2":
+		var conns []*h2Conn
+		closeAll := func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}
+		for range (agents + perConn - 1) / perConn {
+			c, err := dialH2(ctx, addr)
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			conns = append(conns, c)
+		}
+		return func(i int) error { return agentH2(runCtx, conns[i/perConn], i, rate, connected) }, closeAll, nil
+	default:
+		conns, err := fleet.Conns(addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		closeAll := func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}
+		return func(i int) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, connected) }, closeAll, nil
+	}
+}
+
+// startAgents runs every agent, ramping up gently, and waits until all are connected.
+func startAgents(ctx, runCtx context.Context, agents int, agentRun func(i int) error, connected, sendErrs *atomic.Int64) (*sync.WaitGroup, error) {
+	var wg sync.WaitGroup
+	for i := 0; i < agents; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := agentRun(i); err != nil && runCtx.Err() == nil {
+				fmt.Fprintf(os.Stderr, "agent %d: %v\n", i, err)
+				sendErrs.Add(1)
+			}
+		}()
+		if i%500 == 499 {
+			time.Sleep(50 * time.Millisecond) // a gentle ramp: 10,000 hellos in about a second
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Minute); connected.Load() < int64(agents); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("only %d of %d agents connected", connected.Load(), agents)
+		}
+	}
+	return &wg, nil
+}
+
+// startProfiles starts the CPU profiles $BENCH_PROFILE (the coordinator's, over the measurement
+// window) and $BENCH_SELF_PROFILE (the load generator's) ask for; the returned func stops the latter.
+func startProfiles(maddr string, window time.Duration) func() {
+	if p := os.Getenv("BENCH_PROFILE"); p != "" {
+		go profile("http://"+maddr+"/debug/pprof/profile?seconds="+strconv.Itoa(int(window.Seconds())-1), p)
+	}
+	if p := os.Getenv("BENCH_SELF_PROFILE"); p != "" {
+		// A CPU profile of the load generator itself, to see what the agents' side costs.
+		if f, err := os.Create(p); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				return func() {
+					pprof.StopCPUProfile()
+					f.Close()
+				}
+			}
+		}
+	}
+	return func() {}
 }
 
 // hello is agent i's first message.

@@ -171,9 +171,22 @@ func run(o options) (*result, error) {
 		res.FastInterval = "agent default"
 	}
 
+	if err := b.nodefenceSide(ctx, res, bin, log); err != nil {
+		return nil, err
+	}
+	if err := b.kubeletSide(ctx, res); err != nil {
+		return nil, err
+	}
+	res.summarize()
+	return res, nil
+}
+
+// nodefenceSide runs the rounds in which nodefence's agent evicts and kubelet has no threshold.
+func (b *bench) nodefenceSide(ctx context.Context, res *result, bin string, log *slog.Logger) error {
+	o, c, node := b.o, b.c, b.node
 	// Side a: nodefence's agent evicts; kubelet has no threshold.
 	if err := b.kubelet(ctx, "{}"); err != nil {
-		return nil, err
+		return err
 	}
 	// nfcluster's agents run in Kubernetes mode with their node's token and no threshold; node-1's
 	// gets the bench's.
@@ -189,7 +202,7 @@ func run(o options) (*result, error) {
 			return nil
 		}})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for i := 1; i <= o.rounds; i++ {
 		ms, err := b.round(ctx, "nodefence", i)
@@ -201,15 +214,20 @@ func run(o options) (*result, error) {
 		}
 		if err != nil {
 			d.Stop()
-			return nil, fmt.Errorf("nodefence round %d: %w\nnode-agent log:\n%s", i, err, procs.Tail(filepath.Join(node.Dir, "log", "node-agent.log"), 15))
+			return fmt.Errorf("nodefence round %d: %w\nnode-agent log:\n%s", i, err, procs.Tail(filepath.Join(node.Dir, "log", "node-agent.log"), 15))
 		}
 		res.NodefenceEach = append(res.NodefenceEach, ms)
 	}
 	d.Stop()
+	return nil
+}
 
+// kubeletSide runs the rounds in which kubelet's eviction manager evicts and no agent runs.
+func (b *bench) kubeletSide(ctx context.Context, res *result) error {
+	o := b.o
 	// Side b: kubelet's eviction manager evicts; no agent runs.
 	if err := b.kubelet(ctx, fmt.Sprintf("{memory.available: %q}", o.threshold)); err != nil {
-		return nil, err
+		return err
 	}
 	for i := 1; i <= o.rounds; i++ {
 		ms, err := b.round(ctx, "kubelet", i)
@@ -220,12 +238,11 @@ func run(o options) (*result, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("kubelet round %d: %w", i, err)
+			return fmt.Errorf("kubelet round %d: %w", i, err)
 		}
 		res.KubeletEach = append(res.KubeletEach, ms)
 	}
-	res.summarize()
-	return res, nil
+	return nil
 }
 
 // errEarly: the pod was marked before the hog logged its crossing step.

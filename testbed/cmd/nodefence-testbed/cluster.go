@@ -160,97 +160,20 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 		return c, err
 	}
 	step("issued a CA and certificates (mutual TLS) in %s", c.pki.Dir)
-	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), c.ports.hostBMC, "admin", "password"); err != nil {
-		return c, fmt.Errorf("start BMC for %s: %w", c.hostName, err)
-	}
-
-	// BMCs, one per simulated node.
-	for i := 1; i <= opts.simulated; i++ {
-		name := fmt.Sprintf("sim-%d", i)
-		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), c.ports.simBMC[i-1], "admin", "password")
-		if err != nil {
-			return c, fmt.Errorf("start BMC for %s: %w", name, err)
-		}
-		// sim-2 is alone in zone-b (a one-node zone is fully disrupted when that node dies, and the
-		// storm guard never fences there); the others share zone-a with this host.
-		zone := "zone-a"
-		if i == 2 {
-			zone = "zone-b"
-		}
-		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
-	}
-	step("started %d ipmi_sim BMCs: %s", len(c.sims)+1, strings.Join(c.bmcList(), ", "))
-
-	if err := ctx.Err(); err != nil {
-		return c, err
-	}
-	c.driverAddr = loopback(c.ports.driver)
-	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(opts.binDir, "fence-driver"),
-		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--metrics-listen", loopback(c.ports.driverMetrics),
-			"--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
-	if err != nil {
-		return c, err
-	}
-	c.procs = append(c.procs, p)
-	if err := waitTCP(ctx, p, c.driverAddr, 15*time.Second); err != nil {
-		return c, err
-	}
-	step("fence-driver (ipmi) listening on %s, pid %d", c.driverAddr, p.PID())
-
-	cfgPath, err := c.writeFenceConfig()
-	if err != nil {
-		return c, err
-	}
-	c.coordAddr = loopback(c.ports.coord)
-	c.etcdAddr = loopback(c.ports.etcdClient)
-	coordArgs := append(pki.Args("", coordTLS), pki.Args("driver-", coordTLS)...)
-	p, err = procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(opts.binDir, "coordinator"), append(coordArgs,
-		"--listen", c.coordAddr, "--metrics-listen", loopback(c.ports.coordMetrics), "--config", cfgPath,
-		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", c.etcdAddr, "--etcd-peer-listen", loopback(c.ports.etcdPeer),
-		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", opts.grace.String(), "--node-startup-grace-period", (2*opts.grace).String(),
-		"--fence-timeout", opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
-		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
-		"--kdump-listen", loopback(c.ports.kdump))...)
-	if err != nil {
-		return c, err
-	}
-	c.procs = append(c.procs, p)
-	if err := waitTCP(ctx, p, c.coordAddr, 60*time.Second); err != nil {
-		return c, err
-	}
-	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
-
-	p, err = procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(opts.binDir, "node-agent"), append(pki.Args("", hostTLS),
-		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local",
-		"--metrics-listen", loopback(c.ports.agentMetrics))...)
-	if err != nil {
-		return c, err
-	}
-	c.procs = append(c.procs, p)
-	step("node-agent for this host (%s) started, pid %d", c.hostName, p.PID())
-	if err := ctx.Err(); err != nil {
+	if err := c.startBMCs(step); err != nil {
 		return c, err
 	}
 
-	// Simulated agents, each with its metrics endpoint; a simulated node is powered by its BMC: its
-	// agent stops when the BMC switches it off and starts again when it switches it on, as a real
-	// machine's would.
-	powerCtx, stopPower := context.WithCancel(context.Background())
-	c.stopPower = stopPower
-	for i, s := range c.sims {
-		s.metrics = metrics.New(s)
-		lis, err := net.Listen("tcp", loopback(c.ports.simMetrics[i]))
-		if err != nil {
-			return c, fmt.Errorf("metrics of %s: %w", s.name, err)
-		}
-		go func() { _ = s.metrics.Serve(powerCtx, lis, nil, c.log) }()
-		if err := c.startSim(s); err != nil {
-			return c, err
-		}
+	if err := c.startDriver(ctx, driverTLS, step); err != nil {
+		return c, err
 	}
-	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
-	for _, s := range c.sims {
-		go c.followPower(powerCtx, s)
+
+	if err := c.startCoordinator(ctx, coordTLS, step); err != nil {
+		return c, err
+	}
+
+	if err := c.startAgents(ctx, hostTLS, step); err != nil {
+		return c, err
 	}
 
 	if c.conn, err = dial.New(c.coordAddr, c.operator); err != nil {
@@ -264,6 +187,116 @@ func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Lo
 	}
 	step("all %d nodes Ready and connected", len(want))
 	return c, nil
+}
+
+// startBMCs starts the ipmi_sim BMCs: this host's and one per simulated node.
+func (c *cluster) startBMCs(step func(format string, args ...any)) error {
+	var err error
+	if c.host, err = ipmisim.Start(filepath.Join(c.dir, "bmc-"+c.hostName), c.ports.hostBMC, "admin", "password"); err != nil {
+		return fmt.Errorf("start BMC for %s: %w", c.hostName, err)
+	}
+
+	// BMCs, one per simulated node.
+	for i := 1; i <= c.opts.simulated; i++ {
+		name := fmt.Sprintf("sim-%d", i)
+		bmc, err := ipmisim.Start(filepath.Join(c.dir, "bmc-"+name), c.ports.simBMC[i-1], "admin", "password")
+		if err != nil {
+			return fmt.Errorf("start BMC for %s: %w", name, err)
+		}
+		// sim-2 is alone in zone-b (a one-node zone is fully disrupted when that node dies, and the
+		// storm guard never fences there); the others share zone-a with this host.
+		zone := "zone-a"
+		if i == 2 {
+			zone = "zone-b"
+		}
+		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
+	}
+	step("started %d ipmi_sim BMCs: %s", len(c.sims)+1, strings.Join(c.bmcList(), ", "))
+	return nil
+}
+
+// startDriver starts the IPMI fence-driver and waits until it listens.
+func (c *cluster) startDriver(ctx context.Context, driverTLS tlsfiles.Files, step func(format string, args ...any)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.driverAddr = loopback(c.ports.driver)
+	p, err := procs.Start("fence-driver", filepath.Join(c.dir, "fence-driver.log"), filepath.Join(c.opts.binDir, "fence-driver"),
+		append([]string{"--driver", "ipmi", "--listen", c.driverAddr, "--metrics-listen", loopback(c.ports.driverMetrics),
+			"--state-dir", filepath.Join(c.dir, "driver-state")}, pki.Args("", driverTLS)...)...)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	if err := waitTCP(ctx, p, c.driverAddr, 15*time.Second); err != nil {
+		return err
+	}
+	step("fence-driver (ipmi) listening on %s, pid %d", c.driverAddr, p.PID())
+	return nil
+}
+
+// startCoordinator writes the fence configuration and starts the coordinator with embedded etcd.
+func (c *cluster) startCoordinator(ctx context.Context, coordTLS tlsfiles.Files, step func(format string, args ...any)) error {
+	cfgPath, err := c.writeFenceConfig()
+	if err != nil {
+		return err
+	}
+	c.coordAddr = loopback(c.ports.coord)
+	c.etcdAddr = loopback(c.ports.etcdClient)
+	coordArgs := append(pki.Args("", coordTLS), pki.Args("driver-", coordTLS)...)
+	p, err := procs.Start("coordinator", filepath.Join(c.dir, "coordinator.log"), filepath.Join(c.opts.binDir, "coordinator"), append(coordArgs,
+		"--listen", c.coordAddr, "--metrics-listen", loopback(c.ports.coordMetrics), "--config", cfgPath,
+		"--data-dir", filepath.Join(c.dir, "coordinator"), "--etcd-client-listen", c.etcdAddr, "--etcd-peer-listen", loopback(c.ports.etcdPeer),
+		"--etcd-unsafe-no-fsync", "--node-monitor-grace-period", c.opts.grace.String(), "--node-startup-grace-period", (2*c.opts.grace).String(),
+		"--fence-timeout", c.opts.fenceTimeout.String(), "--node-eviction-rate", "1", "--fence-op-timeout", "15s",
+		"--fence-retries", "1", "--fence-retry-backoff", "2s", "--election-ttl", "2s", "--id", "coordinator-1",
+		"--kdump-listen", loopback(c.ports.kdump))...)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	if err := waitTCP(ctx, p, c.coordAddr, 60*time.Second); err != nil {
+		return err
+	}
+	step("coordinator listening on %s with embedded etcd, pid %d", c.coordAddr, p.PID())
+	return nil
+}
+
+// startAgents starts this host's node-agent and the simulated agents, each following its BMC's power.
+func (c *cluster) startAgents(ctx context.Context, hostTLS tlsfiles.Files, step func(format string, args ...any)) error {
+	p, err := procs.Start("node-agent", filepath.Join(c.dir, "node-agent.log"), filepath.Join(c.opts.binDir, "node-agent"), append(pki.Args("", hostTLS),
+		"--coordinator", c.coordAddr, "--node-name", c.hostName, "--zone", "zone-a", "--region", "local",
+		"--metrics-listen", loopback(c.ports.agentMetrics))...)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	step("node-agent for this host (%s) started, pid %d", c.hostName, p.PID())
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	// Simulated agents, each with its metrics endpoint; a simulated node is powered by its BMC: its
+	// agent stops when the BMC switches it off and starts again when it switches it on, as a real
+	// machine's would.
+	powerCtx, stopPower := context.WithCancel(context.Background())
+	c.stopPower = stopPower
+	for i, s := range c.sims {
+		s.metrics = metrics.New(s)
+		lis, err := net.Listen("tcp", loopback(c.ports.simMetrics[i]))
+		if err != nil {
+			return fmt.Errorf("metrics of %s: %w", s.name, err)
+		}
+		go func() { _ = s.metrics.Serve(powerCtx, lis, nil, c.log) }()
+		if err := c.startSim(s); err != nil {
+			return err
+		}
+	}
+	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
+	for _, s := range c.sims {
+		go c.followPower(powerCtx, s)
+	}
+	return nil
 }
 
 // writeFenceConfig writes the standalone fence configuration: one IPMI method per simulated node.

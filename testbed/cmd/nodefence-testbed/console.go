@@ -253,19 +253,7 @@ func (c *cluster) followFence(ctx context.Context, name string, since time.Time,
 			return detected, nil, fmt.Errorf("WatchFence: %w", err)
 		}
 		final = r.Fence
-		msg := fmt.Sprintf("%s: fence %s", name, short(r.Fence.Status))
-		if n := len(r.Fence.Operations); n > 0 {
-			op := r.Fence.Operations[n-1]
-			msg += fmt.Sprintf(" — %s %s via %s (epoch %d)", op.Method, op.Action, op.Driver, op.Epoch)
-			if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
-				msg += ": sent, awaiting read-back"
-			} else {
-				msg += fmt.Sprintf(": %s, read back %s in %s", short(op.Result), short(op.State), op.Elapsed.AsDuration().Round(time.Millisecond))
-			}
-		}
-		if r.Fence.FinishedAt != nil {
-			msg += " (finished)"
-		}
+		msg := fenceLine(name, r.Fence)
 		if msg != last {
 			say(r.Fence.UpdatedAt.AsTime(), "%s", msg)
 			last = msg
@@ -275,4 +263,22 @@ func (c *cluster) followFence(ctx context.Context, name string, since time.Time,
 		return detected, nil, fmt.Errorf("WatchFence of %s ended without a record", rec.Id)
 	}
 	return detected, final, nil
+}
+
+// fenceLine is the console's line for one state of node name's fence record f.
+func fenceLine(name string, f *coordv1.NodeFence) string {
+	msg := fmt.Sprintf("%s: fence %s", name, short(f.Status))
+	if n := len(f.Operations); n > 0 {
+		op := f.Operations[n-1]
+		msg += fmt.Sprintf(" — %s %s via %s (epoch %d)", op.Method, op.Action, op.Driver, op.Epoch)
+		if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
+			msg += ": sent, awaiting read-back"
+		} else {
+			msg += fmt.Sprintf(": %s, read back %s in %s", short(op.Result), short(op.State), op.Elapsed.AsDuration().Round(time.Millisecond))
+		}
+	}
+	if f.FinishedAt != nil {
+		msg += " (finished)"
+	}
+	return msg
 }

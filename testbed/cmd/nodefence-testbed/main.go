@@ -90,58 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	demo := cmd == "demo"
-	var problems []string
-	if opts.simulated < 1 || opts.simulated > 20 {
-		problems = append(problems, "--simulated: must be between 1 and 20")
-	}
-	for _, b := range []string{"coordinator", "fence-driver", "node-agent", "fencectl"} {
-		if _, err := os.Stat(filepath.Join(opts.binDir, b)); err != nil {
-			problems = append(problems, fmt.Sprintf("--bin: %s not found in %s (run `make build`)", b, opts.binDir))
-		}
-	}
-	if opts.portBase == -1 {
-		opts.portBase = defaultPortBase
-		if v := os.Getenv(portBaseEnv); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				problems = append(problems, fmt.Sprintf("$%s: %q is not a port number", portBaseEnv, v))
-			}
-			opts.portBase = n
-		} else if demo {
-			opts.portBase = 0
-		}
-	}
-	if opts.portBase != 0 && (opts.portBase < 1024 || opts.portBase > 65535-portSpan(opts.simulated)) {
-		problems = append(problems, fmt.Sprintf("--port-base: %d: must be 0 (free ports) or between 1024 and %d", opts.portBase, 65535-portSpan(opts.simulated)))
-	}
-	if len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintln(stderr, "nodefence-testbed:", p)
-		}
+	if !settle(&opts, demo, stderr) {
 		return 2
-	}
-	if demo && opts.workDir == "" {
-		opts.workDir = filepath.Join(opts.binDir, "demo")
-	}
-	if !demo {
-		opts.workDir = runDir(opts)
-		// The control socket's path must fit a unix socket address (108 bytes with its NUL).
-		if abs, err := filepath.Abs(socketIn(opts.workDir)); err == nil && len(abs) > 107 {
-			fmt.Fprintf(stderr, "nodefence-testbed: --workdir: %s is too long for the control socket's path %s (at most 107 bytes); give a shorter --workdir\n", opts.workDir, abs)
-			return 2
-		}
-	}
-	if opts.grace == 0 {
-		opts.grace = 10 * time.Second
-		if demo {
-			opts.grace = 3 * time.Second
-		}
-	}
-	if opts.fenceTimeout == 0 {
-		opts.fenceTimeout = 30 * time.Second
-		if demo {
-			opts.fenceTimeout = 2 * time.Second
-		}
 	}
 	out := &lockedWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -176,6 +126,65 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(out, "\nstopping ...")
 	code = 0
 	return code
+}
+
+// settle checks the options and fills in their defaults for run or demo. It reports what is wrong
+// on stderr and returns false if anything is.
+func settle(o *options, demo bool, stderr io.Writer) bool {
+	var problems []string
+	if o.simulated < 1 || o.simulated > 20 {
+		problems = append(problems, "--simulated: must be between 1 and 20")
+	}
+	for _, b := range []string{"coordinator", "fence-driver", "node-agent", "fencectl"} {
+		if _, err := os.Stat(filepath.Join(o.binDir, b)); err != nil {
+			problems = append(problems, fmt.Sprintf("--bin: %s not found in %s (run `make build`)", b, o.binDir))
+		}
+	}
+	if o.portBase == -1 {
+		o.portBase = defaultPortBase
+		if v := os.Getenv(portBaseEnv); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("$%s: %q is not a port number", portBaseEnv, v))
+			}
+			o.portBase = n
+		} else if demo {
+			o.portBase = 0
+		}
+	}
+	if o.portBase != 0 && (o.portBase < 1024 || o.portBase > 65535-portSpan(o.simulated)) {
+		problems = append(problems, fmt.Sprintf("--port-base: %d: must be 0 (free ports) or between 1024 and %d", o.portBase, 65535-portSpan(o.simulated)))
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(stderr, "nodefence-testbed:", p)
+		}
+		return false
+	}
+	if demo && o.workDir == "" {
+		o.workDir = filepath.Join(o.binDir, "demo")
+	}
+	if !demo {
+		o.workDir = runDir(*o)
+		// The control socket's path must fit a unix socket address (108 bytes with its NUL).
+		if abs, err := filepath.Abs(socketIn(o.workDir)); err == nil && len(abs) > 107 {
+			fmt.Fprintf(stderr, "nodefence-testbed: --workdir: %s is too long for the control socket's path %s (at most 107 bytes); give a shorter --workdir\n", o.workDir, abs)
+			return false
+		}
+	}
+	if o.grace == 0 {
+		o.grace = 10 * time.Second
+		if demo {
+			o.grace = 3 * time.Second
+		}
+	}
+	if o.fenceTimeout == 0 {
+		o.fenceTimeout = 30 * time.Second
+		if demo {
+			o.fenceTimeout = 2 * time.Second
+		}
+	}
+	return true
 }
 
 // watchProcs waits until ctx ends (nil) or one of the started processes exits (an error naming it).
