@@ -228,3 +228,25 @@ func (w *walker) walk(root string, bytes, inodes *int64) error {
 	}
 	return first
 }
+
+// VolumesPresent reports whether any volume of the pod with this uid is still set up under the
+// kubelet's root dir (<root>/pods/<uid>/volumes/<plugin>/<name>): kubelet tears each volume down,
+// and removes its directory, before it counts the pod's resources as reclaimed (podVolumesExist in
+// its podResourcesAreReclaimed). A memory-backed emptyDir's pages stay charged to the pods' cgroup
+// until then.
+func (d *Disk) VolumesPresent(uid string) bool {
+	root := d.KubeletRoot
+	if root == "" {
+		root = DefaultKubeletRoot
+	}
+	plugins, err := os.ReadDir(filepath.Join(root, "pods", filepath.Base(uid), "volumes"))
+	if err != nil {
+		return false // no volumes directory: nothing left to tear down
+	}
+	for _, p := range plugins {
+		if vols, err := os.ReadDir(filepath.Join(root, "pods", filepath.Base(uid), "volumes", p.Name())); err == nil && len(vols) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -132,20 +132,24 @@ func (k *Killer) event(ctx context.Context, c eviction.Candidate, msg string, no
 	}
 }
 
-// CleanedUp reports whether an evicted pod's resources are reclaimed, as far as the API tells
-// (kubelet's podCleanedUpFunc looks at its own runtime state): the pod object is gone (or its name
-// belongs to another uid), or the kubelet reports every container of it terminated. Without either,
-// the caller waits out its cleanup timeout: a pod is never taken as cleaned up because the agent
-// could not find its cgroup.
+// CleanedUp reports whether an evicted pod's resources are reclaimed, as kubelet's
+// podCleanedUpFunc: the pod object is gone (or its name belongs to another uid) or the kubelet
+// reports every container of it terminated, AND none of its volumes is still set up on the node
+// (a memory-backed emptyDir holds its memory until it is torn down). Otherwise the caller waits,
+// up to its cleanup timeout: a pod is never taken as cleaned up because the agent could not find
+// its cgroup.
 func (k *Killer) CleanedUp(_ context.Context, c eviction.Candidate) bool {
 	if k.src == nil {
 		return true
 	}
 	p, ok := k.src.store.get(c.Namespace, c.Name)
-	if !ok || string(p.UID) != c.UID {
-		return true
+	if ok && string(p.UID) == c.UID && !containersTerminated(p) {
+		return false
 	}
-	return containersTerminated(p)
+	if v, ok := k.src.disk.(interface{ VolumesPresent(uid string) bool }); ok && v.VolumesPresent(c.UID) {
+		return false
+	}
+	return true
 }
 
 // containersTerminated reports whether the pod has container statuses and all of them are
