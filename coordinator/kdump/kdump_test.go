@@ -1,18 +1,18 @@
 package kdump
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodefence/nodefence/testbed/syncbuf"
 )
 
 func TestParse(t *testing.T) {
@@ -103,13 +103,13 @@ func TestBucket(t *testing.T) {
 
 // harness runs a listener on 127.0.0.1 that knows 127.0.0.1 as node-1; it returns the listener,
 // its log, the accepted nodes and a UDP sender.
-func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncBuffer, chan string, *net.UDPConn, *prometheus.Registry) {
+func harness(t *testing.T, live bool, limits Limits) (*Listener, *syncbuf.Buffer, chan string, *net.UDPConn, *prometheus.Registry) {
 	t.Helper()
 	l, err := Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	seen := make(chan string, 10000)
 	l.Log = slog.New(slog.NewTextHandler(logs, nil))
 	l.Resolve = func(a netip.Addr) (string, bool) {
@@ -233,22 +233,4 @@ func TestLiveWitnessWins(t *testing.T) {
 	if got := waitCounted(t, reg, 3); got[LiveWitness] != 3 || len(seen) != 0 {
 		t.Fatalf("results %v, %d passed on; want 3 dropped for the live witness", got, len(seen))
 	}
-}
-
-// syncBuffer is a log sink safe for the listener goroutine and the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/syncbuf"
 )
 
 func TestRunRejectsBadFlags(t *testing.T) {
@@ -73,37 +73,19 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the server goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // running is fence-driver's run() serving in the background, with a client connection to it.
 type running struct {
 	conn   *grpc.ClientConn
 	done   chan int
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 }
 
 // startRun runs the binary's run() with args in the background and connects to the address it
 // prints once it serves.
 func startRun(t *testing.T, args ...string) running {
 	t.Helper()
-	var stdout syncBuffer
-	r := running{done: make(chan int, 1), stderr: &syncBuffer{}}
+	var stdout syncbuf.Buffer
+	r := running{done: make(chan int, 1), stderr: &syncbuf.Buffer{}}
 	go func() { r.done <- run(args, &stdout, r.stderr) }()
 	var addr string
 	for deadline := time.Now().Add(10 * time.Second); addr == ""; {

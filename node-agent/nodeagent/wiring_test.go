@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/testbed/logind"
+	"github.com/nodefence/nodefence/testbed/syncbuf"
 )
 
 // recorder is a real AgentService that keeps every message and acks it.
@@ -193,24 +194,6 @@ func TestRunWiring(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that run may write while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestRunInhibitDelay runs the binary against the login1 stand-in, whose InhibitDelayMaxSec (1s)
 // is below the 5s grace period: by default the agent writes its drop-in, logind (reloaded through
 // systemd1 KillUnit) reports 5s and the agent takes its lock; when logind reads another directory
@@ -268,7 +251,7 @@ func TestRunInhibitDelay(t *testing.T) {
 			} else {
 				args = append(args, "--manage-inhibit-delay=false")
 			}
-			var stderr syncBuffer
+			var stderr syncbuf.Buffer
 			done := make(chan int, 1)
 			rctx, stop := context.WithCancel(ctx)
 			defer stop()

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nodefence/nodefence/testbed/syncbuf"
 )
 
 // Containerd is a running containerd.
@@ -29,27 +31,9 @@ type Containerd struct {
 	// Root is its --root: images and snapshots live below it.
 	Root string
 	dir  string
-	log  syncBuffer
+	log  syncbuf.Buffer
 	stop func()
 	once sync.Once
-}
-
-// syncBuffer is a bytes.Buffer safe for containerd's output and a reader at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // Endpoint is the CRI endpoint ("unix://" + Socket).

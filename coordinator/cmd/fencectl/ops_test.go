@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/syncbuf"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -141,32 +141,14 @@ func (r *rig) run(t *testing.T, who tlsfiles.Files, args ...string) result {
 	return r.runCtx(context.Background(), who, nil, args...)
 }
 
-func (r *rig) runCtx(ctx context.Context, who tlsfiles.Files, out *lockedBuffer, args ...string) result {
+func (r *rig) runCtx(ctx context.Context, who tlsfiles.Files, out *syncbuf.Buffer, args ...string) result {
 	if out == nil {
-		out = &lockedBuffer{}
+		out = &syncbuf.Buffer{}
 	}
 	var errb bytes.Buffer
 	args = append(args, append(pki.Args("", who), "--coordinator", r.addr, "--timeout", "60s")...)
 	code := run(ctx, args, out, &errb)
 	return result{code, out.String(), errb.String()}
-}
-
-// lockedBuffer is a bytes.Buffer a test may read while fencectl writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestTestNodeReportsDevicesAsTheyAre checks test NODE against a real ipmi_sim BMC: good credentials
@@ -419,7 +401,7 @@ func TestInterruptSaysTheFenceContinues(t *testing.T) {
 	r := startRig(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	done := make(chan result, 1)
 	go func() { done <- r.runCtx(ctx, r.operator, out, "fence", "stuck") }()
 	deadline := time.Now().Add(20 * time.Second)
