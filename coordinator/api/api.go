@@ -161,11 +161,44 @@ func (s *FenceServer) Fence(ctx context.Context, req *coordv1.FenceRequest) (*co
 	if err := Validate(req); err != nil {
 		return nil, err
 	}
+	if !req.GetAgain() {
+		standing, err := s.standingOff(ctx, req.GetNode())
+		if err != nil || standing != nil {
+			return &coordv1.FenceResponse{Fence: standing, AlreadyOff: standing != nil}, err
+		}
+	}
 	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_OFF)
 	if err != nil {
 		return nil, err
 	}
 	return &coordv1.FenceResponse{Fence: f}, nil
+}
+
+// standingOff returns the node's newest record when the node stands confirmed off
+// (fencing.StandingOff), after writing the request to the audit trail; nil when a fence is to run.
+func (s *FenceServer) standingOff(ctx context.Context, node string) (*coordv1.NodeFence, error) {
+	l, err := s.Leadership.Leading(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !s.Config().HasNode(node) {
+		return nil, fmt.Errorf("node %q is not in the fence configuration: %w", node, fault.ErrNotFound)
+	}
+	page, err := s.Store.ListFences(ctx, store.ListOptions{Node: node, Limit: 1})
+	if err != nil || len(page.Fences) == 0 {
+		return nil, err
+	}
+	var n *coordv1.Node
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(node) }); err != nil {
+		return nil, err
+	}
+	_, slack := fencing.ProofWindow(s.HeartbeatInterval)
+	why := fencing.StandingOff(page.Fences[0], n, slack)
+	if why == "" {
+		return nil, nil
+	}
+	s.audit(ctx, l, node, "fence", fmt.Sprintf("%s asked to fence %s: %s; not fenced again", identity.Name(ctx), node, why))
+	return page.Fences[0], nil
 }
 
 // Unfence starts a verified power-on of a node.
@@ -228,7 +261,7 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 				return nil, err
 			}
 			if created {
-				poweredOff(ctx, l.Loop, got)
+				l.Runner.Notify(got)
 				return &coordv1.AcknowledgeResponse{Fence: got}, nil
 			}
 			continue
@@ -239,17 +272,10 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 			}
 			return nil, err
 		}
-		poweredOff(ctx, l.Loop, next)
+		l.Runner.Notify(next)
 		return &coordv1.AcknowledgeResponse{Fence: next}, nil
 	}
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
-}
-
-// poweredOff tells the engine an acknowledged node is off, for its node view.
-func poweredOff(ctx context.Context, lp *loop.Loop, f *coordv1.NodeFence) {
-	if f.GetConfirmedOffAt() != nil {
-		_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
-	}
 }
 
 // witnesses returns why the node looks alive ("" when every witness is silent): its agent is

@@ -120,7 +120,7 @@ func redactValues(s string, params map[string]string) string {
 // liveConfig is GetConfig's answer: the replica's settings and its fence configuration, secrets
 // redacted.
 func (a *App) liveConfig() *coordv1.GetConfigResponse {
-	resp := &coordv1.GetConfigResponse{ReplicaId: a.cfg.ID, Settings: settings(reflect.ValueOf(a.cfg), "")}
+	resp := &coordv1.GetConfigResponse{ReplicaId: a.cfg.ID, Settings: nameFlags(settings(reflect.ValueOf(a.cfg), ""))}
 	cfg := a.fences()
 	if cfg == nil {
 		return resp

@@ -173,6 +173,7 @@ func (a *App) bindServer() error {
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	a.devices = newDeviceChecks(srv.Registry)
+	srv.Registry.MustRegister(newNodeMetrics(a))
 	return nil
 }
 

@@ -214,3 +214,10 @@ func (e *Engine) FenceRefusal(node string) string {
 	}
 	return e.lastControlPlane(n)
 }
+
+// PoweredOff reports whether a fence confirmed the node off (by read-back or an operator's
+// acknowledgement) since its agent last said hello.
+func (e *Engine) PoweredOff(name string) bool {
+	n, ok := e.nodes[name]
+	return ok && n.poweredOff != ""
+}

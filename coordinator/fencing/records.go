@@ -78,3 +78,27 @@ func Joined(active *coordv1.NodeFence, action coordv1.FenceAction) error {
 	return fmt.Errorf("node %s has an active %s record %s; wait for it to finish: %w",
 		active.Node, strings.ToLower(strings.TrimPrefix(active.Action.String(), "FENCE_ACTION_")), active.Id, fault.ErrFailedPrecondition)
 }
+
+// StandingOff applies the rule for an operator's fence of a node that is already off: the node's
+// newest record (latest, nil for none) stands when it is a power-off confirmed by read-back or
+// acknowledged by an operator, not marked wrong machine, and no witness of the node has shown life
+// since the confirmation (n is the engine's view of the node, nil if unknown; slack is ProofWindow's,
+// for a heartbeat sent before the power-off and received after). It returns what the standing
+// record says, "" when the node does not stand confirmed off and a fence is to run.
+func StandingOff(latest *coordv1.NodeFence, n *coordv1.Node, slack time.Duration) string {
+	if latest.GetAction() != coordv1.FenceAction_FENCE_ACTION_OFF || latest.GetStatus() != coordv1.FenceStatus_FENCE_STATUS_DONE ||
+		latest.GetConfirmedOffAt() == nil || latest.GetWrongMachineAt() != nil {
+		return ""
+	}
+	off := latest.GetConfirmedOffAt().AsTime()
+	if n.GetConnected() || n.GetLastSeen().AsTime().After(off.Add(slack)) ||
+		(n.GetKubeletLastSeen() != nil && n.GetKubeletLastSeen().AsTime().After(off.Add(slack))) {
+		return ""
+	}
+	how := "by read-back"
+	if latest.GetAcknowledgedBy() != "" {
+		how = "by " + latest.GetAcknowledgedBy() + "'s acknowledgement"
+	}
+	return fmt.Sprintf("node %s stands confirmed off: fence %s confirmed it off %s at %s, and neither its agent nor its kubelet has reported since",
+		latest.GetNode(), latest.GetId(), how, off.UTC().Format(time.RFC3339))
+}

@@ -104,6 +104,16 @@ type Runner struct {
 	running map[string]bool
 }
 
+// Notify passes a record version written outside the runner (an operator's acknowledgement) to
+// OnChange, as the runner's own writes are: every version a leader writes reaches the same hook, so
+// the metrics, the audit, the engine's node view, the Kubernetes mirror and its Events all hear of
+// it. A nil runner or hook does nothing.
+func (r *Runner) Notify(f *coordv1.NodeFence) {
+	if r != nil && r.OnChange != nil {
+		r.OnChange(f)
+	}
+}
+
 // Start runs the record in the background unless it already runs. It stops when the term ends.
 func (r *Runner) Start(id string) {
 	r.mu.Lock()

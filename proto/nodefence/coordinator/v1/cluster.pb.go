@@ -413,7 +413,10 @@ type Setting struct {
 	// Name is the configuration field's path, for example "Engine.NodeMonitorGracePeriod".
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Value is the value as text; a secret is shown as "***".
-	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Flag is the coordinator's command-line flag that sets it ("--fence-op-timeout"); empty when no
+	// flag does.
+	Flag          string `protobuf:"bytes,3,opt,name=flag,proto3" json:"flag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -458,6 +461,13 @@ func (x *Setting) GetName() string {
 func (x *Setting) GetValue() string {
 	if x != nil {
 		return x.Value
+	}
+	return ""
+}
+
+func (x *Setting) GetFlag() string {
+	if x != nil {
+		return x.Flag
 	}
 	return ""
 }
@@ -1931,10 +1941,11 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12=\n" +
 	"\x06checks\x18\x02 \x03(\v2%.nodefence.coordinator.v1.DeviceCheckR\x06checks\x12\x0e\n" +
 	"\x02ok\x18\x03 \x01(\bR\x02ok\"\x12\n" +
-	"\x10GetConfigRequest\"3\n" +
+	"\x10GetConfigRequest\"G\n" +
 	"\aSetting\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\xbf\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x12\n" +
+	"\x04flag\x18\x03 \x01(\tR\x04flag\"\xbf\x02\n" +
 	"\x11FenceMethodConfig\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +

@@ -650,7 +650,10 @@ type FenceRequest struct {
 	// Node is the node to fence; it must be in the fence configuration.
 	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// Reason is recorded with the fence.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Again fences the node even though it stands confirmed off (see FenceResponse.already_off): for
+	// a node powered on by hand, outside nodefence, whose witnesses stay silent.
+	Again         bool `protobuf:"varint,3,opt,name=again,proto3" json:"again,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,11 +702,23 @@ func (x *FenceRequest) GetReason() string {
 	return ""
 }
 
+func (x *FenceRequest) GetAgain() bool {
+	if x != nil {
+		return x.Again
+	}
+	return false
+}
+
 // FenceResponse returns the fence record.
 type FenceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Fence is the new (or already active) record.
-	Fence         *NodeFence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Fence is the new (or already active) record; with already_off, the record that confirmed the
+	// node off.
+	Fence *NodeFence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	// AlreadyOff is true when nothing was started because the node stands confirmed off: its newest
+	// record is a power-off confirmed by read-back (or acknowledged by an operator), not marked wrong
+	// machine, and neither its agent nor its kubelet has shown a sign of life since.
+	AlreadyOff    bool `protobuf:"varint,2,opt,name=already_off,json=alreadyOff,proto3" json:"already_off,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -743,6 +758,13 @@ func (x *FenceResponse) GetFence() *NodeFence {
 		return x.Fence
 	}
 	return nil
+}
+
+func (x *FenceResponse) GetAlreadyOff() bool {
+	if x != nil {
+		return x.AlreadyOff
+	}
+	return false
 }
 
 // UnfenceRequest asks to power a node back on.
@@ -1460,12 +1482,15 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\aelapsed\x18\v \x01(\v2\x19.google.protobuf.DurationR\aelapsed\x127\n" +
 	"\x04step\x18\f \x01(\x0e2#.nodefence.coordinator.v1.FenceStepR\x04step\x12\x18\n" +
 	"\aattempt\x18\r \x01(\x05R\aattempt\x12\x1a\n" +
-	"\brequired\x18\x0e \x01(\bR\brequired\":\n" +
+	"\brequired\x18\x0e \x01(\bR\brequired\"P\n" +
 	"\fFenceRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"J\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05again\x18\x03 \x01(\bR\x05again\"k\n" +
 	"\rFenceResponse\x129\n" +
-	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\"<\n" +
+	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\x12\x1f\n" +
+	"\valready_off\x18\x02 \x01(\bR\n" +
+	"alreadyOff\"<\n" +
 	"\x0eUnfenceRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"L\n" +

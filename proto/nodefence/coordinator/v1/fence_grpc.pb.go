@@ -37,7 +37,8 @@ const (
 type FenceServiceClient interface {
 	// Fence powers a node off (through its configured methods) and returns the new record at once; the
 	// record reaches DONE only after a status read-back confirmed the node off. If the node already has
-	// an active fence, that record is returned instead of starting another.
+	// an active fence, that record is returned instead of starting another; if it stands confirmed
+	// off, that record is returned with already_off set and nothing is switched (unless again).
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
 	// Unfence powers a fenced node back on, confirmed by read-back.
 	Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*UnfenceResponse, error)
@@ -153,7 +154,8 @@ type FenceService_WatchFenceClient = grpc.ServerStreamingClient[WatchFenceRespon
 type FenceServiceServer interface {
 	// Fence powers a node off (through its configured methods) and returns the new record at once; the
 	// record reaches DONE only after a status read-back confirmed the node off. If the node already has
-	// an active fence, that record is returned instead of starting another.
+	// an active fence, that record is returned instead of starting another; if it stands confirmed
+	// off, that record is returned with already_off set and nothing is switched (unless again).
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
 	// Unfence powers a fenced node back on, confirmed by read-back.
 	Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error)
