@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -34,7 +35,18 @@ type ctl struct {
 	output   string
 	json     bool // deprecated alias of -o json
 	version  bool
+	context  string // --context: the settings file's context to use
 	out, err io.Writer
+
+	// getenv reads the environment (os.Getenv; tests give their own).
+	getenv func(string) string
+	// fset and given are this invocation's parsed flags and the names of those on the command
+	// line; contextUsed and settingsFrom say which context applySettings used and where each
+	// setting came from (flag, an environment variable, the context).
+	fset         *flag.FlagSet
+	given        map[string]bool
+	contextUsed  string
+	settingsFrom map[string]string
 
 	interrupted func() bool // reports whether the operator pressed Ctrl-C
 	conn        *grpc.ClientConn
@@ -52,7 +64,11 @@ func (c *ctl) globalFlags() *flag.FlagSet {
 	fs.StringVar(&c.output, "output", "table", "output format: table, json or yaml (same as -o)")
 	fs.BoolVar(&c.json, "json", false, "DEPRECATED: use -o json")
 	fs.BoolVar(&c.version, "version", false, "print fencectl's version and exit")
+	fs.StringVar(&c.context, "context", "", "the settings file's context to use instead of its current-context (env "+envContext+")")
 	c.tls.RegisterFlags(fs, "", "the coordinator connection")
+	for _, name := range settingNames {
+		fs.Lookup(name).Usage += " (env " + envName(name) + ")"
+	}
 	return fs
 }
 
@@ -68,10 +84,15 @@ type interruptedError struct{ msg string }
 
 func (e interruptedError) Error() string { return e.msg }
 
-// run is fencectl with its arguments; it returns the exit code.
+// run is fencectl with its arguments and the process's environment; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runEnv(ctx, args, stdout, stderr, os.Getenv)
+}
+
+// runEnv is run with the environment read through getenv.
+func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	root := ctx
-	c := &ctl{out: stdout, err: stderr, interrupted: func() bool { return root.Err() != nil }}
+	c := &ctl{out: stdout, err: stderr, getenv: getenv, interrupted: func() bool { return root.Err() != nil }}
 	global := c.globalFlags()
 	name, rest, help, err := splitCommand(global, args)
 	if err != nil {
@@ -99,7 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		} else if len(subs) > 0 {
 			fmt.Fprintf(stderr, "fencectl %s: want a subcommand: %s (see fencectl help %s)\n", name, strings.Join(subs, ", "), name)
 		} else {
-			fmt.Fprintf(stderr, "fencectl: unknown command %q (see fencectl help)\n", name)
+			fmt.Fprintf(stderr, "fencectl: unknown command %q%s (see fencectl help)\n", name, suggestCommand(name))
 		}
 		return exitUsage
 	}
@@ -112,7 +133,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err != nil:
 		msg := err.Error()
 		if f, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
-			msg = "unknown flag " + f
+			var names []string
+			fs.VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+			msg = "unknown flag " + f + didYouMean(strings.TrimLeft(f, "-"), names)
 		}
 		fmt.Fprintf(stderr, "fencectl %s: %s (see fencectl help %s)\n", cmd.name, msg, cmd.name)
 		return exitUsage
@@ -120,6 +143,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.version {
 		fmt.Fprintln(stdout, buildinfo.String("fencectl"))
 		return exitOK
+	}
+	c.fset, c.given = fs, map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.given[f.Name] = true })
+	if !cmd.offline {
+		if err := c.applySettings(fs, c.given); err != nil {
+			fmt.Fprintf(stderr, "fencectl %s: %v\n", cmd.name, err)
+			return exitUsage
+		}
 	}
 	if err := c.checkOutput(fs, cmd); err != nil {
 		fmt.Fprintf(stderr, "fencectl %s: %v\n", cmd.name, err)
@@ -258,7 +289,27 @@ func printUsage(w io.Writer, global *flag.FlagSet) {
 	fmt.Fprint(w, "\nglobal flags:\n")
 	global.SetOutput(w)
 	global.PrintDefaults()
+	fmt.Fprint(w, settingsHelp)
 	fmt.Fprint(w, "\nexit codes: 0 done, 1 failed (a refused call, a fence in error), 2 wrong command line, 130 interrupted\n")
+}
+
+// settingsHelp says where the global flags' values come from.
+const settingsHelp = `
+settings: a flag on the command line wins over its environment variable (NODEFENCE_ and the flag's
+name in capitals: NODEFENCE_COORDINATOR, NODEFENCE_TLS_CA, ...), which wins over the context of the
+settings file, which wins over the default. The file is $NODEFENCE_CONFIG, else
+$XDG_CONFIG_HOME/nodefence/config, else ~/.config/nodefence/config; its current-context is used
+unless --context or NODEFENCE_CONTEXT names another. fencectl config set-context NAME --coordinator
+ADDR --tls-cert F --tls-key F --tls-ca F writes one; fencectl config view shows what is in force.
+`
+
+// suggestCommand is didYouMean for an unknown command: among the table's words, or a group's
+// subcommands when the first word is a group.
+func suggestCommand(name string) string {
+	if group, sub, ok := strings.Cut(name, " "); ok && groupOf(group) {
+		return didYouMean(sub, commandNames(group))
+	}
+	return didYouMean(name, commandNames(""))
 }
 
 // printCommandHelp is one command's help: its usage, its own flags, then the global flags.

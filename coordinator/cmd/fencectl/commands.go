@@ -36,10 +36,15 @@ var commands = []*command{
 	{name: "fence", args: "NODE", minArgs: 1, maxArgs: 1, summary: "power a node off, confirmed by read-back, and follow the record",
 		help: `Starts (or joins the node's active) fence record on the leader and prints each change of its
 progress once. Exit 0 when the record is done, 1 when it ends in error. Ctrl-C stops following only:
-the fence continues on the coordinator (fencectl watch ID follows it again).`,
+the fence continues on the coordinator (fencectl watch ID follows it again). A node that stands
+confirmed off (its last fence confirmed it off and neither its agent nor its kubelet has reported
+since) is not switched again: fencectl says so and exits 0; --again fences it anyway.`,
 		setup: func(fs *flag.FlagSet) runFunc {
 			reason, noWatch := reasonFlag(fs), noWatchFlag(fs)
-			return func(ctx context.Context, c *ctl, a []string) error { return c.fence(ctx, a[0], *reason, *noWatch) }
+			again := fs.Bool("again", false, "fence even a node that stands confirmed off (one powered on by hand, outside nodefence)")
+			return func(ctx context.Context, c *ctl, a []string) error {
+				return c.fence(ctx, a[0], *reason, *noWatch, *again)
+			}
 		}},
 	{name: "unfence", args: "NODE", minArgs: 1, maxArgs: 1, summary: "power a node back on, confirmed by read-back, and follow the record",
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -127,6 +132,14 @@ when every device passed, 1 when any did not.`,
 		setup: func(*flag.FlagSet) runFunc {
 			return func(ctx context.Context, c *ctl, _ []string) error { return c.configShow(ctx) }
 		}},
+	{name: "config view", offline: true, summary: "fencectl's own settings in force: each global flag's value and where it comes from",
+		help: settingsHelp, setup: viewSetup},
+	{name: "config get-contexts", offline: true, summary: "list the contexts of fencectl's settings file, the current one marked *",
+		setup: getContextsSetup},
+	{name: "config use-context", args: "NAME", minArgs: 1, maxArgs: 1, offline: true,
+		summary: "make NAME the settings file's current context", setup: useContextSetup},
+	{name: "config set-context", args: "NAME", minArgs: 1, maxArgs: 1, offline: true,
+		summary: "write the global flags given on the line into context NAME of the settings file", help: setContextHelp, setup: setContextSetup},
 	{name: "config check", args: "PATH", minArgs: 1, maxArgs: 1, offline: true, textOnly: true,
 		summary: "validate a fence configuration offline and print each node's plan",
 		help:    `PATH is a standalone YAML file, or the seed's ConfigMaps (a file or a directory).`,
@@ -229,5 +242,8 @@ func printGroupHelp(w io.Writer, group string) {
 		if strings.HasPrefix(cmd.name, group+" ") {
 			fmt.Fprintf(w, "  %-28s %s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.summary)
 		}
+	}
+	if group == "config" {
+		fmt.Fprint(w, settingsHelp)
 	}
 }

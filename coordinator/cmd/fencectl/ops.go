@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -17,13 +18,36 @@ import (
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
-func (c *ctl) fence(ctx context.Context, node, reason string, noWatch bool) error {
+// fence powers the node off and follows the record; a node that stands confirmed off is not
+// switched again (unless again): fencectl says which record confirmed it.
+func (c *ctl) fence(ctx context.Context, node, reason string, noWatch, again bool) error {
+	var standing *coordv1.NodeFence
 	_, err := c.follow(ctx, noWatch, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) (*coordv1.NodeFence, error) {
-		r, err := fenceClient(conn).Fence(ctx, &coordv1.FenceRequest{Node: node, Reason: reason}, opts...)
+		r, err := fenceClient(conn).Fence(ctx, &coordv1.FenceRequest{Node: node, Reason: reason, Again: again}, opts...)
+		if r.GetAlreadyOff() {
+			standing = r.GetFence()
+			return nil, errStanding
+		}
 		return r.GetFence(), err
 	})
-	return err
+	if err != errStanding {
+		return err
+	}
+	how := "by read-back"
+	if standing.AcknowledgedBy != "" {
+		how = "by " + standing.AcknowledgedBy + "'s acknowledgement"
+	}
+	text := fmt.Sprintf("node %s is already off: fence %s confirmed it off %s at %s, and neither its agent nor its kubelet has reported since.\n"+
+		"Not fenced again. To power-cycle it: fencectl reboot %s; to power it off anyway: fencectl fence %s --again\n",
+		node, standing.Id, how, when(standing.ConfirmedOffAt), node, node)
+	return c.show(view{data: object{{"alreadyOff", true}, {"fence", standing}}, text: func(w io.Writer) error {
+		_, err := io.WriteString(w, text)
+		return err
+	}})
 }
+
+// errStanding stops follow when the node stands confirmed off: there is nothing to follow.
+var errStanding = errors.New("the node stands confirmed off")
 
 func (c *ctl) unfence(ctx context.Context, node, reason string, noWatch bool) error {
 	_, err := c.follow(ctx, noWatch, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) (*coordv1.NodeFence, error) {
@@ -126,9 +150,16 @@ func (c *ctl) list(ctx context.Context, node, statusWord string, limit int, page
 		if err != nil {
 			return err
 		}
-		t := table{header: []string{"ID", "NODE", "ACTION", "STATUS", "CREATED", "ERROR"}}
+		t := table{header: []string{"ID", "NODE", "ACTION", "STATUS", "CREATED", "REQUESTED BY", "REASON", "ERROR"}}
 		for _, f := range r.Fences {
-			t.rows = append(t.rows, []string{f.Id, f.Node, word(f.Action), word(f.Status), when(f.CreatedAt), f.Error})
+			by := f.RequestedBy
+			if f.Automatic && by == "" {
+				by = "coordinator"
+			}
+			if f.AcknowledgedBy != "" {
+				by += ", acknowledged by " + f.AcknowledgedBy
+			}
+			t.rows = append(t.rows, []string{f.Id, f.Node, word(f.Action), word(f.Status), when(f.CreatedAt), orDash(by), orDash(clip(f.Reason, 60)), f.Error})
 		}
 		for _, id := range r.CorruptIds {
 			t.notes = append(t.notes, fmt.Sprintf("skipped corrupt record %s (see the coordinator log)", id))
@@ -258,6 +289,15 @@ func nodeTable(n *coordv1.Node, last *coordv1.NodeFence) table {
 	}
 	t.rows = append(t.rows, []string{"last fence:", lastFence})
 	return t
+}
+
+// clip shortens s to n characters for a table cell, marking the cut; -o json and yaml show all.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 func orDash(s string) string {
@@ -390,9 +430,13 @@ func (c *ctl) configShow(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		settings := table{title: "settings of replica " + r.ReplicaId + ":", header: []string{"NAME", "VALUE"}}
+		settings := table{title: "settings of replica " + r.ReplicaId + ":", header: []string{"FLAG", "VALUE", "FIELD"}}
 		for _, s := range r.Settings {
-			settings.rows = append(settings.rows, []string{s.Name, s.Value})
+			flagName := "-"
+			if s.Flag != "" {
+				flagName = "--" + strings.TrimLeft(s.Flag, "-")
+			}
+			settings.rows = append(settings.rows, []string{flagName, s.Value, s.Name})
 		}
 		fences := table{title: "fence configuration:", header: []string{"NODE", "ZONE", "STEP", "METHOD", "DRIVER", "ENDPOINT", "ACTION", "REQUIRED", "PARAMETERS"}}
 		for _, n := range r.Nodes {
