@@ -105,6 +105,9 @@ func recordTables(f *coordv1.NodeFence) []table {
 	add("finished:", when(f.FinishedAt))
 	add("confirmed off:", when(f.ConfirmedOffAt))
 	add("acknowledged by:", f.AcknowledgedBy)
+	if f.WrongMachineAt != nil {
+		add("WRONG MACHINE:", when(f.WrongMachineAt)+": the node kept reporting after this power-off; its pods are never released")
+	}
 	add("error:", f.Error)
 	for _, e := range f.Evidence {
 		add("evidence:", e)
