@@ -60,8 +60,8 @@ const (
 // nodefence identity; none for etcd's), the hosts, and the kind and description printed.
 type certJob struct {
 	base, commonName, kind, desc string
-	uris                    []*url.URL
-	hosts                   []string
+	uris                         []*url.URL
+	hosts                        []string
 }
 
 // issueCerts issues the certificates of the identities in args; it returns the exit code.
