@@ -125,9 +125,9 @@ func newLockPKI(t *testing.T) lockPKI {
 }
 
 // runOn starts a coordinator (its gRPC server on mutual TLS with the nodefence certificate) on the
-// etcd at endpoint with access, and returns Run's error (nil when it was still running after the
-// check) and its log.
-func runOn(t *testing.T, p lockPKI, endpoint string, access EtcdAccess) (error, string) {
+// etcd at endpoint with access, and returns its log and Run's error (nil when it was still running
+// after the check).
+func runOn(t *testing.T, p lockPKI, endpoint string, access EtcdAccess) (string, error) {
 	t.Helper()
 	fences := filepath.Join(t.TempDir(), "fence.yaml")
 	if err := os.WriteFile(fences, []byte("drivers:\n  ipmi: {endpoint: \"127.0.0.1:1\"}\ntemplates:\n  bmc: {driver: ipmi, parameters: {username: admin}}\n"+
@@ -153,13 +153,13 @@ func runOn(t *testing.T, p lockPKI, endpoint string, access EtcdAccess) (error, 
 		select {
 		case err := <-done:
 			done <- nil
-			return err, logs.String()
+			return logs.String(), err
 		case <-deadline:
 			t.Fatalf("the etcd check neither refused nor passed in 30 s:\n%s", logs.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if strings.Contains(logs.String(), "etcd admits only") || strings.Contains(logs.String(), "etcd is not locked") {
-			return nil, logs.String()
+			return logs.String(), nil
 		}
 	}
 }
@@ -199,7 +199,7 @@ func TestEtcdLockRefusesOpenEtcd(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ep := startLockedEtcd(t, c.etcd)
-			err, logs := runOn(t, p, ep, c.access)
+			logs, err := runOn(t, p, ep, c.access)
 			if c.want == nil {
 				if err != nil {
 					t.Fatalf("Run refused: %v\n%s", err, logs)
