@@ -43,6 +43,8 @@ type App struct {
 	fenceCf atomic.Pointer[fenceconfig.Config]
 	etcd    *etcdembed.Etcd
 	cli     *clientv3.Client
+	// lock is what Run's check of etcd's lock needs.
+	lock    etcdLockCheck
 	store   *store.Store
 	srv     *server.Server
 	drivers *fencing.Drivers

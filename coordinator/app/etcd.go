@@ -32,6 +32,10 @@ type EtcdAccess struct {
 	// PasswordFile holds the user's password (one line); never a flag value, so it stays out of
 	// process listings.
 	PasswordFile string
+	// AllowOpen runs the coordinator on an etcd that admits clients other than the coordinators
+	// (without a certificate, in plaintext, or with a nodefence CA certificate), logging each
+	// problem instead of refusing to run. Tests and demos only.
+	AllowOpen bool
 }
 
 // maxPasswordFile bounds the password file read at start.
@@ -44,6 +48,7 @@ func (e *EtcdAccess) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&e.KeyFile, "etcd-tls-key", e.KeyFile, "PEM private key of --etcd-tls-cert")
 	fs.StringVar(&e.Username, "etcd-username", e.Username, "etcd user (authentication on the external etcd)")
 	fs.StringVar(&e.PasswordFile, "etcd-password-file", e.PasswordFile, "file holding the password of --etcd-username")
+	fs.BoolVar(&e.AllowOpen, "etcd-allow-open", e.AllowOpen, "run even when the external etcd admits clients other than the coordinators (tests and demos only)")
 }
 
 func (e EtcdAccess) zero() bool { return e == EtcdAccess{} }
@@ -52,7 +57,7 @@ func (e EtcdAccess) zero() bool { return e == EtcdAccess{} }
 func (e EtcdAccess) Validate(external bool) []error {
 	if !external {
 		if !e.zero() {
-			return []error{errors.New("--etcd-tls-*, --etcd-username, --etcd-password-file: only with --etcd-endpoints (the embedded etcd makes its own)")}
+			return []error{errors.New("--etcd-tls-*, --etcd-username, --etcd-password-file, --etcd-allow-open: only with --etcd-endpoints (the embedded etcd makes its own and is locked)")}
 		}
 		return nil
 	}
@@ -77,8 +82,9 @@ func (e EtcdAccess) Validate(external bool) []error {
 }
 
 // clientConfig is the etcd client configuration for endpoints with this access. It warns when the
-// connection is plaintext or unauthenticated: any process that reaches such an etcd can forge
-// fence records.
+// connection is plaintext: anyone on the path can read and forge fence records. Whether etcd
+// admits other clients is not a question of these flags (etcd ignores a user while its
+// authentication is off): Run's checkEtcdLocked asks etcd.
 func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3.Config, error) {
 	cc := etcdClientConfig(endpoints)
 	secure := e.CAFile != "" || e.CertFile != ""
@@ -132,9 +138,6 @@ func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3
 	}
 	if plain || cc.TLS == nil {
 		log.Warn("etcd connection is plaintext: anyone on the path can read and forge fence records; use https endpoints with --etcd-tls-ca")
-	}
-	if cc.Username == "" {
-		log.Warn("etcd connection without authentication: any process that reaches etcd can forge fence records; set --etcd-username and --etcd-password-file")
 	}
 	return cc, nil
 }

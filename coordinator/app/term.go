@@ -54,6 +54,14 @@ func (a *App) Term() *leader.Term {
 
 // Run serves and campaigns until ctx ends, then stops everything it started.
 func (a *App) Run(ctx context.Context) error {
+	// Nothing is served before etcd is known to admit only the coordinators.
+	if err := a.checkEtcdLocked(ctx); err != nil {
+		a.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.srv.Serve() }()
 	a.srv.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

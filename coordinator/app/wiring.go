@@ -144,6 +144,10 @@ func (a *App) connectEtcd() error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	a.cli = cli
+	a.lock = etcdLockCheck{endpoints: endpoints, access: access, prefix: cfg.EtcdPrefix}
+	if st := cfg.Server.TLS; !st.Insecure {
+		a.lock.nodefenceCert, a.lock.nodefenceKey, a.lock.nodefenceCA = st.CertFile, st.KeyFile, st.CAFile
+	}
 	a.store = store.New(cli, cfg.EtcdPrefix)
 	a.store.Log = a.log
 	return nil

@@ -156,14 +156,17 @@ func TestUnitsStartHealthy(t *testing.T) {
 	for _, n := range []string{"h01", "h02", "h03", "h04"} {
 		hosts[n] = host{name: n, root: filepath.Join(base, n)}
 	}
-	ca := newCA(t)
+	ca, etcdCA := newCA(t, "nodefence CA"), newCA(t, "nodefence etcd CA")
 	for _, h := range hosts {
 		ca.issue(t, h.path("/etc/nodefence/tls/coordinator"), "coordinator/"+h.name, true)
 		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver/"+h.name, true)
 		ca.issue(t, h.path("/etc/nodefence/tls/agent"), "agent/"+h.name, false)
 		writeFile(t, h.path("/etc/nodefence/tls/ca.crt"), ca.pem)
+		// As deploy/baremetal.md: etcd's own CA and the coordinator's etcd client certificate.
+		etcdCA.issue(t, h.path("/etc/nodefence/tls/etcd-client"), "coordinator/"+h.name, false)
+		writeFile(t, h.path("/etc/nodefence/tls/etcd-ca.crt"), etcdCA.pem)
 	}
-	etcdEndpoint := startEtcdCluster(t, ca, filepath.Join(base, "etcd"))
+	etcdEndpoint := startEtcdCluster(t, etcdCA, filepath.Join(base, "etcd"))
 	operator := filepath.Join(base, "operator")
 	ca.issue(t, operator, "operator/admin", false)
 	writeFile(t, filepath.Join(base, "ca.crt"), ca.pem)
@@ -211,8 +214,8 @@ nodes:
 			"NODEFENCE_METRICS_LISTEN": metrics,
 			"NODEFENCE_KDUMP_LISTEN":   "127.0.0.1:" + port(),
 			"NODEFENCE_ETCD_ENDPOINTS": etcdEndpoint,
-			// As deploy/baremetal.md: the coordinator's own certificate is its etcd client certificate.
-			"NODEFENCE_ETCD_ARGS": "--etcd-tls-ca /etc/nodefence/tls/ca.crt --etcd-tls-cert /etc/nodefence/tls/coordinator.crt --etcd-tls-key /etc/nodefence/tls/coordinator.key",
+			// As deploy/baremetal.md: a client certificate of etcd's own CA, which signs no agent.
+			"NODEFENCE_ETCD_ARGS": "--etcd-tls-ca /etc/nodefence/tls/etcd-ca.crt --etcd-tls-cert /etc/nodefence/tls/etcd-client.crt --etcd-tls-key /etc/nodefence/tls/etcd-client.key",
 			"NODEFENCE_ARGS":      "--election-ttl 2s",
 		}, bin)
 	}
@@ -297,8 +300,8 @@ nodes:
 }
 
 // startEtcdCluster runs three etcd members on 127.0.0.1 (the etcd v3.6 the Kubernetes tests use)
-// with TLS between members and to clients and client certificates required, as deploy/baremetal.md
-// sets it up, and returns the client URLs.
+// with TLS between members and to clients and client certificates of etcd's own CA required, as
+// deploy/baremetal.md sets it up, and returns the client URLs.
 func startEtcdCluster(t *testing.T, ca *testCA, dir string) string {
 	t.Helper()
 	_, etcd, err := kubetest.Binaries()
@@ -403,14 +406,14 @@ type testCA struct {
 	pem  string
 }
 
-func newCA(t *testing.T) *testCA {
+func newCA(t *testing.T, name string) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nodefence test CA"},
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}

@@ -249,7 +249,7 @@ func (c *Cluster) startCoordinators(cfg string) error {
 			return err
 		}
 		args := append([]string{"--id", m, "--listen", addr + ":7001", "--config", cfg,
-			"--etcd-endpoints", strings.Join(c.EtcdURL, ","), "--metrics-listen", addr + ":9090"}, o.CoordinatorArgs...)
+			"--etcd-endpoints", strings.Join(c.EtcdURL, ","), "--etcd-allow-open", "--metrics-listen", addr + ":9090"}, o.CoordinatorArgs...)
 		args = append(append(args, pki.Args("", srvTLS)...), drvTLS...)
 		p := c.proc(m, m, filepath.Join(o.Bin, "coordinator"), args...)
 		if err := p.Start(); err != nil {

@@ -269,10 +269,10 @@ func driverCalls(t *testing.T, ctx context.Context, admin *kubernetes.Clientset,
 }
 
 // moveEtcdLeader makes the etcd member on node n the leader (etcd's MoveLeader), as the
-// coordinators' etcd client (their certificate).
+// coordinators' etcd client (their etcd certificate, from etcd's own CA).
 func moveEtcdLeader(ctx context.Context, c *cluster.Cluster, pkiDir string, n *cluster.Node) error {
-	tlsConf, err := tlsfiles.Files{CertFile: filepath.Join(pkiDir, "coordinator-nodefence-coordinator.crt"),
-		KeyFile: filepath.Join(pkiDir, "coordinator-nodefence-coordinator.key"), CAFile: filepath.Join(pkiDir, "ca.crt")}.Client()
+	tlsConf, err := tlsfiles.Files{CertFile: filepath.Join(pkiDir, "etcd-coordinator-nodefence-coordinator.crt"),
+		KeyFile: filepath.Join(pkiDir, "etcd-coordinator-nodefence-coordinator.key"), CAFile: filepath.Join(pkiDir, "etcd-ca.crt")}.Client()
 	if err != nil {
 		return err
 	}

@@ -93,28 +93,18 @@ func issueCerts(t *testing.T, ctx context.Context, c *cluster.Cluster, fencectl,
 		agents = append(agents, "agent/"+n.Name)
 	}
 	fc(append(withCA, agents...)...)
-	// etcd's server and peer certificate carries no nodefence identity ("any CA tool").
-	ca, err := certs.LoadCA(p("ca.crt"), p("ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.IssueURIs("nodefence-etcd", nil, nodeIPs(c), 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := pair.Write(dir, "etcd"); err != nil {
-		t.Fatal(err)
-	}
+	// etcd's own CA, its members' certificate and the coordinators' etcd client certificate
+	// (deploy/README.md): etcd trusts no certificate of the nodefence CA.
+	fc(append([]string{"--etcd", "--hosts", ips}, "member/nodefence-etcd", "coordinator/nodefence-coordinator")...)
 	k("apply", "-f", "deploy/namespace.yaml")
-	tlsSecret := func(name, base string) {
+	tlsSecret := func(name, base, ca string) {
 		k("-n", nfcluster.Namespace, "create", "secret", "generic", name, "--from-file=tls.crt="+p(base+".crt"),
-			"--from-file=tls.key="+p(base+".key"), "--from-file=ca.crt="+p("ca.crt"))
+			"--from-file=tls.key="+p(base+".key"), "--from-file=ca.crt="+p(ca))
 	}
-	tlsSecret("nodefence-coordinator-tls", "coordinator-nodefence-coordinator")
-	tlsSecret("nodefence-coordinator-etcd-tls", "coordinator-nodefence-coordinator")
-	tlsSecret("nodefence-fence-driver-tls", "driver-nodefence-fence-driver")
-	tlsSecret("nodefence-etcd-tls", "etcd")
-	k("-n", nfcluster.Namespace, "create", "secret", "generic", "nodefence-etcd-client", "--from-literal=password=unused-etcd-auth-is-off")
+	tlsSecret("nodefence-coordinator-tls", "coordinator-nodefence-coordinator", "ca.crt")
+	tlsSecret("nodefence-coordinator-etcd-tls", "etcd-coordinator-nodefence-coordinator", "etcd-ca.crt")
+	tlsSecret("nodefence-fence-driver-tls", "driver-nodefence-fence-driver", "ca.crt")
+	tlsSecret("nodefence-etcd-tls", "etcd-member-nodefence-etcd", "etcd-ca.crt")
 	k("-n", nfcluster.Namespace, "create", "secret", "generic", "nodefence-fence-credentials", "--from-literal=none=")
 	for _, n := range c.Nodes {
 		d := filepath.Join(n.Dir, "nodefence-tls")

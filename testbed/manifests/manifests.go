@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Args returns the args of every container named container in the Deployments and DaemonSets of
+// Args returns the args of every container named container in the Deployments, StatefulSets and DaemonSets of
 // the multi-document YAML file, one slice per workload. It fails the test when there is none.
 func Args(t testing.TB, file, container string) [][]string {
 	t.Helper()
@@ -37,6 +37,12 @@ func Args(t testing.TB, file, container string) [][]string {
 				t.Fatalf("%s: %v", file, err)
 			}
 			spec = &d.Spec.Template.Spec
+		case "StatefulSet":
+			var d appsv1.StatefulSet
+			if err := yaml.UnmarshalStrict([]byte(doc), &d); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			spec = &d.Spec.Template.Spec
 		case "DaemonSet":
 			var d appsv1.DaemonSet
 			if err := yaml.UnmarshalStrict([]byte(doc), &d); err != nil {
@@ -53,7 +59,7 @@ func Args(t testing.TB, file, container string) [][]string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s: no Deployment or DaemonSet has a container %q", file, container)
+		t.Fatalf("%s: no Deployment, StatefulSet or DaemonSet has a container %q", file, container)
 	}
 	return out
 }

@@ -133,6 +133,8 @@ type Deployment struct {
 	etcdURL      string
 	ca           *certs.CA
 	caFile       string
+	// etcdClient is the coordinators' etcd client certificate, from etcd's own CA (as deploy/'s).
+	etcdClient tlsfiles.Files
 }
 
 // Coordinator is one coordinator replica.

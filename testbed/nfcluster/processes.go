@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/identity/certs"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/pki"
 	"github.com/nodefence/nodefence/testbed/procs"
@@ -23,28 +25,45 @@ func (d *Deployment) startEtcd() error {
 	if err != nil {
 		return err
 	}
-	// The store is locked: clients need a certificate of the deployment's CA.
+	// The store is locked as deploy/'s: etcd has a CA of its own, and only the coordinators hold a
+	// client certificate of it.
 	client, peer := "https://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
-	pair, err := d.ca.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
+	dir := filepath.Join(d.Opts.Dir, "pki")
+	etcdCA, err := certs.NewCA("nodefence etcd CA", 24*time.Hour)
 	if err != nil {
 		return err
 	}
-	cert, key, err := pair.Write(filepath.Join(d.Opts.Dir, "pki"), "etcd")
+	etcdCAFile, _, err := certs.Pair{CertPEM: etcdCA.CertPEM, KeyPEM: etcdCA.KeyPEM()}.Write(dir, "etcd-ca")
 	if err != nil {
+		return err
+	}
+	pair, err := etcdCA.IssueURIs("nodefence-etcd", nil, []string{"127.0.0.1"}, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	cert, key, err := pair.Write(dir, "etcd-member")
+	if err != nil {
+		return err
+	}
+	if pair, err = etcdCA.IssueURIs("nodefence-coordinator", nil, nil, 24*time.Hour); err != nil {
+		return err
+	}
+	d.etcdClient = tlsfiles.Files{CAFile: etcdCAFile}
+	if d.etcdClient.CertFile, d.etcdClient.KeyFile, err = pair.Write(dir, "etcd-coordinator"); err != nil {
 		return err
 	}
 	data := filepath.Join(d.Opts.Dir, "etcd")
 	_ = os.RemoveAll(data)
 	d.etcd, err = procs.StartAppend("nodefence-etcd", d.logPath("etcd"), filepath.Join(assets, kubetest.EtcdBinary),
 		"--name=nodefence", "--data-dir="+data, "--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+d.caFile, "--client-cert-auth",
+		"--cert-file="+cert, "--key-file="+key, "--trusted-ca-file="+etcdCAFile, "--client-cert-auth",
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=nodefence="+peer,
 		"--initial-cluster-state=new", "--unsafe-no-fsync", "--log-level=warn")
 	if err != nil {
 		return err
 	}
 	d.etcdURL = client
-	tlsConf, err := d.OperatorTLS.Client()
+	tlsConf, err := d.etcdClient.Client()
 	if err != nil {
 		return err
 	}
@@ -97,7 +116,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	if err != nil {
 		return nil, err
 	}
-	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", tls)...)
+	args := append(append(pki.Args("", tls), pki.Args("driver-", tls)...), pki.Args("etcd-", d.etcdClient)...)
 	args = append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,

@@ -16,7 +16,7 @@ func TestDeployedArgsParse(t *testing.T) {
 	for _, args := range manifests.Args(t, "../../../deploy/coordinator.yaml", "coordinator") {
 		args = manifests.Localize(t, args, vars, []string{"/etc/nodefence/"},
 			"/etc/nodefence/tls/tls.crt", "/etc/nodefence/tls/tls.key", "/etc/nodefence/tls/ca.crt", "/etc/nodefence/kube/kubeconfig",
-			"/etc/nodefence/etcd/ca.crt", "/etc/nodefence/etcd/tls.crt", "/etc/nodefence/etcd/tls.key", "/etc/nodefence/etcd-auth/password")
+			"/etc/nodefence/etcd/ca.crt", "/etc/nodefence/etcd/tls.crt", "/etc/nodefence/etcd/tls.key")
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		var cfg app.Config

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -18,6 +19,13 @@ whose URI SAN is spiffe://nodefence/ROLE/NAME, usable as client and server, into
 ROLE-NAME.crt and ROLE-NAME.key (0600). Roles: agent (NAME = the node), operator, viewer,
 coordinator, driver, monitoring (a Prometheus scraping --metrics-tls). --hosts are the DNS names and IP addresses servers answer to.
 Example: fencectl certs --dir pki --hosts 127.0.0.1,localhost coordinator/c1 driver/ipmi agent/worker-1 operator/alice
+
+With --etcd it issues from etcd's own CA instead (DIR/etcd-ca.crt, etcd-ca.key unless --ca-cert/--ca-key
+name it), which must never be the nodefence CA: etcd then admits no agent, operator, viewer, driver
+or monitoring certificate. Only two kinds: member/NAME (an etcd member's server and peer certificate,
+for --hosts) into etcd-member-NAME.crt, and coordinator/NAME (the coordinators' etcd client
+certificate, common name NAME) into etcd-coordinator-NAME.crt.
+Example: fencectl certs --etcd --dir pki --hosts '*.nodefence-etcd.nodefence.svc' member/nodefence-etcd coordinator/nodefence-coordinator
 `
 
 // certsSetup binds the flags of certs, which issues a CA and per-component certificates (offline).
@@ -27,8 +35,10 @@ func certsSetup(fs *flag.FlagSet) runFunc {
 	caKey := fs.String("ca-key", "", "existing CA private key")
 	hosts := fs.String("hosts", "127.0.0.1,localhost", "comma-separated DNS names and IPs of the servers")
 	validity := fs.Duration("validity", 365*24*time.Hour, "certificate lifetime")
+	etcd := fs.Bool("etcd", false, "issue etcd's certificates (member/NAME, coordinator/NAME) from etcd's own CA")
 	return func(_ context.Context, c *ctl, args []string) error {
-		return codeErr(issueCerts(certsOptions{dir: *dir, caCert: *caCert, caKey: *caKey, hosts: *hosts, validity: *validity}, args, c.out, c.err))
+		o := certsOptions{dir: *dir, caCert: *caCert, caKey: *caKey, hosts: *hosts, validity: *validity, etcd: *etcd}
+		return codeErr(issueCerts(o, args, c.out, c.err))
 	}
 }
 
@@ -36,64 +46,60 @@ func certsSetup(fs *flag.FlagSet) runFunc {
 type certsOptions struct {
 	dir, caCert, caKey, hosts string
 	validity                  time.Duration
+	etcd                      bool
+}
+
+// The common names of the CAs fencectl certs creates (cert-manager's manifests in deploy/cert-manager
+// use the same), by which it tells one from the other.
+const (
+	nodefenceCAName = "nodefence CA"
+	etcdCAName      = "nodefence etcd CA"
+)
+
+// certJob is one certificate to issue: the file base name, the common name, the URI SANs (the
+// nodefence identity; none for etcd's), the hosts, and the kind and description printed.
+type certJob struct {
+	base, commonName, kind, desc string
+	uris                         []*url.URL
+	hosts                        []string
 }
 
 // issueCerts issues the certificates of the identities in args; it returns the exit code.
 func issueCerts(o certsOptions, args []string, stdout, stderr io.Writer) int {
-	dir, caCert, caKey, hosts, validity := &o.dir, &o.caCert, &o.caKey, &o.hosts, &o.validity
 	var problems []string
-	if *dir == "" {
+	if o.dir == "" {
 		problems = append(problems, "--dir: required")
 	}
-	if (*caCert == "") != (*caKey == "") {
+	if (o.caCert == "") != (o.caKey == "") {
 		problems = append(problems, "--ca-cert, --ca-key: go together")
 	}
-	if *validity <= 0 {
+	if o.validity <= 0 {
 		problems = append(problems, "--validity: must be positive")
 	}
-	var ids []identity.Identity
-	for _, a := range args {
-		id, err := identity.Parse("spiffe://" + identity.TrustDomain + "/" + a)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s: want ROLE/NAME: %v", a, err))
-			continue
+	var hostList []string
+	for _, h := range strings.Split(o.hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hostList = append(hostList, h)
 		}
-		ids = append(ids, id)
 	}
-	if len(problems) > 0 {
+	jobs, bad := certJobs(o.etcd, args, hostList)
+	if problems = append(problems, bad...); len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(stderr, "fencectl certs:", p)
 		}
 		return 2
 	}
-	var ca *certs.CA
-	var err error
-	if *caCert != "" {
-		ca, err = certs.LoadCA(*caCert, *caKey)
-	} else {
-		if ca, err = certs.NewCA("nodefence CA", *validity); err == nil {
-			var c string
-			if c, _, err = ca.WriteCA(*dir); err == nil {
-				fmt.Fprintf(stdout, "CA        %s (and ca.key: keep it offline)\n", c)
-			}
-		}
-	}
+	ca, err := certsCA(o, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, "fencectl certs:", err)
 		return 1
 	}
-	var hostList []string
-	for _, h := range strings.Split(*hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			hostList = append(hostList, h)
-		}
-	}
-	for _, id := range ids {
-		pair, err := ca.Issue(id, hostList, *validity)
+	for _, j := range jobs {
+		pair, err := ca.IssueURIs(j.commonName, j.uris, j.hosts, o.validity)
 		if err == nil {
 			var c string
-			if c, _, err = pair.Write(*dir, string(id.Role)+"-"+id.Name); err == nil {
-				fmt.Fprintf(stdout, "%-9s %s  %s\n", id.Role, filepath.Clean(c), id)
+			if c, _, err = pair.Write(o.dir, j.base); err == nil {
+				fmt.Fprintf(stdout, "%-9s %s  %s\n", j.kind, filepath.Clean(c), j.desc)
 			}
 		}
 		if err != nil {
@@ -102,4 +108,74 @@ func issueCerts(o certsOptions, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// certJobs turns the arguments into certificates to issue, or problems naming each bad argument.
+func certJobs(etcd bool, args, hosts []string) ([]certJob, []string) {
+	var jobs []certJob
+	var problems []string
+	for _, a := range args {
+		if !etcd {
+			id, err := identity.Parse("spiffe://" + identity.TrustDomain + "/" + a)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s: want ROLE/NAME: %v", a, err))
+				continue
+			}
+			u, err := url.Parse(id.String())
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", a, err))
+				continue
+			}
+			jobs = append(jobs, certJob{base: string(id.Role) + "-" + id.Name, commonName: string(id.Role) + "/" + id.Name,
+				kind: string(id.Role), desc: id.String(), uris: []*url.URL{u}, hosts: hosts})
+			continue
+		}
+		kind, name, _ := strings.Cut(a, "/")
+		if err := identity.ValidName(name); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: want member/NAME or coordinator/NAME: name: %v", a, err))
+			continue
+		}
+		switch kind {
+		case "member":
+			jobs = append(jobs, certJob{base: "etcd-member-" + name, commonName: name, kind: "etcd", desc: "member " + name, hosts: hosts})
+		case "coordinator":
+			jobs = append(jobs, certJob{base: "etcd-coordinator-" + name, commonName: name, kind: "etcd", desc: "the coordinators' client, common name " + name})
+		default:
+			problems = append(problems, fmt.Sprintf("%s: with --etcd only member/NAME and coordinator/NAME: etcd must refuse every other role", a))
+		}
+	}
+	return jobs, problems
+}
+
+// certsCA loads --ca-cert/--ca-key or issues a new CA into the directory. A loaded CA must be of
+// the right kind: the nodefence CA signs agents' certificates, so it never signs etcd's, and etcd's
+// CA never signs a nodefence identity (etcd would admit it).
+func certsCA(o certsOptions, stdout io.Writer) (*certs.CA, error) {
+	name, base := nodefenceCAName, "ca"
+	if o.etcd {
+		name, base = etcdCAName, "etcd-ca"
+	}
+	if o.caCert == "" {
+		ca, err := certs.NewCA(name, o.validity)
+		if err != nil {
+			return nil, err
+		}
+		c, _, err := certs.Pair{CertPEM: ca.CertPEM, KeyPEM: ca.KeyPEM()}.Write(o.dir, base)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(stdout, "CA        %s (and %s.key: keep it offline)\n", c, base)
+		return ca, nil
+	}
+	ca, err := certs.LoadCA(o.caCert, o.caKey)
+	if err != nil {
+		return nil, err
+	}
+	switch cn := ca.Cert.Subject.CommonName; {
+	case o.etcd && cn == nodefenceCAName:
+		return nil, fmt.Errorf("--ca-cert %s: this is the nodefence CA, which signs every agent's certificate; etcd needs a CA of its own (leave --ca-cert out to issue one, DIR/etcd-ca.crt)", o.caCert)
+	case !o.etcd && cn == etcdCAName:
+		return nil, fmt.Errorf("--ca-cert %s: this is etcd's CA; a nodefence identity it signs would be admitted by etcd (use the nodefence CA, DIR/ca.crt)", o.caCert)
+	}
+	return ca, nil
 }

@@ -319,7 +319,7 @@ func (b *bench) start(ctx context.Context, binDir string, agents int) error {
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		args := []string{"--id", fmt.Sprintf("c%d", i), "--listen", addr, "--insecure", "--unauthenticated-caller", "any",
-			"--driver-insecure", "--config", cfg, "--etcd-endpoints", strings.Join(clientURLs, ","), "--kdump-listen=", "--log-level", "warn"}
+			"--driver-insecure", "--config", cfg, "--etcd-endpoints", strings.Join(clientURLs, ","), "--etcd-allow-open", "--kdump-listen=", "--log-level", "warn"}
 		p, err := procs.Start(fmt.Sprintf("c%d", i), filepath.Join(b.dir, fmt.Sprintf("c%d.log", i)), filepath.Join(binDir, "coordinator"), args...)
 		if err != nil {
 			return err
