@@ -171,6 +171,7 @@ type node struct {
 	known              bool       // restored from the store: reported in an earlier term
 	kdumpFirst         time.Time  // first fence_kdump message of the current dump
 	kdumpLast          time.Time  // latest fence_kdump message
+	kdumpCancel        string     // which witness cancelled the dump since the last Tick ("" if none), for its event
 	fenceRequested     bool       // automatic fencing requested in this not-ready episode
 	fenceBlocked       string     // why the storm guard holds fencing back
 	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
@@ -288,8 +289,13 @@ func (e *Engine) judge(n *node, now time.Time) {
 		rd, reason = w.Readiness, w.Reason
 		e.setWitnesses(n, w, now)
 	}
-	if e.dumping(n, now) && !n.shuttingDown {
-		// A crashed node that is dumping is down now, whatever its last contact says.
+	if n.kdumpCancel != "" {
+		e.event(now, "kdump", n.name, "node %s: its %s reported after the first fence_kdump message: not dumping (the messages were stale or spoofed)", n.name, n.kdumpCancel)
+		n.kdumpCancel = ""
+	}
+	if e.kdumpDown(n, now) && !n.shuttingDown {
+		// A node silent past its grace that sends fence_kdump messages crashed: it is not ready
+		// now, even while a fresh grace period (a leader change, the end of the halt) runs.
 		rd, reason = coordv1.Readiness_READINESS_NOT_READY, "kernel dump in progress (fence_kdump)"
 	}
 	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && e.contact(n).Before(e.floor) {
@@ -400,6 +406,39 @@ func (e *Engine) requeue(n *node, now time.Time) {
 // dumping reports whether the node sent a fence_kdump message within the idle time.
 func (e *Engine) dumping(n *node, now time.Time) bool {
 	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
+}
+
+// kdumpDown reports whether the node's dump stands for its silence: it is dumping, and a witness
+// was last heard more than one grace period ago (before the dump began). A fence_kdump datagram is
+// unauthenticated: it never shortens the grace period of a node that reported less than one grace
+// period ago, nor of a node no witness has reported in this term (it may have reported just before
+// the term began).
+func (e *Engine) kdumpDown(n *node, now time.Time) bool {
+	heard := n.heard()
+	return e.dumping(n, now) && !heard.IsZero() && n.kdumpFirst.After(heard) && now.Sub(heard) > e.cfg.NodeMonitorGracePeriod
+}
+
+// heard is the latest contact of any witness of the node: an agent message or hello, or (Kubernetes
+// mode) a kubelet heartbeat seen advancing; zero when none was heard in this term.
+func (n *node) heard() time.Time {
+	if n.kubeletProbe.After(n.lastContact) {
+		return n.kubeletProbe
+	}
+	return n.lastContact
+}
+
+// reaching reports whether a witness of the node was heard at most one grace period before at.
+func (e *Engine) reaching(n *node, at time.Time) bool {
+	heard := n.heard()
+	return !heard.IsZero() && at.Sub(heard) <= e.cfg.NodeMonitorGracePeriod
+}
+
+// witnessed records a witness's contact at: contact after the first fence_kdump message of a dump
+// ends the dump (the node is running, so the messages were stale or spoofed).
+func (n *node) witnessed(who string, at time.Time) {
+	if !n.kdumpFirst.IsZero() && !at.Before(n.kdumpFirst) {
+		n.kdumpFirst, n.kdumpLast, n.kdumpCancel = time.Time{}, time.Time{}, who
+	}
 }
 
 // enqueue appends n to its zone's eviction queue and says so.
