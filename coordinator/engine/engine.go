@@ -403,44 +403,6 @@ func (e *Engine) requeue(n *node, now time.Time) {
 	e.persistNode(n)
 }
 
-// dumping reports whether the node sent a fence_kdump message within the idle time.
-func (e *Engine) dumping(n *node, now time.Time) bool {
-	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
-}
-
-// kdumpDown reports whether the node's dump stands for its silence: it is dumping, and a witness
-// was last heard more than one grace period ago (before the dump began). A fence_kdump datagram is
-// unauthenticated: it never shortens the grace period of a node that reported less than one grace
-// period ago, nor of a node no witness has reported in this term (it may have reported just before
-// the term began).
-func (e *Engine) kdumpDown(n *node, now time.Time) bool {
-	heard := n.heard()
-	return e.dumping(n, now) && !heard.IsZero() && n.kdumpFirst.After(heard) && now.Sub(heard) > e.cfg.NodeMonitorGracePeriod
-}
-
-// heard is the latest contact of any witness of the node: an agent message or hello, or (Kubernetes
-// mode) a kubelet heartbeat seen advancing; zero when none was heard in this term.
-func (n *node) heard() time.Time {
-	if n.kubeletProbe.After(n.lastContact) {
-		return n.kubeletProbe
-	}
-	return n.lastContact
-}
-
-// reaching reports whether a witness of the node was heard at most one grace period before at.
-func (e *Engine) reaching(n *node, at time.Time) bool {
-	heard := n.heard()
-	return !heard.IsZero() && at.Sub(heard) <= e.cfg.NodeMonitorGracePeriod
-}
-
-// witnessed records a witness's contact at: contact after the first fence_kdump message of a dump
-// ends the dump (the node is running, so the messages were stale or spoofed).
-func (n *node) witnessed(who string, at time.Time) {
-	if !n.kdumpFirst.IsZero() && !at.Before(n.kdumpFirst) {
-		n.kdumpFirst, n.kdumpLast, n.kdumpCancel = time.Time{}, time.Time{}, who
-	}
-}
-
 // enqueue appends n to its zone's eviction queue and says so.
 func (e *Engine) enqueue(n *node, at time.Time) string {
 	z := e.zones[n.zoneKey]

@@ -223,21 +223,6 @@ func (e *Engine) pause(in Paused) {
 	}
 }
 
-// kdump records a fence_kdump message of a known node. A message from a node whose witness was
-// heard within the grace period is dropped: that node is running and reaching us, so the message
-// is stale or spoofed.
-func (e *Engine) kdump(in Kdump) {
-	n, ok := e.nodes[in.Node]
-	if !ok || e.reaching(n, in.At) {
-		return
-	}
-	if !e.dumping(n, in.At) {
-		n.kdumpFirst = in.At
-		e.event(in.At, "kdump", n.name, "node %s: fence_kdump message: the node crashed and is dumping its memory", n.name)
-	}
-	n.kdumpLast = in.At
-}
-
 // forget removes a node that was deleted from the cluster.
 func (e *Engine) forget(name string) {
 	n, ok := e.nodes[name]
@@ -567,49 +552,6 @@ func (e *Engine) Witnesses() (agentDown, kubeletDown int) {
 		}
 	}
 	return agentDown, kubeletDown
-}
-
-// KdumpUntil is how long power management of the node should wait for its kernel dump: until the
-// dump stops (no message for the idle time) or the kdump timeout since the first message. Zero when
-// the node is not dumping.
-func (e *Engine) KdumpUntil(name string) time.Time {
-	n, ok := e.nodes[name]
-	if !ok || !e.dumping(n, e.now) {
-		return time.Time{}
-	}
-	end := n.kdumpLast.Add(e.cfg.KdumpIdle)
-	if limit := n.kdumpFirst.Add(e.cfg.KdumpTimeout); limit.Before(end) {
-		end = limit
-	}
-	return end
-}
-
-// Reaching reports whether a witness of the node (its agent; in Kubernetes mode its kubelet too)
-// was heard at most one grace period before now, connected or between two streams: the node is
-// running and reaching us, and a fence_kdump message from its address is stale or spoofed.
-func (e *Engine) Reaching(name string, now time.Time) bool {
-	n, ok := e.nodes[name]
-	return ok && e.reaching(n, now)
-}
-
-// LastWitness is the latest contact of the node's witnesses that count for its readiness (as the
-// fence trigger judges them: the agent's in standalone mode; in Kubernetes mode the later of the
-// agent's and the kubelet's, or the kubelet's alone under the kubelet-down policy fence), and which
-// witness it was ("agent" or "kubelet"). Zero when none was heard in this term. The fence runner
-// re-checks an automatic fence against it before every driver call.
-func (e *Engine) LastWitness(name string) (who string, at time.Time) {
-	n, ok := e.nodes[name]
-	if !ok {
-		return "", time.Time{}
-	}
-	at = e.contact(n)
-	switch {
-	case at.IsZero():
-		return "", at
-	case e.cfg.KubeletWitness && at.Equal(n.kubeletProbe):
-		return "kubelet", at
-	}
-	return "agent", at
 }
 
 // ZoneOf returns a node's zone key and state.
