@@ -94,10 +94,10 @@ func (a *App) kdumpSeen(node string, from netip.Addr, at time.Time) {
 	}
 }
 
-// agentLive reports whether a witness of the node is alive: its agent streaming to this leader
-// (connected and heard within five heartbeat intervals, at least 5 s) or, in Kubernetes mode, its
-// kubelet's Lease renewed within the monitor grace period. A fence_kdump message never overrides
-// such a witness. Followers answer false; they drop kdump messages anyway.
+// agentLive reports whether a witness of the node reaches us (engine.Reaching: its agent, or in
+// Kubernetes mode its kubelet, heard within the grace period, connected or between two streams):
+// a fence_kdump message for such a node is dropped. Followers answer false; they drop kdump
+// messages anyway.
 func (a *App) agentLive(node string) bool {
 	a.mu.Lock()
 	l := a.leading
@@ -105,18 +105,10 @@ func (a *App) agentLive(node string) bool {
 	if l == nil {
 		return false
 	}
-	window := max(5*a.cfg.AgentHeartbeatInterval, 5*time.Second)
 	ctx, cancel := context.WithTimeout(l.Term.Context(), time.Second)
 	defer cancel()
 	live := true // when the engine cannot answer, assume the witness is alive: kdump is only evidence
-	_ = l.Loop.Query(ctx, func(e *engine.Engine) {
-		n := e.Node(node)
-		agent := n != nil && n.Connected && n.LastSeen != nil && a.now().Sub(n.LastSeen.AsTime()) < window
-		// Kubernetes mode: a kubelet whose Lease was renewed within the monitor grace period is a
-		// live witness too.
-		kubelet := n != nil && n.KubeletLastSeen != nil && a.now().Sub(n.KubeletLastSeen.AsTime()) < a.cfg.Engine.NodeMonitorGracePeriod
-		live = agent || kubelet
-	})
+	_ = l.Loop.Query(ctx, func(e *engine.Engine) { live = e.Reaching(node, a.now()) })
 	return live
 }
 

@@ -168,7 +168,7 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 	})
 	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
 		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, Log: a.log,
-		OnChange: t.fenceChanged, Facts: t.facts}
+		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact}
 	return t
 }
 
@@ -204,6 +204,18 @@ func (t *termParts) facts(ctx context.Context, node string) (bool, time.Time) {
 		kdumpUntil = e.KdumpUntil(node)
 	})
 	return ready, kdumpUntil
+}
+
+// contact tells the runner when a witness of the node was last heard, for the re-check of an
+// automatic fence before each driver call. When the engine cannot answer (the term is ending),
+// the contact is "now": the call is not made.
+func (t *termParts) contact(ctx context.Context, node string) fencing.Contact {
+	c := fencing.Contact{Witness: "witness (the engine did not answer)", At: t.a.now(), Grace: t.a.cfg.Engine.NodeMonitorGracePeriod}
+	_ = t.loop.Query(ctx, func(e *engine.Engine) {
+		c.Witness, c.At = e.LastWitness(node)
+		c.Grace = e.Config().NodeMonitorGracePeriod
+	})
+	return c
 }
 
 // start runs the term's parts until the term ends: the loop first, then the API's access to the
@@ -260,7 +272,11 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 			text += ": " + f.Error
 		}
 	}
-	a.audit(term, f.Node, "fence", text)
+	kind := "fence"
+	if fencing.AbortedReaching(f) {
+		kind = "fence-aborted"
+	}
+	a.audit(term, f.Node, kind, text)
 	a.metrics.ObserveFence(f)
 	a.proof.observe(term, f)
 	a.fenceMx.observe(f)

@@ -171,6 +171,7 @@ type node struct {
 	known              bool       // restored from the store: reported in an earlier term
 	kdumpFirst         time.Time  // first fence_kdump message of the current dump
 	kdumpLast          time.Time  // latest fence_kdump message
+	kdumpCancel        string     // which witness cancelled the dump since the last Tick ("" if none), for its event
 	fenceRequested     bool       // automatic fencing requested in this not-ready episode
 	fenceBlocked       string     // why the storm guard holds fencing back
 	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
@@ -288,8 +289,13 @@ func (e *Engine) judge(n *node, now time.Time) {
 		rd, reason = w.Readiness, w.Reason
 		e.setWitnesses(n, w, now)
 	}
-	if e.dumping(n, now) && !n.shuttingDown {
-		// A crashed node that is dumping is down now, whatever its last contact says.
+	if n.kdumpCancel != "" {
+		e.event(now, "kdump", n.name, "node %s: its %s reported after the first fence_kdump message: not dumping (the messages were stale or spoofed)", n.name, n.kdumpCancel)
+		n.kdumpCancel = ""
+	}
+	if e.kdumpDown(n, now) && !n.shuttingDown {
+		// A node silent past its grace that sends fence_kdump messages crashed: it is not ready
+		// now, even while a fresh grace period (a leader change, the end of the halt) runs.
 		rd, reason = coordv1.Readiness_READINESS_NOT_READY, "kernel dump in progress (fence_kdump)"
 	}
 	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && e.contact(n).Before(e.floor) {
@@ -395,11 +401,6 @@ func (e *Engine) requeue(n *node, now time.Time) {
 	}
 	e.event(now, "eviction", n.name, "node %s: %s", n.name, e.enqueue(n, now))
 	e.persistNode(n)
-}
-
-// dumping reports whether the node sent a fence_kdump message within the idle time.
-func (e *Engine) dumping(n *node, now time.Time) bool {
-	return !n.kdumpLast.IsZero() && now.Sub(n.kdumpLast) <= e.cfg.KdumpIdle
 }
 
 // enqueue appends n to its zone's eviction queue and says so.

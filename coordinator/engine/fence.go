@@ -90,7 +90,7 @@ func (e *Engine) fence(now time.Time) {
 		} else if n.guardClearSince.IsZero() {
 			n.guardClearSince = now
 		}
-		if now.Sub(n.releasedAt) < fc.Timeout || (!e.dumpedSinceContact(n) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
+		if now.Sub(n.releasedAt) < fc.Timeout || (!e.kdumpDown(n, now) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
 			continue // not due yet (the fence timeout counts from the release; the grace from its last restart)
 		}
 		if reason != "" {
@@ -158,12 +158,6 @@ func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, stri
 		}
 	}
 	return "", ""
-}
-
-// dumpedSinceContact tells whether the node sent fence_kdump messages after its last sign of life:
-// it crashed, so no fresh grace period is owed before fencing it (its dump is waited for anyway).
-func (e *Engine) dumpedSinceContact(n *node) bool {
-	return !n.kdumpLast.IsZero() && n.kdumpLast.After(e.contact(n))
 }
 
 // silence is how long the node has been silent (both witnesses in Kubernetes mode) since its last

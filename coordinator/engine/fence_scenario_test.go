@@ -162,8 +162,8 @@ func (h *harness) handleFence(cmd string, pos []string) []string {
 
 // handleDecide runs fencing.Decide on the node's record, writing each next version (as the runner
 // does, under the harness's epoch, which leader-change raises), until the record waits for a
-// driver's answer or for time, or is finished. The facts are the engine's: the node's readiness
-// and its kernel dump.
+// driver's answer or for time, or is finished. The facts are the engine's: the node's readiness,
+// its kernel dump and its latest witness contact (the re-check before every call).
 //
 //	decide a1
 func (h *harness) handleDecide(pos []string) []string {
@@ -172,8 +172,10 @@ func (h *harness) handleDecide(pos []string) []string {
 	var out []string
 	for range 50 {
 		n := h.e.Node(node)
+		who, at := h.e.LastWitness(node)
 		d := fencing.Decide(rec, fencing.Facts{Now: h.now, Plan: h.plan(node), Policy: h.fence.policy,
-			NodeReady: n != nil && n.Readiness == coordv1.Readiness_READINESS_READY, KdumpUntil: h.e.KdumpUntil(node)})
+			NodeReady: n != nil && n.Readiness == coordv1.Readiness_READINESS_READY, KdumpUntil: h.e.KdumpUntil(node),
+			Contact: fencing.Contact{Witness: who, At: at, Grace: h.e.Config().NodeMonitorGracePeriod}})
 		switch {
 		case d.Resend != nil:
 			// The runner sends this term's epoch, even for an operation a previous leader wrote.

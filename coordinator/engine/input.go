@@ -188,6 +188,7 @@ func (e *Engine) kubelet(in Kubelet) {
 	}
 	if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
 		n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
+		n.witnessed("kubelet", in.At)
 	}
 }
 
@@ -220,19 +221,6 @@ func (e *Engine) pause(in Paused) {
 			e.event(e.now, "pause", "", "evictions resumed by an operator")
 		}
 	}
-}
-
-// kdump records a fence_kdump message of a known node.
-func (e *Engine) kdump(in Kdump) {
-	n, ok := e.nodes[in.Node]
-	if !ok {
-		return
-	}
-	if !e.dumping(n, in.At) {
-		n.kdumpFirst = in.At
-		e.event(in.At, "kdump", n.name, "node %s: fence_kdump message: the node crashed and is dumping its memory", n.name)
-	}
-	n.kdumpLast = in.At
 }
 
 // forget removes a node that was deleted from the cluster.
@@ -273,6 +261,7 @@ func (n *node) contact(at time.Time) {
 	if at.After(n.lastContact) {
 		n.lastContact = at
 	}
+	n.witnessed("agent", at)
 }
 
 func (n *node) observe(s *agentv1.SignalSample) {
@@ -563,21 +552,6 @@ func (e *Engine) Witnesses() (agentDown, kubeletDown int) {
 		}
 	}
 	return agentDown, kubeletDown
-}
-
-// KdumpUntil is how long power management of the node should wait for its kernel dump: until the
-// dump stops (no message for the idle time) or the kdump timeout since the first message. Zero when
-// the node is not dumping.
-func (e *Engine) KdumpUntil(name string) time.Time {
-	n, ok := e.nodes[name]
-	if !ok || !e.dumping(n, e.now) {
-		return time.Time{}
-	}
-	end := n.kdumpLast.Add(e.cfg.KdumpIdle)
-	if limit := n.kdumpFirst.Add(e.cfg.KdumpTimeout); limit.Before(end) {
-		end = limit
-	}
-	return end
 }
 
 // ZoneOf returns a node's zone key and state.

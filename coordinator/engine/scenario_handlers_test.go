@@ -30,6 +30,10 @@ func (h *harness) handleConfig(args map[string]string) []string {
 			h.cfg.NodeStartupGracePeriod = h.dur(v)
 		case "settle":
 			h.cfg.Fence.Settle = h.dur(v)
+		case "kdump-idle":
+			h.cfg.KdumpIdle = h.dur(v)
+		case "kdump-timeout":
+			h.cfg.KdumpTimeout = h.dur(v)
 		case "kube":
 			h.cfg.KubeletWitness = v == "true"
 		case "kubelet-policy":

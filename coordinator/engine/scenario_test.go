@@ -23,7 +23,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //
 //	config grace=40s startup=60s rate=0.1 secondary=0.01 large=50 threshold=0.55
 //	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m settle=5s
-//	       kube=true kubelet-policy=wait|fence allow-control-plane=true
+//	       kube=true kubelet-policy=wait|fence allow-control-plane=true kdump-idle=30s kdump-timeout=10m
 //	add-nodes zone=a [region=r] n=10 [hello=false]  nodes a1..a10 say hello now (or never report)
 //	configure a1..a3 [exclude=true] [control-plane=true]  those nodes have a fence configuration
 //	                                       (fenceable), the exclude-disruption label, the control-plane role

@@ -44,7 +44,10 @@ type Facts struct {
 	NodeReady bool
 	// KdumpUntil: a kernel dump is in progress; power management waits until then.
 	KdumpUntil time.Time
-	Policy     Policy
+	// Contact is the node's latest witness contact: an automatic fence is re-checked against it
+	// before each driver call (Reaching).
+	Contact Contact
+	Policy  Policy
 }
 
 // Decision is what to do next with a record: write Next, send Resend, or wait. A driver call is
@@ -189,6 +192,9 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 	now := f.Now
 	ops := stepOps(rec)
 	if n := len(ops); n > 0 && ops[n-1].Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
+		if why := Reaching(rec, ops[n-1].Action, f.Contact, now); why != "" {
+			return abortReaching(next, ops[n-1].OperationId, why, now)
+		}
 		return Decision{Resend: ops[n-1]}
 	}
 	methods, err := Methods(rec, f.Plan)
@@ -198,6 +204,11 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 		}
 		next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, err.Error()
 		return Decision{Next: next}
+	}
+	if len(ops) < len(methods) {
+		if why := Reaching(rec, methods[len(ops)].Action, f.Contact, now); why != "" {
+			return abortReaching(next, "", why, now)
+		}
 	}
 	if rec.Step == coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT && len(ops) == 0 && now.Before(f.KdumpUntil) {
 		return Decision{Wait: f.KdumpUntil.Sub(now)}

@@ -76,6 +76,9 @@ func (d *Drivers) Close() {
 // kernel dump it announced keeps power management waiting.
 type NodeFacts func(ctx context.Context, node string) (ready bool, kdumpUntil time.Time)
 
+// NodeContact reports the node's latest witness contact (see Contact).
+type NodeContact func(ctx context.Context, node string) Contact
+
 // Runner executes records for one leadership term.
 type Runner struct {
 	Store *store.Store
@@ -90,6 +93,9 @@ type Runner struct {
 	Now func() time.Time
 	// Facts is the live node view; nil means "not ready, no dump" for every node.
 	Facts NodeFacts
+	// Contact is the node's latest witness contact, asked before every decision that may lead to a
+	// driver call (the witness re-check, see recheck); nil means none was heard.
+	Contact NodeContact
 	// OnChange, if set, sees every record version the runner wrote (for the Kubernetes mirror and
 	// pod release). It must not block.
 	OnChange func(*coordv1.NodeFence)
@@ -150,6 +156,7 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 		if r.Facts != nil {
 			facts.NodeReady, facts.KdumpUntil = r.Facts(ctx, rec.Node)
 		}
+		facts.Contact = r.recheck(ctx, rec)
 		d := Decide(rec, facts)
 		switch {
 		case d.Resend != nil:
@@ -188,6 +195,16 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 			return nil
 		}
 	}
+}
+
+// recheck asks for the node's latest witness contact just before Decide, which aborts an
+// automatic fence instead of its next driver call when a witness reached us (Reaching): every call
+// is sent in the iteration that asked.
+func (r *Runner) recheck(ctx context.Context, rec *coordv1.NodeFence) Contact {
+	if r.Contact == nil || !rec.Automatic {
+		return Contact{}
+	}
+	return r.Contact(ctx, rec.Node)
 }
 
 func (r *Runner) now() time.Time {

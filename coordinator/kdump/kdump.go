@@ -1,7 +1,8 @@
 // Package kdump receives fence_kdump_send messages: a node that crashed into its kdump kernel sends
 // an 8-byte UDP datagram (magic 0x1B302A40, version 1, host byte order) every few seconds while it
 // dumps. The source address names the node. The datagram is unauthenticated: it is evidence that a
-// node is dumping, never proof that it is off, and it is dropped for a node whose agent is streaming.
+// node is dumping, never proof that it is off, and it is dropped for a node that is reaching us (a
+// witness heard within the grace period, whether its agent's stream is open or between two streams).
 package kdump
 
 import (
@@ -115,8 +116,9 @@ type Listener struct {
 	conn *net.UDPConn
 	// Resolve maps a source address to a node name; ok=false discards the message.
 	Resolve func(netip.Addr) (node string, ok bool)
-	// Live reports whether the node's own agent is streaming; a kdump message for such a node is
-	// spoofed or stale and is dropped. nil: no node is live.
+	// Live reports whether the node is reaching us (the coordinator asks its engine: a witness heard
+	// within the grace period, connected or between two streams); a kdump message for such a node
+	// is spoofed or stale and is dropped. nil: no node is live.
 	Live func(node string) bool
 	// Seen is called for every accepted message.
 	Seen func(node string, from netip.Addr, at time.Time)
