@@ -53,6 +53,7 @@ type App struct {
 
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
+	admission *admissionServer
 	kube      *kubeMode
 	proof     *proof
 	mu        sync.Mutex
@@ -193,6 +194,9 @@ func (a *App) Close() {
 	a.closeOnce.Do(func() {
 		if a.srv != nil {
 			a.srv.Stop()
+		}
+		if a.admission != nil {
+			a.admission.close()
 		}
 		a.drivers.Close()
 		if a.cli != nil {

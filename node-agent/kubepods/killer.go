@@ -51,10 +51,10 @@ func EvictionMessage(r eviction.Reclaim) string {
 }
 
 // Killer evicts a pod on its own node at once, as kubelet's eviction manager does, through the API:
-// the pod is deleted with the eviction's grace period (at least MinGracePeriod, see
-// EvictorConfig) so that the kubelet stops its containers, its status is set to phase Failed with
-// reason Evicted, kubelet's message and a DisruptionTarget condition (reason TerminationByKubelet),
-// and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
+// an Evicted Warning Event is recorded on it, the pod is deleted with the eviction's grace period
+// (at least MinGracePeriod, see EvictorConfig) so that the kubelet stops its containers, and its
+// status is set to phase Failed with reason Evicted, kubelet's message and a DisruptionTarget
+// condition (reason TerminationByKubelet). PodDisruptionBudgets are not consulted, as kubelet
 // does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
 	client *Client
@@ -81,8 +81,12 @@ func NewKiller(client *Client, node string, src *Source, minGrace time.Duration,
 func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
 	msg := EvictionMessage(r)
 	now := metav1.Now()
+	// The Event first, as kubelet's evictPod records it before killing: the coordinator's
+	// admission webhook (deploy/webhook-node-agent.yaml) admits an agent's Event about a pod only
+	// while that pod exists and is bound to the agent's node.
+	k.event(ctx, c, msg, now)
 
-	// Delete first: the apiserver removes a pod whose phase is already Failed at once, whatever
+	// Then the delete: the apiserver removes a pod whose phase is already Failed at once, whatever
 	// the grace period, which would let a controller start its replacement (a StatefulSet, the
 	// same identity) while the kubelet still runs the old containers.
 	grace := gracePeriodSeconds(c.GracePeriod, k.min)
@@ -112,7 +116,6 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 		// The pod is terminating already: the eviction happened, only its record is missing.
 		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
-	k.event(ctx, c, msg, now)
 	return msg, nil
 }
 
