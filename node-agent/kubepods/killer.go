@@ -51,10 +51,10 @@ func EvictionMessage(r eviction.Reclaim) string {
 }
 
 // Killer evicts a pod on its own node at once, as kubelet's eviction manager does, through the API:
-// an Evicted Warning Event is recorded on it, the pod is deleted with the eviction's grace period
-// (at least MinGracePeriod, see EvictorConfig) so that the kubelet stops its containers, and its
-// status is set to phase Failed with reason Evicted, kubelet's message and a DisruptionTarget
-// condition (reason TerminationByKubelet). PodDisruptionBudgets are not consulted, as kubelet
+// the pod is deleted with the eviction's grace period (at least MinGracePeriod, see
+// EvictorConfig) so that the kubelet stops its containers, an Evicted Warning Event is recorded
+// on it, and its status is set to phase Failed with reason Evicted, kubelet's message and a
+// DisruptionTarget condition (reason TerminationByKubelet). PodDisruptionBudgets are not consulted, as kubelet
 // does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
 	client *Client
@@ -81,12 +81,8 @@ func NewKiller(client *Client, node string, src *Source, minGrace time.Duration,
 func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Reclaim) (string, error) {
 	msg := EvictionMessage(r)
 	now := metav1.Now()
-	// The Event first, as kubelet's evictPod records it before killing: the coordinator's
-	// admission webhook (deploy/webhook-node-agent.yaml) admits an agent's Event about a pod only
-	// while that pod exists and is bound to the agent's node.
-	k.event(ctx, c, msg, now)
 
-	// Then the delete: the apiserver removes a pod whose phase is already Failed at once, whatever
+	// Delete first: the apiserver removes a pod whose phase is already Failed at once, whatever
 	// the grace period, which would let a controller start its replacement (a StatefulSet, the
 	// same identity) while the kubelet still runs the old containers.
 	grace := gracePeriodSeconds(c.GracePeriod, k.min)
@@ -98,6 +94,12 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	if err := k.client.DeletePod(ctx, c.Namespace, c.Name, opts); err != nil {
 		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
 	}
+	// The Event next, while the pod still exists (terminating for at least its grace period, and
+	// its phase not yet Failed): the coordinator's admission webhook
+	// (deploy/webhook-node-agent.yaml) admits an agent's Event about a pod only while that pod
+	// exists and is bound to the agent's node. Kubelet records it before killing; the delete's uid
+	// precondition comes first here so that an Event never names a pod that was not evicted.
+	k.event(ctx, c, msg, now)
 	status := map[string]any{
 		"metadata": map[string]any{"uid": c.UID},
 		"status": map[string]any{
