@@ -55,6 +55,7 @@ type App struct {
 
 	metrics   *loop.Metrics
 	kdump     *kdump.Listener
+	admission *admissionServer
 	kube      *kubeMode
 	proof     *proof
 	mu        sync.Mutex
@@ -187,6 +188,9 @@ func (a *App) Close() {
 	a.closeOnce.Do(func() {
 		if a.srv != nil {
 			a.srv.Stop()
+		}
+		if a.admission != nil {
+			a.admission.close()
 		}
 		a.drivers.Close()
 		if a.cli != nil {

@@ -68,6 +68,11 @@ type Config struct {
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
 	AgentHeartbeatInterval, AgentSampleInterval time.Duration
+	// AdmissionListen is the HTTPS IP:PORT of the admission webhook that checks the node agents'
+	// evictions and Events against the node their token names (Kubernetes mode; "" turns it off).
+	AdmissionListen string
+	// AdmissionAgentUser is the agents' ServiceAccount user the webhook judges.
+	AdmissionAgentUser string
 	// KdumpListen is the UDP IP:PORT for fence_kdump messages: an explicit address, never all
 	// interfaces ("" disables the listener, the default).
 	KdumpListen string
@@ -137,7 +142,7 @@ func DefaultConfig() Config {
 		Fencing:                fencing.DefaultPolicy(),
 		AgentHeartbeatInterval: DefaultAgentHeartbeatInterval, AgentSampleInterval: DefaultAgentSampleInterval,
 		ControlPlaneSelector: DefaultControlPlaneSelector, ReleaseHealthyDelay: DefaultReleaseHealthyDelay,
-		GCPercent: DefaultGCPercent,
+		GCPercent: DefaultGCPercent, AdmissionAgentUser: DefaultAdmissionAgentUser,
 	}
 }
 
@@ -198,6 +203,8 @@ func (c *Config) registerKubeFlags(fs *flag.FlagSet, d Config) {
 		return nil
 	})
 	fs.StringVar(&c.ControlPlaneSelector, "control-plane-selector", d.ControlPlaneSelector, "label selector of control-plane nodes (Kubernetes mode)")
+	fs.StringVar(&c.AdmissionListen, "admission-listen", "", "IP:PORT of the HTTPS admission webhook (--tls-cert, --tls-key) that admits a node agent's eviction or Event only for its own node's pods and Node (Kubernetes mode; default off)")
+	fs.StringVar(&c.AdmissionAgentUser, "admission-agent-user", d.AdmissionAgentUser, "the node agents' ServiceAccount user the admission webhook judges")
 	fs.DurationVar(&c.ReleaseHealthyDelay, "release-healthy-delay", d.ReleaseHealthyDelay, "how long a fenced node must be back and Ready before its out-of-service taint is removed (Kubernetes mode)")
 }
 
@@ -295,6 +302,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.validateEtcd()...)
 	errs = append(errs, c.validateEngine()...)
 	errs = append(errs, c.validateFencing()...)
+	errs = append(errs, c.validateAdmission()...)
 	return append(errs, c.DriverTLS.Validate("driver-", false)...)
 }
 

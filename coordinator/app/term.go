@@ -68,6 +68,13 @@ func (a *App) Run(ctx context.Context) error {
 	if a.kube != nil {
 		go a.kube.run(ctx)
 	}
+	if a.admission != nil {
+		go func() {
+			if err := a.admission.serve(); err != nil {
+				a.log.Error("admission webhook stopped", "err", err)
+			}
+		}()
+	}
 	if a.kdump != nil {
 		go func() {
 			if err := a.kdump.Run(ctx); err != nil {

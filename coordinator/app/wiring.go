@@ -57,6 +57,12 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		a.Close()
 		return nil, err
 	}
+	if cfg.AdmissionListen != "" {
+		if err := a.listenAdmission(); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
 	if cfg.KdumpListen != "" {
 		if a.kdump, err = kdump.Listen(cfg.KdumpListen); err != nil {
 			a.Close()

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
@@ -211,4 +212,47 @@ func toStrings(v any) []string {
 		}
 	}
 	return out
+}
+
+// TestDriversSurviveOneEviction: every fence-driver Deployment of deploy/ runs at least two
+// replicas and has a PodDisruptionBudget selecting exactly its pods that keeps one of them, so
+// that no single eviction (a drain, or a node agent's) leaves the coordinator without a driver.
+func TestDriversSurviveOneEviction(t *testing.T) {
+	objs, _, err := kubetest.ReadKustomization(deployDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pdbs []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "PodDisruptionBudget" {
+			pdbs = append(pdbs, o)
+		}
+	}
+	drivers := 0
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" || o.GetLabels()["app.kubernetes.io/name"] != "nodefence-fence-driver" {
+			continue
+		}
+		drivers++
+		if n, _, _ := unstructured.NestedInt64(o.Object, "spec", "replicas"); n < 2 {
+			t.Errorf("%s: %d replicas, want at least 2", o.GetName(), n)
+		}
+		podLabels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+		var covering []string
+		for _, p := range pdbs {
+			sel, _, _ := unstructured.NestedStringMap(p.Object, "spec", "selector", "matchLabels")
+			if len(sel) > 0 && labels.SelectorFromSet(sel).Matches(labels.Set(podLabels)) {
+				covering = append(covering, p.GetName())
+				if mu, _, _ := unstructured.NestedFieldNoCopy(p.Object, "spec", "maxUnavailable"); mu != int64(1) {
+					t.Errorf("PodDisruptionBudget %s: maxUnavailable %v, want 1", p.GetName(), mu)
+				}
+			}
+		}
+		if len(covering) != 1 {
+			t.Errorf("%s: covered by PodDisruptionBudgets %v, want exactly one (the Eviction API refuses a pod with two)", o.GetName(), covering)
+		}
+	}
+	if drivers < 3 {
+		t.Errorf("%d fence-driver Deployments in deploy/, want the three (ipmi, pdu, brocade)", drivers)
+	}
 }

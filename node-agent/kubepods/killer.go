@@ -52,9 +52,9 @@ func EvictionMessage(r eviction.Reclaim) string {
 
 // Killer evicts a pod on its own node at once, as kubelet's eviction manager does, through the API:
 // the pod is deleted with the eviction's grace period (at least MinGracePeriod, see
-// EvictorConfig) so that the kubelet stops its containers, its status is set to phase Failed with
-// reason Evicted, kubelet's message and a DisruptionTarget condition (reason TerminationByKubelet),
-// and an Evicted Warning Event is recorded on it. PodDisruptionBudgets are not consulted, as kubelet
+// EvictorConfig) so that the kubelet stops its containers, an Evicted Warning Event is recorded
+// on it, and its status is set to phase Failed with reason Evicted, kubelet's message and a
+// DisruptionTarget condition (reason TerminationByKubelet). PodDisruptionBudgets are not consulted, as kubelet
 // does not. It implements pressure.Killer and pressure.CleanupChecker.
 type Killer struct {
 	client *Client
@@ -94,6 +94,12 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 	if err := k.client.DeletePod(ctx, c.Namespace, c.Name, opts); err != nil {
 		return "", fmt.Errorf("terminating %s/%s: %w", c.Namespace, c.Name, err)
 	}
+	// The Event next, while the pod still exists (terminating for at least its grace period, and
+	// its phase not yet Failed): the coordinator's admission webhook
+	// (deploy/webhook-node-agent.yaml) admits an agent's Event about a pod only while that pod
+	// exists and is bound to the agent's node. Kubelet records it before killing; the delete's uid
+	// precondition comes first here so that an Event never names a pod that was not evicted.
+	k.event(ctx, c, msg, now)
 	status := map[string]any{
 		"metadata": map[string]any{"uid": c.UID},
 		"status": map[string]any{
@@ -112,7 +118,6 @@ func (k *Killer) Kill(ctx context.Context, c eviction.Candidate, r eviction.Recl
 		// The pod is terminating already: the eviction happened, only its record is missing.
 		k.log.Warn("setting the evicted status failed", "pod", c.Namespace+"/"+c.Name, "error", err)
 	}
-	k.event(ctx, c, msg, now)
 	return msg, nil
 }
 

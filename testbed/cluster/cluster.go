@@ -344,7 +344,10 @@ func (c *Cluster) startEtcd(deadline time.Time) error {
 
 func (c *Cluster) startAPIServer(deadline time.Time) error {
 	p := c.pki.path
-	var err error
+	authz, err := c.writeAuthorizationConfig()
+	if err != nil {
+		return err
+	}
 	c.apiserver, err = spawn("kube-apiserver", filepath.Join(c.Config.Dir, "log", "kube-apiserver.log"), nil, nil, c.bin(apiBin),
 		"--etcd-servers="+c.etcdURL,
 		"--bind-address="+c.layout.APIServerIP.String(), "--advertise-address="+c.layout.APIServerIP.String(), "--secure-port=6443",
@@ -354,7 +357,7 @@ func (c *Cluster) startAPIServer(deadline time.Time) error {
 		"--kubelet-preferred-address-types=InternalIP",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
-		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+		"--authorization-config="+authz, "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
 		"--service-cluster-ip-range="+c.layout.ServiceCIDR, "--v=1")
 	if err != nil {
 		return err

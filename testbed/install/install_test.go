@@ -8,6 +8,7 @@ package install
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -153,6 +154,13 @@ func TestInstallCrash(t *testing.T) {
 	// 4. The one command.
 	out := k("apply", "-k", "testbed/overlays/cluster")
 	t.Logf("kubectl apply -k testbed/overlays/cluster:\n%s", out)
+	// Without cert-manager the node-agent webhook's caBundle is set by hand (deploy/README.md).
+	pem, err := os.ReadFile(filepath.Join(tmp, "pki", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k("patch", "validatingwebhookconfiguration", "nodefence-node-agent-own-node", "--type=json",
+		"-p", `[{"op":"add","path":"/webhooks/0/clientConfig/caBundle","value":"`+base64.StdEncoding.EncodeToString(pem)+`"}]`)
 	t.Cleanup(func() {
 		if t.Failed() {
 			dumpPods(t, admin, c)

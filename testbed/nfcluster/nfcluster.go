@@ -141,7 +141,9 @@ type Deployment struct {
 type Coordinator struct {
 	ID   string
 	Addr string // on the cluster's host address, reachable from the nodes
-	p    *procs.Proc
+	// AdmissionAddr is its node-agent admission webhook (deploy/webhook-node-agent.yaml).
+	AdmissionAddr string
+	p             *procs.Proc
 }
 
 // Log is the replica's log file.
@@ -212,6 +214,9 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 			return nil, err
 		}
 		d.Coordinators = append(d.Coordinators, co)
+	}
+	if err := d.applyWebhook(ctx, admin); err != nil {
+		return nil, err
 	}
 	var addrs []string
 	for _, co := range d.Coordinators {
@@ -498,8 +503,10 @@ func (d *Deployment) Fencectl(ctx context.Context, args ...string) (string, erro
 	return string(out), err
 }
 
-// Stop stops the agents (as node services), the coordinators, the driver and etcd.
+// Stop stops the agents (as node services), the coordinators, the driver and etcd, and removes
+// the node-agent webhook that names a coordinator of this deployment.
 func (d *Deployment) Stop() {
+	d.removeWebhook()
 	for _, n := range d.Cluster.Nodes {
 		n.RemoveService("node-agent")
 	}

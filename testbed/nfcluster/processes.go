@@ -11,6 +11,7 @@ import (
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/pki"
 	"github.com/nodefence/nodefence/testbed/procs"
@@ -106,12 +107,17 @@ func (d *Deployment) startDriver() error {
 
 func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, error) {
 	host := d.Cluster.HostIP().String()
-	ports, err := freePorts(host, 1)
+	ports, err := freePorts(host, 2)
 	if err != nil {
 		return nil, err
 	}
 	o := d.Opts
-	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0]))}
+	co := &Coordinator{ID: "coordinator-" + strconv.Itoa(i), Addr: net.JoinHostPort(host, strconv.Itoa(ports[0])),
+		AdmissionAddr: net.JoinHostPort(host, strconv.Itoa(ports[1]))}
+	if i == 1 {
+		// The first one also answers the apiserver's authorization webhook (testbed/cluster).
+		co.AdmissionAddr = net.JoinHostPort(host, strconv.Itoa(cluster.NodeAgentAuthzPort))
+	}
 	tls, err := d.issue(identity.Coordinator, co.ID)
 	if err != nil {
 		return nil, err
@@ -120,7 +126,7 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	args = append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
-		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=",
+		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=", "--admission-listen="+co.AdmissionAddr,
 		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
 		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
 		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),

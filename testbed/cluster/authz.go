@@ -1,0 +1,56 @@
+package cluster
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// NodeAgentAuthzPort is the port, on the host address (HostIP), where the apiserver asks the node
+// agents' authorization webhook of deploy/control-plane/authorization-config.yaml. The first
+// coordinator of a testbed deployment serves it there (testbed/nfcluster); when none does, the
+// webhook's failurePolicy (Deny) answers the same requests the same way, without a reason.
+const NodeAgentAuthzPort = 7443
+
+// shippedAuthzKubeconfig is the path deploy/control-plane/authorization-config.yaml names.
+const shippedAuthzKubeconfig = "/etc/kubernetes/nodefence/authorization-webhook.kubeconfig"
+
+// writeAuthorizationConfig writes deploy/control-plane/authorization-config.yaml as shipped (Node,
+// the node agents' webhook with its match conditions, RBAC), with its webhook kubeconfig in the
+// cluster's directory: the coordinator at HostIP:NodeAgentAuthzPort. That kubeconfig skips
+// verifying the coordinator's certificate: a testbed deployment makes its CA after the cluster
+// is up. The rule is the match conditions; the webhook only ever denies.
+func (c *Cluster) writeAuthorizationConfig() (string, error) {
+	_, f, _, _ := runtime.Caller(0)
+	shipped := filepath.Join(filepath.Dir(f), "..", "..", "deploy", "control-plane", "authorization-config.yaml")
+	raw, err := os.ReadFile(shipped)
+	if err != nil {
+		return "", err
+	}
+	if !strings.Contains(string(raw), shippedAuthzKubeconfig) {
+		return "", fmt.Errorf("%s no longer names %s", shipped, shippedAuthzKubeconfig)
+	}
+	kc := filepath.Join(c.Config.Dir, "nodefence-authz.kubeconfig")
+	server := "https://" + net.JoinHostPort(c.HostIP().String(), strconv.Itoa(NodeAgentAuthzPort)) + "/authorize/node-agent"
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters:
+  - name: nodefence-coordinator
+    cluster: {server: "`+server+`", insecure-skip-tls-verify: true}
+users:
+  - name: kube-apiserver
+    user: {}
+contexts:
+  - name: nodefence
+    context: {cluster: nodefence-coordinator, user: kube-apiserver}
+current-context: nodefence
+`), 0o600); err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.Config.Dir, "authorization-config.yaml")
+	return path, os.WriteFile(path, []byte(strings.ReplaceAll(string(raw), shippedAuthzKubeconfig, kc)), 0o600)
+}
