@@ -23,17 +23,25 @@ import (
 // -p <ipport> ...` or `telnet <ip> <ipport>` and splits it at whitespace. ssh is true for those
 // that take --ssh (the others speak telnet only). Read from `fence_x -o metadata` of every
 // /usr/sbin/fence_*: an agent with a "ssh" parameter, or a "telnet_path" one.
+//
+// control is added to the stdin of the control run by hand, for agents that need more than the
+// common parameters to reach their ssh login: fence_apc's default ssh options (-1 -c blowfish)
+// make today's ssh exit before it reads ProxyCommand, fence_lpar needs a managed system.
+// noControl says why an agent cannot be shown exploitable by hand here.
 var shellAgents = []struct {
-	name string
-	ssh  bool
+	name      string
+	ssh       bool
+	control   string
+	noControl string
 }{
-	{"fence_alom", true}, {"fence_apc", true}, {"fence_bladecenter", true}, {"fence_brocade", true},
-	{"fence_cdu", false}, {"fence_cyberpower_ssh", true}, {"fence_drac", false}, {"fence_drac5", true},
-	{"fence_hds_cb", true}, {"fence_hpblade", true}, {"fence_ilo3_ssh", true}, {"fence_ilo4_ssh", true},
-	{"fence_ilo5_ssh", true}, {"fence_ilo_moonshot", true}, {"fence_ilo_mp", true}, {"fence_ilo_ssh", true},
-	{"fence_ldom", true}, {"fence_lpar", true}, {"fence_netio", false}, {"fence_raritan", false},
-	{"fence_raritan_px3", true}, {"fence_rsa", true}, {"fence_rsb", true}, {"fence_sanbox2", false},
-	{"fence_vbox", true}, {"fence_virsh", true}, {"fence_vmware", true}, {"fence_wti", true},
+	{"fence_alom", true, "", ""}, {"fence_apc", true, "ssh_options=-oLogLevel=ERROR\n", ""}, {"fence_bladecenter", true, "", ""}, {"fence_brocade", true, "", ""},
+	{"fence_cdu", false, "", ""}, {"fence_cyberpower_ssh", true, "", ""}, {"fence_drac", false, "", ""}, {"fence_drac5", true, "", ""},
+	{"fence_hds_cb", true, "", ""}, {"fence_hpblade", true, "", ""}, {"fence_ilo3_ssh", true, "", ""}, {"fence_ilo4_ssh", true, "", ""},
+	{"fence_ilo5_ssh", true, "", ""}, {"fence_ilo_moonshot", true, "", ""}, {"fence_ilo_mp", true, "", ""}, {"fence_ilo_ssh", true, "", ""},
+	{"fence_ldom", true, "", ""}, {"fence_lpar", true, "managed=m1\n", ""}, {"fence_netio", false, "", ""}, {"fence_raritan", false, "", ""},
+	{"fence_raritan_px3", true, "", ""}, {"fence_rsa", true, "", ""}, {"fence_rsb", true, "", ""}, {"fence_sanbox2", false, "", ""},
+	{"fence_vbox", true, "", ""}, {"fence_virsh", true, "", ""},
+	{"fence_vmware", true, "", "it needs fence_vmware_helper, which Debian does not ship"}, {"fence_wti", true, "", ""},
 }
 
 // TestNoOptionInjectionThroughAnyShellAgent runs, for every fence agent that uses ssh or telnet,
@@ -102,11 +110,16 @@ func TestNoOptionInjectionThroughAnyShellAgent(t *testing.T) {
 			if !a.ssh {
 				return
 			}
+			if a.noControl != "" {
+				t.Logf("no control run by hand for %s: %s", a.name, a.noControl)
+				return
+			}
 			// Control: the agent by hand, fed the same user name on stdin, runs the script.
 			in := "action=status\nip=127.0.0.1\nipport=1\npassword=x\nssh=1\nlogin_timeout=2\nshell_timeout=2\nusername=" + proxy + " x\n"
 			if base["plug"] != "" {
 				in += "plug=1\n"
 			}
+			in += a.control
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join("/usr/sbin", a.name))
