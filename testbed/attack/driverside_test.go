@@ -72,7 +72,7 @@ func TestAttackAgentUserNameIsAnSSHOption(t *testing.T) {
 		t.Error("a fence configuration with an ssh option as user name was accepted")
 	}
 	c := serveDriver(t, fenceagent.New())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	tg := &driverv1.Target{Name: "n1", Parameters: map[string]string{"agent": "fence_wti", "ip": "127.0.0.1", "ipport": "1",
 		"ssh": "1", "plug": "1", "password": "x", "username": evil, "login_timeout": "2"}}
@@ -94,13 +94,13 @@ func TestAttackDriverEpochsAndBounds(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = bmc.Stop() })
 	c := serveDriver(t, ipmi.New())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	target := func(host string) *driverv1.Target {
 		return &driverv1.Target{Name: "n1", Parameters: map[string]string{"ip": host, "ipport": strconv.Itoa(bmc.Port),
 			"lanplus": "1", "cipher": "3", "username": "admin", "password": "password"}}
 	}
-	timeout := durationpb.New(5 * time.Second)
+	timeout := durationpb.New(30 * time.Second)
 
 	if err := bmc.SetFault(ipmisim.FaultFail); err != nil {
 		t.Fatal(err)
