@@ -10,7 +10,9 @@ package fenceconfig
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"regexp"
@@ -21,6 +23,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodefence/nodefence/fence-drivers/agentparams"
 	"github.com/nodefence/nodefence/services/fault"
 )
 
@@ -172,6 +175,9 @@ func (c *Config) Validate() error {
 		}
 		checkAction(&v, f+".action", t.Action)
 		c.checkParams(&v, f, t.Parameters)
+		if t.Driver == "agent" {
+			checkAgentParams(&v, f, t.Parameters)
+		}
 	}
 	if len(c.Nodes) == 0 {
 		v.Add("nodes", "at least one node is required")
@@ -239,6 +245,29 @@ func (c *Config) checkMethod(v *fault.Invalid, f string, m Method) {
 	}
 	checkAction(v, f+".action", m.Action)
 	c.checkParams(v, f, m.Parameters)
+	if driver == "agent" {
+		// What the agent driver is handed: the template's parameters with the method's overrides.
+		params := map[string]string{}
+		if t, ok := c.Templates[m.Template]; ok && m.Template != "" {
+			maps.Copy(params, t.Parameters)
+		}
+		maps.Copy(params, m.Parameters)
+		checkAgentParams(v, f, params)
+	}
+}
+
+// checkAgentParams applies the agent driver's own validator (package agentparams: allowlisted
+// names, values checked by their kind, never an option or a program) to a method's parameters, so
+// that a configuration the driver would refuse is refused when it is loaded or reloaded. Names a
+// driver host's administrator may allow beyond the allowlist pass here as text (the coordinator
+// does not know them; the driver refuses those it does not allow); forbidden names never do.
+func checkAgentParams(v *fault.Invalid, f string, params map[string]string) {
+	var inv fault.Invalid
+	if errors.As(agentparams.Check(params, []string{agentparams.AnyExtra}), &inv) {
+		for _, fe := range inv {
+			v.Add(f+".parameters."+fe.Field, "%s", fe.Problem)
+		}
+	}
 }
 
 // checkDriver checks that a driver has a service. With no Drivers at all (an offline check of

@@ -259,7 +259,7 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 		}
 	}
 	start := r.now()
-	state, err := r.invoke(ctx, rec, op)
+	state, err := r.invokeKnown(ctx, rec, op)
 	errText := ""
 	if err != nil {
 		if s, ok := status.FromError(err); ok {
@@ -280,28 +280,10 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 }
 
 func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
-	methods, err := Methods(rec, func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) })
+	cli, target, err := r.dispatch(rec, op)
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
-	var m *fenceconfig.Resolved
-	for i := range methods {
-		if methods[i].Name == op.Method && methods[i].Action == op.Action {
-			m = &methods[i]
-		}
-	}
-	if m == nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, fmt.Errorf("method %s (%s) is no longer configured for %s", op.Method, op.Action, rec.Node)
-	}
-	params, err := fenceconfig.ResolveSecrets(m.Parameters, r.Secrets)
-	if err != nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
-	}
-	cli, err := r.Drivers.Client(m.Endpoint)
-	if err != nil {
-		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
-	}
-	target := &driverv1.Target{Name: rec.Node, Parameters: params}
 	cctx, cancel := context.WithTimeout(ctx, r.OpTimeout+2*time.Second)
 	defer cancel()
 	// The epoch sent is this term's, even for an operation a previous leader wrote: the driver then
@@ -312,6 +294,32 @@ func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1
 	}
 	resp, err := cli.PowerOff(cctx, &driverv1.PowerOffRequest{OperationId: op.OperationId, Epoch: r.Term.Epoch, Target: target, Timeout: durationpb.New(r.OpTimeout)})
 	return resp.GetState(), err
+}
+
+// dispatch finds the operation's method, its driver client and the target with secrets resolved.
+func (r *Runner) dispatch(rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.FenceDriverServiceClient, *driverv1.Target, error) {
+	methods, err := Methods(rec, func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) })
+	if err != nil {
+		return nil, nil, err
+	}
+	var m *fenceconfig.Resolved
+	for i := range methods {
+		if methods[i].Name == op.Method && methods[i].Action == op.Action {
+			m = &methods[i]
+		}
+	}
+	if m == nil {
+		return nil, nil, fmt.Errorf("method %s (%s) is no longer configured for %s", op.Method, op.Action, rec.Node)
+	}
+	params, err := fenceconfig.ResolveSecrets(m.Parameters, r.Secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := r.Drivers.Client(m.Endpoint)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cli, &driverv1.Target{Name: rec.Node, Parameters: params}, nil
 }
 
 func cloneFence(f *coordv1.NodeFence) *coordv1.NodeFence {

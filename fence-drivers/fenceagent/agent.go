@@ -18,13 +18,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nodefence/nodefence/fence-drivers/agentparams"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/fault"
@@ -32,9 +32,6 @@ import (
 
 // ParamAgent names the agent to run.
 const ParamAgent = "agent"
-
-// agentName is what an agent's name must look like (it becomes a path).
-var agentName = regexp.MustCompile(`^fence_[a-z0-9_]+$`)
 
 // Config configures the runner. Zero fields take the defaults documented on each field.
 type Config struct {
@@ -159,7 +156,7 @@ func (d *Driver) Metadata(agent string) (*Metadata, error) {
 
 // path returns the agent's executable, checking its name.
 func (d *Driver) path(agent string) (string, error) {
-	if !agentName.MatchString(agent) {
+	if !agentparams.IsAgentName(agent) {
 		var inv fault.Invalid
 		inv.Add(ParamAgent, "must name a ClusterLabs fence agent (fence_ and lower-case letters, digits, _), got %q", agent)
 		return "", inv.Err()
@@ -211,11 +208,9 @@ func (d *Driver) prepare(params map[string]string) (*call, error) {
 		case slices.Contains(controlled, name):
 			inv.Add(k, "is set by the runner, not by the target")
 			continue
-		case forbiddenName(name) || !allowed[name] && !slices.Contains(d.cfg.ExtraParameters, name):
-			inv.Add(k, "is not an allowed parameter: the runner passes only the device, credential, protocol and timing parameters it allowlists, never a program, script, file or command-line option")
-			continue
-		case !allowValue(name, v):
-			inv.Add(k, "must be one line without shell special characters")
+		}
+		if problem := checkValue(name, v, d.cfg.ExtraParameters); problem != "" {
+			inv.Add(k, "%s", problem)
 			continue
 		}
 		ap := m.Params[name]

@@ -85,17 +85,53 @@ func (s *epochStore) high(key string) int64 {
 }
 
 // observe rejects an epoch lower than the highest seen for key and records (and persists, before
-// returning) a higher one. The in-memory table changes only once the file is durable.
-func (s *epochStore) observe(key string, epoch int64) error {
+// returning) a higher one. The in-memory table changes only once the file is durable. undo takes
+// the record back (see forget); it is nil when nothing was recorded.
+func (s *epochStore) observe(key string, epoch int64) (undo func() error, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	high := s.high(key)
 	if err := staleErr(key, epoch, high); err != nil {
-		return err
+		return nil, err
 	}
 	if epoch == high {
+		return nil, nil
+	}
+	prev, had := s.epochs[key]
+	if err := s.record(key, epoch); err != nil {
+		return nil, err
+	}
+	return func() error { return s.forget(key, epoch, prev, had) }, nil
+}
+
+// forget takes back a record of epoch for key that a failed call made: a call that changed nothing
+// must not raise the bar (one failed PowerOn at the largest epoch would make the device
+// unfenceable). The key returns to what it was, unless a later call has recorded since.
+func (s *epochStore) forget(key string, epoch, prev int64, had bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.epochs[key]; !ok || e != epoch {
 		return nil
 	}
+	next := make(map[string]int64, len(s.epochs))
+	for k, v := range s.epochs {
+		next[k] = v
+	}
+	if had && prev > s.floor {
+		next[key] = prev
+	} else {
+		delete(next, key)
+	}
+	if err := s.persist(next, s.floor); err != nil {
+		return fmt.Errorf("take back epoch %d for %s: %w", epoch, key, err)
+	}
+	s.epochs = next
+	return nil
+}
+
+// record writes epoch for key (higher than its current one), evicting the lowest entry when the
+// table is full. s.mu is held.
+func (s *epochStore) record(key string, epoch int64) error {
 	next := make(map[string]int64, len(s.epochs)+1)
 	for k, v := range s.epochs {
 		next[k] = v

@@ -20,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -119,6 +120,8 @@ type Options struct {
 	Log *slog.Logger
 	// Metrics receives per-device results and latencies; nil records none.
 	Metrics *Metrics
+	// Resolver looks up a device's host name for its key (ResolvedKey). Default net.DefaultResolver.
+	Resolver Resolver
 }
 
 // SetDefaults fills the zero fields.
@@ -134,6 +137,9 @@ func (o *Options) SetDefaults() {
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
+	}
+	if o.Resolver == nil {
+		o.Resolver = net.DefaultResolver
 	}
 }
 

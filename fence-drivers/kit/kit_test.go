@@ -100,10 +100,10 @@ func TestEpochStorePersists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.observe("dev", 5); err != nil {
+	if _, err := s.observe("dev", 5); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.observe("dev", 4); !errors.Is(err, fault.ErrStaleEpoch) {
+	if _, err := s.observe("dev", 4); !errors.Is(err, fault.ErrStaleEpoch) {
 		t.Fatalf("observe lower epoch = %v, want ErrStaleEpoch", err)
 	}
 	s2, err := loadEpochs(dir)
@@ -274,7 +274,7 @@ func TestEpochStoreBounded(t *testing.T) {
 	}
 	s.max = 3
 	for i, dev := range []string{"a", "b", "c", "d", "e"} {
-		if err := s.observe(dev, int64(10+i)); err != nil {
+		if _, err := s.observe(dev, int64(10+i)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -299,6 +299,8 @@ func (s *Service) mutate(ctx context.Context, m mutation, act actFunc) (proto.Me
 	var inv fault.Invalid
 	if strings.TrimSpace(m.opID) == "" {
 		inv.Add("operation_id", "required: a unique id per operation (repeat it only to retry the same operation)")
+	} else {
+		checkToken(&inv, "operation_id", m.opID, MaxOperationID, operationChars, true)
 	}
 	if m.epoch <= 0 {
 		inv.Add("epoch", "must be positive (the caller's fencing token), got %d", m.epoch)
@@ -327,6 +329,7 @@ func (s *Service) mutate(ctx context.Context, m mutation, act actFunc) (proto.Me
 		}
 		t, key = rt, s.d.DeviceKey(rt)
 	}
+	key = ResolvedKey(ctx, s.opts.Resolver, s.d, t)
 	if err := s.epochs.check(key, m.epoch); err != nil {
 		s.audit(m, t, key, start, "rejected", err)
 		return nil, err
@@ -368,15 +371,23 @@ func (s *Service) execute(m mutation, t Target, key string, start, deadline time
 		if err != nil {
 			return nil, fmt.Errorf("%s: waiting for another operation on device %s: %w", m.action, key, err)
 		}
-		if err := s.epochs.observe(key, m.epoch); err != nil {
+		undo, err := s.epochs.observe(key, m.epoch)
+		if err != nil {
 			unlock()
 			return nil, err
 		}
-		// The lock is released when act really returns, even if that is after the deadline.
+		// The lock is released when act really returns, even if that is after the deadline; a
+		// failed act takes its epoch back before that (a failed call never records its epoch).
 		return bounded(ctx, func(ctx context.Context) (proto.Message, error) {
 			ctx, cancel := softDeadline(ctx)
 			defer cancel()
-			return act(ctx, t, start)
+			resp, err := act(ctx, t, start)
+			if err != nil && undo != nil {
+				if uerr := undo(); uerr != nil {
+					s.opts.Log.Error("failed call's epoch not taken back", "device", key, "epoch", m.epoch, "err", uerr)
+				}
+			}
+			return resp, err
 		}, unlock)
 	}()
 	s.ops.finish(m.opID, op, resp, err)
@@ -471,6 +482,11 @@ func (s *Service) target(pt *driverv1.Target, inv *fault.Invalid) (Target, strin
 		return Target{}, ""
 	}
 	t := Target{Name: pt.GetName()}
+	before := len(*inv)
+	checkRequestBounds(inv, pt.GetName(), pt.GetParameters(), nil)
+	if len(*inv) > before {
+		return t, ""
+	}
 	if len(pt.GetParameters()) == 0 {
 		var req []string
 		for _, p := range s.desc {
