@@ -53,9 +53,9 @@ func ValidateHello(h *agentv1.Hello) error {
 	return v.Err()
 }
 
-// ValidateEvent checks a condition change, a shutdown event or an eviction proposal: known enum
-// values, non-negative durations, capped text. Heartbeats and samples pass (agentwire decodes
-// them, bounded by the message size).
+// ValidateEvent checks a condition change, a shutdown event, an eviction proposal or an eviction
+// report: known enum values, non-negative durations, capped text, Kubernetes names. Heartbeats and
+// samples pass (agentwire decodes them, bounded by the message size).
 func ValidateEvent(m *agentv1.ConnectRequest) error {
 	var v fault.Invalid
 	switch msg := m.GetMsg().(type) {
@@ -95,8 +95,37 @@ func ValidateEvent(m *agentv1.ConnectRequest) error {
 			}
 			duration(&v, "candidates.candidates.grace_period", p.GetGracePeriod())
 		}
+	case *agentv1.ConnectRequest_Eviction:
+		validateEvictionReport(&v, msg.Eviction)
 	}
 	return v.Err()
+}
+
+// validateEvictionReport checks an eviction report: the pod by Kubernetes' rules (a namespace is a
+// DNS label, a pod name a DNS subdomain), a known kind, printable identifiers, capped text.
+func validateEvictionReport(v *fault.Invalid, r *agentv1.EvictionReport) {
+	if !dnsLabel(r.GetNamespace()) {
+		v.Add("eviction.namespace", "%q is not a Kubernetes namespace name (a DNS label of at most 63 characters)", clip(r.GetNamespace()))
+	}
+	if err := identity.ValidName(r.GetName()); err != nil {
+		v.Add("eviction.name", "not a Kubernetes pod name: %v", err)
+	}
+	shortText(v, "eviction.uid", r.GetUid())
+	shortText(v, "eviction.signal", r.GetSignal())
+	if _, ok := agentv1.EvictionKind_name[int32(r.GetKind())]; !ok || r.GetKind() == agentv1.EvictionKind_EVICTION_KIND_UNSPECIFIED {
+		v.Add("eviction.kind", "unknown eviction kind %d", r.GetKind())
+	}
+	duration(v, "eviction.grace_period", r.GetGracePeriod())
+	text(v, "eviction.message", r.GetMessage())
+	if t := r.GetAt(); t != nil && t.CheckValid() != nil {
+		v.Add("eviction.at", "not a valid timestamp")
+	}
+}
+
+// dnsLabel checks an RFC 1123 label: 1-63 lower-case letters, digits and '-', starting and ending
+// with a letter or digit.
+func dnsLabel(s string) bool {
+	return len(s) <= maxLabelValue && !strings.Contains(s, ".") && identity.ValidName(s) == nil
 }
 
 func duration(v *fault.Invalid, field string, d *durationpb.Duration) {

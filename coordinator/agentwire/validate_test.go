@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/identity"
@@ -42,8 +43,19 @@ func TestValidateEvent(t *testing.T) {
 	shut := func(s *agentv1.ShutdownEvent) *agentv1.ConnectRequest {
 		return &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: s}}
 	}
-	if err := ValidateEvent(cond(&agentv1.ConditionChange{Type: 1, Status: 1, Reason: "r"})); err != nil {
-		t.Fatal(err)
+	evicted := func(mod func(r *agentv1.EvictionReport)) *agentv1.ConnectRequest {
+		r := &agentv1.EvictionReport{Namespace: "default", Name: "web-7f9c.x", Uid: "8d3c0c1e-1f0b-4c53-9d1a-1c2b3d4e5f60",
+			Signal: "memory.available", Kind: agentv1.EvictionKind_EVICTION_KIND_HARD, GracePeriod: durationpb.New(time.Second),
+			Message: "The node was low on resource: memory.", At: timestamppb.New(time.Unix(1e9, 0))}
+		if mod != nil {
+			mod(r)
+		}
+		return &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Eviction{Eviction: r}}
+	}
+	for _, ok := range []*agentv1.ConnectRequest{cond(&agentv1.ConditionChange{Type: 1, Status: 1, Reason: "r"}), evicted(nil)} {
+		if err := ValidateEvent(ok); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for field, m := range map[string]*agentv1.ConnectRequest{
 		"condition.type":        cond(&agentv1.ConditionChange{Type: 42, Status: 1}),
@@ -51,6 +63,14 @@ func TestValidateEvent(t *testing.T) {
 		"condition.message":     cond(&agentv1.ConditionChange{Type: 1, Status: 1, Message: strings.Repeat("m", MaxText+1)}),
 		"shutdown.phase":        shut(&agentv1.ShutdownEvent{Phase: 9}),
 		"shutdown.grace_period": shut(&agentv1.ShutdownEvent{Phase: 1, GracePeriod: durationpb.New(-time.Second)}),
+		"eviction.namespace":    evicted(func(r *agentv1.EvictionReport) { r.Namespace = "kube-system\naudit: forged" }),
+		"eviction.name":         evicted(func(r *agentv1.EvictionReport) { r.Name = strings.Repeat("p", 300) }),
+		"eviction.uid":          evicted(func(r *agentv1.EvictionReport) { r.Uid = "u\x1b[2J" }),
+		"eviction.signal":       evicted(func(r *agentv1.EvictionReport) { r.Signal = strings.Repeat("s", 129) }),
+		"eviction.kind":         evicted(func(r *agentv1.EvictionReport) { r.Kind = 0 }),
+		"eviction.grace_period": evicted(func(r *agentv1.EvictionReport) { r.GracePeriod = durationpb.New(-time.Second) }),
+		"eviction.message":      evicted(func(r *agentv1.EvictionReport) { r.Message = strings.Repeat("m", MaxText+1) }),
+		"eviction.at":           evicted(func(r *agentv1.EvictionReport) { r.At = &timestamppb.Timestamp{Seconds: -1 << 62} }),
 	} {
 		if err := ValidateEvent(m); err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: %v, want a problem naming it", field, err)
@@ -65,6 +85,9 @@ func FuzzValidateHello(f *testing.F) {
 		NodeName: "n-1", Zone: "z", Region: "r", BootId: "b", Labels: map[string]string{"a": "b"}}}})
 	f.Add(seed)
 	seed, _ = proto.Marshal(&agentv1.ConnectRequest{Seq: 2, Msg: &agentv1.ConnectRequest_Shutdown{Shutdown: &agentv1.ShutdownEvent{Phase: 1, GracePeriod: durationpb.New(time.Second)}}})
+	f.Add(seed)
+	seed, _ = proto.Marshal(&agentv1.ConnectRequest{Seq: 3, Msg: &agentv1.ConnectRequest_Eviction{Eviction: &agentv1.EvictionReport{
+		Namespace: "default", Name: "p", Uid: "u", Signal: "memory.available", Kind: 2, Message: "m"}}})
 	f.Add(seed)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m agentv1.ConnectRequest
@@ -82,6 +105,10 @@ func FuzzValidateHello(f *testing.F) {
 			}
 			if s := m.GetShutdown(); s != nil && s.GracePeriod != nil && s.GracePeriod.AsDuration() < 0 {
 				t.Fatalf("accepted %v", s)
+			}
+			if r := m.GetEviction(); r != nil && (identity.ValidName(r.Name) != nil || len(r.Namespace) > 63 || len(r.Uid) > 128 ||
+				len(r.Signal) > 128 || len(r.Message) > MaxText || r.Kind == 0 || r.Kind > 5) {
+				t.Fatalf("accepted %v", r)
 			}
 		}
 	})

@@ -47,6 +47,13 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if id, _ := identity.From(ctx); id.Role != identity.Any && (id.Role != identity.Agent || id.Name != hello.NodeName) {
 		return fmt.Errorf("%s may not speak for node %q: %w", id, hello.NodeName, fault.ErrPermissionDenied)
 	}
+	// One node holds at most MaxStreamsPerNode streams, counted from here: a stream waiting for a
+	// leader counts too.
+	release, err := s.streams.acquire(hello.NodeName)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := s.knownNode(ctx, hello.NodeName); err != nil {
 		return err
 	}

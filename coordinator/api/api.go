@@ -121,6 +121,8 @@ type ClusterServer struct {
 type AgentServer struct {
 	agentv1.UnimplementedAgentServiceServer
 	*Deps
+
+	streams streamCount // open streams by node, at most MaxStreamsPerNode each
 }
 
 // start creates (or returns the active) record for node with action, and runs it.

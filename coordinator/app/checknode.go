@@ -84,7 +84,7 @@ func (a *App) probe(ctx context.Context, secrets fenceconfig.SecretReader, node 
 	if err != nil {
 		return finish("secret not readable: "+err.Error(), nil)
 	}
-	cli, err := a.drivers.Client(m.Endpoint)
+	cli, err := a.drivers.Client(m.Endpoint, m.Identity)
 	if err != nil {
 		return finish("no driver client: "+err.Error(), params)
 	}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/nodes"
 	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 )
@@ -55,6 +58,10 @@ type Config struct {
 	// DriverEndpoints map driver names to fence-driver services in Kubernetes mode (the standalone
 	// YAML has its own drivers section).
 	DriverEndpoints map[string]string
+	// DriverIdentities map driver names to the identity name each driver's certificate must carry
+	// (spiffe://nodefence/driver/<name>) in Kubernetes mode; a driver not named here must present
+	// its own name (driver/ipmi for ipmi).
+	DriverIdentities map[string]string
 	// Engine holds the node lifecycle parameters (grace periods, eviction rates, zone thresholds).
 	Engine engine.Config
 	// ElectionTTL is the leader lease: a dead leader is replaced after at most this long.
@@ -202,6 +209,17 @@ func (c *Config) registerKubeFlags(fs *flag.FlagSet, d Config) {
 		c.DriverEndpoints[name] = addr
 		return nil
 	})
+	fs.Func("driver-identity", "NAME=IDENTITY: the driver NAME's service must present spiffe://nodefence/driver/IDENTITY (Kubernetes mode; repeatable; default: driver/NAME)", func(v string) error {
+		name, id, ok := strings.Cut(v, "=")
+		if !ok || name == "" || id == "" {
+			return fmt.Errorf("want NAME=IDENTITY, got %q", v)
+		}
+		if c.DriverIdentities == nil {
+			c.DriverIdentities = map[string]string{}
+		}
+		c.DriverIdentities[name] = id
+		return nil
+	})
 	fs.StringVar(&c.ControlPlaneSelector, "control-plane-selector", d.ControlPlaneSelector, "label selector of control-plane nodes (Kubernetes mode)")
 	fs.StringVar(&c.AdmissionListen, "admission-listen", "", "IP:PORT of the HTTPS admission webhook (--tls-cert, --tls-key) that admits a node agent's eviction or Event only for its own node's pods and Node (Kubernetes mode; default off)")
 	fs.StringVar(&c.AdmissionAgentUser, "admission-agent-user", d.AdmissionAgentUser, "the node agents' ServiceAccount user the admission webhook judges")
@@ -315,9 +333,18 @@ func (c *Config) validateSources() []error {
 	if c.FencePolicy != "" && c.FencePolicy != "stateful" && c.FencePolicy != "all" {
 		errs = append(errs, fmt.Errorf("--fence-policy: %q is not stateful or all", c.FencePolicy))
 	}
-	for name, addr := range c.DriverEndpoints {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, addr))
+	for _, name := range slices.Sorted(maps.Keys(c.DriverEndpoints)) {
+		if _, _, err := net.SplitHostPort(c.DriverEndpoints[name]); err != nil {
+			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, c.DriverEndpoints[name]))
+		}
+		d := fenceconfig.Driver{Identity: c.DriverIdentities[name]}
+		if err := identity.ValidName(d.PeerName(name)); err != nil {
+			errs = append(errs, fmt.Errorf("--driver-identity %s: %s is not a valid identity name (%v)", name, d.PeerName(name), err))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.DriverIdentities)) {
+		if _, ok := c.DriverEndpoints[name]; !ok {
+			errs = append(errs, fmt.Errorf("--driver-identity %s: no --driver-endpoint %s=HOST:PORT", name, name))
 		}
 	}
 	if _, err := labels.Parse(c.ControlPlaneSelector); err != nil {
@@ -417,7 +444,7 @@ func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != ni
 func (c *Config) driverMap() map[string]fenceconfig.Driver {
 	m := map[string]fenceconfig.Driver{}
 	for name, addr := range c.DriverEndpoints {
-		m[name] = fenceconfig.Driver{Endpoint: addr}
+		m[name] = fenceconfig.Driver{Endpoint: addr, Identity: c.DriverIdentities[name]}
 	}
 	return m
 }

@@ -43,7 +43,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 	if cfg.PodEvictionTimeout != 0 {
 		log.Warn("--pod-eviction-timeout is deprecated and has no effect: Kubernetes removed it in 1.27; taint-based eviction (tolerationSeconds) decides when pods leave a not-ready node")
 	}
-	a := &App{cfg: cfg, log: log, drivers: fencing.NewDrivers(cfg.DriverTLS)}
+	a := &App{cfg: cfg, log: log, drivers: fencing.NewDrivers(cfg.DriverTLS, log)}
 	a.fenceCf.Store(fences)
 	if cfg.kubeMode() {
 		if err := a.startKube(); err != nil {

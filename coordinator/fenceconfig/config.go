@@ -25,6 +25,7 @@ import (
 
 	"github.com/nodefence/nodefence/fence-drivers/agentparams"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 )
 
 // Steps of the fencing flow, in the seed's order.
@@ -46,10 +47,23 @@ type Config struct {
 	Nodes map[string]Node `json:"nodes"`
 }
 
-// Driver locates a fence-driver service.
+// Driver locates a fence-driver service and says who must answer there.
 type Driver struct {
 	// Endpoint is the service's gRPC address, host:port.
 	Endpoint string `json:"endpoint"`
+	// Identity is the name the service's certificate must carry, spiffe://nodefence/driver/<identity>;
+	// empty means the driver's own name (drivers.ipmi answers as driver/ipmi). The coordinator
+	// refuses, at the TLS handshake, any other server of the same CA at Endpoint.
+	Identity string `json:"identity,omitempty"`
+}
+
+// PeerName is the driver identity name the service at the endpoint must present: Identity, or the
+// driver's name when Identity is empty.
+func (d Driver) PeerName(name string) string {
+	if d.Identity != "" {
+		return d.Identity
+	}
+	return name
 }
 
 // Method is one way of fencing a node: a driver and its parameters, optionally from a template.
@@ -114,6 +128,9 @@ type Resolved struct {
 	Driver string
 	// Endpoint is the driver service address.
 	Endpoint string
+	// Identity is the name of the driver identity (spiffe://nodefence/driver/<Identity>) the service
+	// at Endpoint must present.
+	Identity string
 	// Parameters are merged template and method parameters; secrets are still references.
 	Parameters map[string]string
 	// Action is "off" or "on".
@@ -160,6 +177,13 @@ func (c *Config) Validate() error {
 		}
 		if _, _, err := net.SplitHostPort(d.Endpoint); err != nil {
 			v.Add("drivers."+name+".endpoint", "%q is not host:port", d.Endpoint)
+		}
+		if err := identity.ValidName(d.PeerName(name)); err != nil {
+			if d.Identity == "" {
+				v.Add("drivers."+name+".identity", "required: the driver's name is not an identity name (%v)", err)
+			} else {
+				v.Add("drivers."+name+".identity", "%v", err)
+			}
 		}
 	}
 	for _, name := range sortedKeys(c.Templates) {
@@ -344,7 +368,8 @@ func (c *Config) Plan(node, step string) ([]Resolved, error) {
 			r.Action = DefaultAction(step)
 		}
 		r.Required = must != nil && *must
-		r.Endpoint = c.Drivers[r.Driver].Endpoint
+		d := c.Drivers[r.Driver]
+		r.Endpoint, r.Identity = d.Endpoint, d.PeerName(r.Driver)
 		out = append(out, r)
 	}
 	return out, nil

@@ -33,7 +33,7 @@ func TestCrashAtEveryPointFencesExactlyOnce(t *testing.T) {
 	endpoint, cli := etcdtest.Start(t)
 	log := slog.New(slog.DiscardHandler)
 	driverAddr, _ := kittest.Serve(t, ipmi.New(), kit.Options{PollInterval: 20 * time.Millisecond, Log: log})
-	drivers := fencing.NewDrivers(tlsfiles.Files{Insecure: true})
+	drivers := fencing.NewDrivers(tlsfiles.Files{Insecure: true}, nil)
 	t.Cleanup(drivers.Close)
 	st := store.New(cli, "/crash")
 

@@ -29,35 +29,47 @@ import (
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/dial"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
-// Drivers hands out driver clients by endpoint, one connection each.
+// Drivers hands out driver clients by endpoint and expected identity, one connection each. Every
+// connection verifies that the server at the endpoint presents exactly the driver identity the
+// configuration names (fenceconfig.Driver.Identity): a server of the same CA with another identity
+// (an agent's certificate, another driver's) fails the TLS handshake and is never sent a call.
 type Drivers struct {
 	tls   tlsfiles.Files
+	log   *slog.Logger
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns map[driverKey]*grpc.ClientConn
 }
 
-// NewDrivers returns a client pool using tls for every driver connection.
-func NewDrivers(tls tlsfiles.Files) *Drivers {
-	return &Drivers{tls: tls, conns: map[string]*grpc.ClientConn{}}
+type driverKey struct{ endpoint, identity string }
+
+// NewDrivers returns a client pool using tls for every driver connection; log (may be nil) records
+// every server refused for its identity.
+func NewDrivers(tls tlsfiles.Files, log *slog.Logger) *Drivers {
+	return &Drivers{tls: tls, log: log, conns: map[driverKey]*grpc.ClientConn{}}
 }
 
-// Client returns the client for endpoint.
-func (d *Drivers) Client(endpoint string) (driverv1.FenceDriverServiceClient, error) {
+// Client returns the client for endpoint, whose server must present spiffe://nodefence/driver/<name>.
+func (d *Drivers) Client(endpoint, name string) (driverv1.FenceDriverServiceClient, error) {
+	if name == "" {
+		return nil, fmt.Errorf("driver at %s: no expected identity", endpoint)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	c, ok := d.conns[endpoint]
+	k := driverKey{endpoint, name}
+	c, ok := d.conns[k]
 	if !ok {
 		var err error
-		if c, err = dial.New(endpoint, d.tls); err != nil {
+		if c, err = dial.New(endpoint, d.tls, dial.Peer(identity.Driver, name), dial.Log(d.log)); err != nil {
 			return nil, err
 		}
-		d.conns[endpoint] = c
+		d.conns[k] = c
 	}
 	return driverv1.NewFenceDriverServiceClient(c), nil
 }
@@ -69,7 +81,7 @@ func (d *Drivers) Close() {
 	for _, c := range d.conns {
 		c.Close()
 	}
-	d.conns = map[string]*grpc.ClientConn{}
+	d.conns = map[driverKey]*grpc.ClientConn{}
 }
 
 // NodeFacts reports the coordinator's live view of a node: whether it is ready, and until when a
@@ -315,7 +327,7 @@ func (r *Runner) dispatch(rec *coordv1.NodeFence, op *coordv1.Operation) (driver
 	if err != nil {
 		return nil, nil, err
 	}
-	cli, err := r.Drivers.Client(m.Endpoint)
+	cli, err := r.Drivers.Client(m.Endpoint, m.Identity)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -29,6 +29,7 @@ import (
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 )
 
 // Sampler reads the node's eviction signals. It is an interface here, where it is used, so that
@@ -243,7 +244,9 @@ type recvEnd struct {
 // session runs one stream to addr until it ends or ctx is done.
 func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	defer a.connected.Store(false)
-	conn, err := dial.New(addr, a.cfg.TLS)
+	// Only a coordinator may answer: another certificate of the same CA (another node's agent, a
+	// driver) fails the handshake before the hello, which names the node, is sent.
+	conn, err := dial.New(addr, a.cfg.TLS, dial.Peer(identity.Coordinator, ""), dial.Log(a.log))
 	if err != nil {
 		return result{err: err}
 	}

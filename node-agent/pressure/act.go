@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -306,8 +307,21 @@ func (m *Monitor) report(c eviction.Candidate, signal string, kind agentv1.Evict
 	m.send.Send(EvictionReport(c, signal, kind, msg, now))
 }
 
-// EvictionReport builds the message reporting an eviction to the coordinator.
+// maxReportMessage is the longest message the coordinator accepts in a report (agentwire.MaxText):
+// a longer one (an Eviction API error can be) would have the stream refused, again at every resend.
+const maxReportMessage = 1024
+
+// EvictionReport builds the message reporting an eviction to the coordinator. The message is cut
+// to what the coordinator accepts, as valid UTF-8.
 func EvictionReport(c eviction.Candidate, signal string, kind agentv1.EvictionKind, msg string, at time.Time) *agentv1.ConnectRequest {
+	msg = strings.ToValidUTF8(msg, "?")
+	if len(msg) > maxReportMessage {
+		cut := maxReportMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
+	}
 	return &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Eviction{Eviction: &agentv1.EvictionReport{
 		Namespace: c.Namespace, Name: c.Name, Uid: c.UID, Signal: signal, Kind: kind,
 		GracePeriod: durationpb.New(c.GracePeriod), Message: msg, At: timestamppb.New(at)}}}

@@ -1,8 +1,15 @@
 // Package dial opens gRPC client connections with nodefence's TLS posture and keepalive settings.
+// Every outbound call of a nodefence binary checks who answers, not only that the CA signed the
+// answer: Peer names the identity the server's certificate must carry (the coordinator calls only
+// driver/<name> as configured; an agent and fencectl call only coordinator/*), and a server of the
+// same CA presenting any other identity fails the handshake, before a request leaves.
 package dial
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
@@ -10,30 +17,98 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
 )
 
+// Option configures New.
+type Option func(*settings)
+
+type settings struct {
+	peer *expected
+	log  *slog.Logger
+	grpc []grpc.DialOption
+}
+
+type expected struct {
+	role identity.Role
+	name string // "" accepts any name of role
+}
+
+func (e expected) String() string {
+	if e.name == "" {
+		return "spiffe://" + identity.TrustDomain + "/" + string(e.role) + "/*"
+	}
+	return identity.Identity{Role: e.role, Name: e.name}.String()
+}
+
+// Peer makes New verify, in the TLS handshake, that the server's verified certificate carries the
+// identity role/name (any name of role when name is ""). A server presenting another identity, or
+// none, fails the handshake: no request is sent to it. Plaintext connections (tlsfiles.Files
+// Insecure, tests and demos only) carry no identity and are not checked.
+func Peer(role identity.Role, name string) Option {
+	return func(s *settings) { s.peer = &expected{role: role, name: name} }
+}
+
+// Log makes New log every refused server at Error level, naming the address, the expected and the
+// presented identity.
+func Log(l *slog.Logger) Option { return func(s *settings) { s.log = l } }
+
+// GRPC adds gRPC dial options.
+func GRPC(o ...grpc.DialOption) Option { return func(s *settings) { s.grpc = append(s.grpc, o...) } }
+
+// ErrWrongPeer is wrapped by the handshake error of a server whose identity is not the expected one.
+var ErrWrongPeer = errors.New("the server's identity is not the expected one")
+
 // New returns a lazily connecting client for addr (host:port).
-func New(addr string, files tlsfiles.Files, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, error) {
+	var s settings
+	for _, o := range opts {
+		o(&s)
+	}
 	creds := insecure.NewCredentials()
 	if !files.Insecure {
 		cfg, err := files.Client()
 		if err != nil {
 			return nil, err
 		}
+		if s.peer != nil {
+			cfg.VerifyConnection = verifyPeer(addr, *s.peer, s.log)
+		}
 		creds = credentials.NewTLS(cfg)
 	}
-	opts := append([]grpc.DialOption{
+	dopts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		// Static flow-control windows, as on the servers: no bandwidth-delay-product pings, which a
 		// client would otherwise send for every burst of acknowledgements an agent stream receives.
 		grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow),
-	}, extra...)
-	conn, err := grpc.NewClient(addr, opts...)
+	}, s.grpc...)
+	conn, err := grpc.NewClient(addr, dopts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	return conn, nil
+}
+
+// verifyPeer runs after crypto/tls verified the server's chain and name: it reads the identity of
+// the verified leaf and refuses any other than want.
+func verifyPeer(addr string, want expected, log *slog.Logger) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		got, err := identity.FromTLS(&cs)
+		presented := ""
+		switch {
+		case err != nil:
+			presented = "no valid identity (" + err.Error() + ")"
+		case got.Role != want.role || (want.name != "" && got.Name != want.name):
+			presented = got.String()
+		default:
+			return nil
+		}
+		if log != nil {
+			log.Error("refused a server presenting the wrong identity", "address", addr, "expected", want.String(), "presented", presented)
+		}
+		return fmt.Errorf("%w: %s presented %s, expected %s", ErrWrongPeer, addr, presented, want)
+	}
 }

@@ -46,6 +46,9 @@ var (
 	ErrConflict = errors.New("concurrent modification")
 	// ErrUnimplemented: this server does not offer the operation (a driver without plug listing).
 	ErrUnimplemented = errors.New("not implemented")
+	// ErrResourceExhausted: the caller already holds as much of a per-caller resource as it may (an
+	// agent's open streams); retrying once it released some may succeed.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 // LeaderTrailer is the metadata key under which a follower names the leader's address.
@@ -136,6 +139,8 @@ func domainCode(err error) (codes.Code, bool) {
 		return codes.PermissionDenied, true
 	case errors.Is(err, ErrUnimplemented):
 		return codes.Unimplemented, true
+	case errors.Is(err, ErrResourceExhausted):
+		return codes.ResourceExhausted, true
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded, true
 	case errors.Is(err, context.Canceled):

@@ -30,6 +30,7 @@ func TestStatusMapping(t *testing.T) {
 		{errors.New("password=hunter2 leaked"), codes.Internal, "internal error (see the server log)"},
 		{fmt.Errorf("acknowledge n1: %w", ErrConflict), codes.Aborted, "acknowledge n1: concurrent modification"},
 		{fmt.Errorf("driver x cannot monitor: %w", ErrUnimplemented), codes.Unimplemented, "driver x cannot monitor: not implemented"},
+		{fmt.Errorf("node n1 holds 2 agent streams: %w", ErrResourceExhausted), codes.ResourceExhausted, "node n1 holds 2 agent streams: resource exhausted"},
 		{fmt.Errorf("%w: no peer", ErrCallerUnauthenticated), codes.Unauthenticated, "caller not authenticated: no peer"},
 		// A status from elsewhere (the etcd client, a driver) never passes through with its own code
 		// and message: the code is translated, the message fixed.

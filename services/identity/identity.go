@@ -20,7 +20,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
@@ -132,14 +131,21 @@ func ValidName(s string) error {
 	return nil
 }
 
-// FromCert reads the identity of a certificate: exactly one nodefence URI SAN.
+// FromCert reads the identity of a certificate: exactly one nodefence URI SAN, written exactly as
+// Parse accepts it. A URI SAN that claims the nodefence trust domain in another spelling
+// ("SPIFFE://nodefence/...", "spiffe://NodeFence/...", an escaped host, a port, user information)
+// makes the certificate unusable rather than being ignored; other trust domains are ignored.
 func FromCert(c *x509.Certificate) (Identity, error) {
+	uris, err := uriSANs(c)
+	if err != nil {
+		return Identity{}, err
+	}
 	var found []Identity
-	for _, u := range c.URIs {
-		if u == nil || u.Scheme != "spiffe" || u.Host != TrustDomain {
+	for _, u := range uris {
+		if !inTrustDomain(u) {
 			continue
 		}
-		id, err := Parse(uriString(u))
+		id, err := Parse(u)
 		if err != nil {
 			return Identity{}, err
 		}
@@ -152,13 +158,6 @@ func FromCert(c *x509.Certificate) (Identity, error) {
 		return found[0], nil
 	}
 	return Identity{}, fmt.Errorf("the certificate has %d spiffe://%s/ URI SANs; one is allowed", len(found), TrustDomain)
-}
-
-func uriString(u *url.URL) string {
-	if u.Opaque != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Port() != "" {
-		return "invalid:" // Parse refuses it
-	}
-	return "spiffe://" + u.Host + u.EscapedPath()
 }
 
 type ctxKey struct{}

@@ -187,8 +187,8 @@ func TestUnitsStartHealthy(t *testing.T) {
 		h := hosts[n]
 		writeFile(t, h.path("/etc/nodefence/bmc-password"), "secret\n")
 		writeFile(t, h.path("/etc/nodefence/fence.yaml"), fmt.Sprintf(`drivers:
-  ipmi: {endpoint: "%s"}
-  pdu: {endpoint: "%s"}
+  ipmi: {endpoint: "%s", identity: h01}
+  pdu: {endpoint: "%s", identity: h01}
 templates:
   bmc:
     driver: ipmi

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/identity"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -90,7 +91,9 @@ func (c *ctl) try(ctx context.Context, bounded bool, fn callFunc) error {
 			if c.conn != nil {
 				c.conn.Close()
 			}
-			conn, err := dial.New(addr, c.tls)
+			// Only a coordinator may answer (any coordinator replica): a server of the same CA
+			// presenting another identity fails the handshake before a request is sent.
+			conn, err := dial.New(addr, c.tls, dial.Peer(identity.Coordinator, ""))
 			if err != nil {
 				return err
 			}
