@@ -151,6 +151,10 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 		if err := fencing.Joined(got, action); err != nil {
 			return nil, err
 		}
+	} else {
+		// The operator acted: the node's newest record is this one (a standing power-off no
+		// longer holds its automatic fences).
+		_ = l.Loop.Step(ctx, engine.FenceRecord{Record: got, At: s.now()})
 	}
 	l.Runner.Start(got.Id)
 	return got, nil
@@ -245,8 +249,10 @@ func (s *FenceServer) Acknowledge(ctx context.Context, req *coordv1.AcknowledgeR
 	return nil, fmt.Errorf("acknowledge %s: too many concurrent changes, retry: %w", req.Node, leader.ErrConflict)
 }
 
-// poweredOff tells the engine an acknowledged node is off, for its node view.
+// poweredOff tells the engine the node's newest record (an acknowledgement's) and that the node
+// is off, for its node view.
 func poweredOff(ctx context.Context, lp *loop.Loop, f *coordv1.NodeFence) {
+	_ = lp.Step(ctx, engine.FenceRecord{Record: f, At: f.GetUpdatedAt().AsTime()})
 	if f.GetConfirmedOffAt() != nil {
 		_ = lp.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
 	}
