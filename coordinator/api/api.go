@@ -153,6 +153,10 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 		if err := fencing.Joined(got, action); err != nil {
 			return nil, err
 		}
+	} else {
+		// The operator acted: the node's newest record is this one (a standing power-off no
+		// longer holds its automatic fences).
+		_ = l.Loop.Step(ctx, engine.FenceRecord{Record: got, At: s.now()})
 	}
 	l.Runner.Start(got.Id)
 	return got, nil

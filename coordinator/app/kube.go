@@ -243,6 +243,12 @@ func (f releaseFacts) Node(ctx context.Context, node string) (*coordv1.Node, err
 	return v, err
 }
 
+func (f releaseFacts) Proof(ctx context.Context, node string) (kube.Proven, error) {
+	var p kube.Proven
+	err := f.lp.Query(ctx, func(e *engine.Engine) { p.Fence, p.Verdict, p.Spoke = e.Proof(node) })
+	return p, err
+}
+
 // eventReasons maps the engine's event kinds about one node to Kubernetes Event reasons and types.
 var eventReasons = map[string]struct{ reason, kind string }{
 	"readiness":       {"NodefenceReadiness", corev1.EventTypeNormal},
@@ -253,6 +259,7 @@ var eventReasons = map[string]struct{ reason, kind string }{
 	"fence-held-back": {"FenceHeldBack", corev1.EventTypeWarning},
 	"shutdown":        {"ShutdownAnnounced", corev1.EventTypeNormal},
 	"kdump":           {"KernelDump", corev1.EventTypeWarning},
+	"proof":           {"FenceProvenDark", corev1.EventTypeNormal},
 }
 
 // onReady turns the engine's decisions about nodes into Events on their Nodes and a reconciler

@@ -165,8 +165,10 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 		nc := a.fences().Nodes[n]
 		initial = append(initial, engine.Configured{Node: n, Region: nc.Region, Zone: nc.Zone, Fenceable: true, At: now})
 	}
+	ec := a.cfg.Engine
+	ec.AgentHeartbeat = a.cfg.AgentHeartbeatInterval // the proof's cadence of the agent witness
 	t.loop = loop.New(loop.Config{
-		Engine: a.cfg.Engine, Term: term, Store: a.store,
+		Engine: ec, Term: term, Store: a.store,
 		Initial: initial, Metrics: a.metrics, Log: a.log, Now: a.now,
 		Audit: func(ev engine.Event) clientv3.Op {
 			return a.store.AuditOp(ev.At, term.Epoch, ev.Node, ev.Kind, ev.Text)
@@ -185,19 +187,41 @@ func (t *termParts) onReady(rd engine.Ready) {
 	for _, f := range rd.Fences {
 		go t.a.autoFence(t.term, t.runner, f)
 	}
+	t.a.proof.verdicts(t.term, t.loop, rd.Proofs)
 	if t.a.kube != nil {
 		t.a.kube.onReady(rd)
 	}
 }
 
 // fenceChanged follows a fence record's change: the Kubernetes mirror and the audit hear of it,
-// and a confirmed power-off reaches the engine's view of the node at once.
+// the engine keeps it as the node's newest record (its proof, the hold on automatic fences), and a
+// confirmed power-off reaches the engine's view of the node at once.
 func (t *termParts) fenceChanged(f *coordv1.NodeFence) {
 	t.a.fenceChanged(t.term, f)
+	ctx, cancel := context.WithTimeout(t.term.Context(), 5*time.Second)
+	defer cancel()
+	_ = t.loop.Step(ctx, engine.FenceRecord{Record: f, At: t.a.now()})
 	if f.Action == coordv1.FenceAction_FENCE_ACTION_OFF && f.ConfirmedOffAt != nil {
-		ctx, cancel := context.WithTimeout(t.term.Context(), 5*time.Second)
 		_ = t.loop.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
-		cancel()
+	}
+}
+
+// standingRecords hands the engine every configured node's newest record, so that the new term
+// re-checks every confirmed power-off against every witness (for a full window of its own) and
+// holds the automatic fences of the nodes whose record stands. It runs before the runner resumes
+// the active records, whose newer versions follow.
+func (t *termParts) standingRecords() {
+	ctx, cancel := context.WithTimeout(t.term.Context(), 30*time.Second)
+	defer cancel()
+	for _, node := range t.a.fences().NodeNames() {
+		f, err := t.a.store.LatestFence(ctx, node)
+		if err != nil {
+			t.a.log.Error("cannot read the node's newest fence record; its proof is not re-checked this term", "node", node, "err", err)
+			continue
+		}
+		if f != nil {
+			_ = t.loop.Step(ctx, engine.FenceRecord{Record: f, At: t.a.now()})
+		}
 	}
 }
 
@@ -251,6 +275,7 @@ func (t *termParts) start() {
 	if a.kube != nil {
 		a.kube.startTerm(term, t.loop)
 	}
+	t.standingRecords()
 	active, err := a.store.ActiveFences(term.Context())
 	if err != nil {
 		a.log.Error("cannot list records to resume; they resume at the next term", "err", err)
@@ -285,7 +310,6 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 	a.audit(term, f.Node, kind, text)
 	a.metrics.ObserveFence(f)
-	a.proof.observe(term, f)
 	a.fenceMx.observe(f)
 	if a.kube != nil {
 		a.kube.onFence(f)

@@ -42,6 +42,9 @@ type Config struct {
 	KubeletDownPolicy nodes.KubeletDownPolicy
 	// PodEviction is the per-zone budget of soft-threshold pod evictions (see pods.go).
 	PodEviction PodEvictionConfig
+	// AgentHeartbeat is the agents' heartbeat interval, the proof's cadence for the agent witness
+	// (proof.go; default 1s).
+	AgentHeartbeat time.Duration
 }
 
 // DefaultConfig is kube-controller-manager's defaults, and the defaults of what the engine adds
@@ -83,6 +86,9 @@ func (c *Config) SetDefaults() {
 	if c.Fence.Settle == 0 {
 		c.Fence.Settle = DefaultFenceSettle
 	}
+	if c.AgentHeartbeat == 0 {
+		c.AgentHeartbeat = DefaultAgentHeartbeat
+	}
 	c.PodEviction.SetDefaults()
 }
 
@@ -110,6 +116,8 @@ const (
 	DefaultMaxUnresponsivePercent = 50.0
 	DefaultFenceBudget            = 3
 	DefaultFenceBudgetWindow      = 10 * time.Minute
+	// DefaultAgentHeartbeat is the coordinator's default --agent-heartbeat-interval.
+	DefaultAgentHeartbeat = time.Second
 )
 
 // Taint is the NoExecute taint the engine wants on a node.
@@ -186,6 +194,9 @@ type node struct {
 	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
 	poweredOff         string     // a fence confirmed the node off ("" once an agent says hello again)
 	helloAt            time.Time  // the latest agent hello
+	kubeletAdvanced    time.Time  // when this engine last saw kubeletBeat advance (its first sight is none)
+	kubeletRenew       time.Duration
+	fence              *standing // the node's newest fence record and its proof (proof.go)
 }
 
 // New returns an engine with cfg (defaults filled).
@@ -231,6 +242,7 @@ func (e *Engine) Tick(now time.Time) {
 	e.updateZones(now)
 	e.release(now)
 	e.grantPods(now)
+	e.prove(now)
 	e.fence(now)
 }
 

@@ -48,8 +48,8 @@ type FenceRequest struct {
 	LastContact, NotReadySince, At time.Time
 }
 
-// Skip records that automatic fencing of a node was held back, and why. Kind is one of halted,
-// paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget, control-plane,
+// Skip records that automatic fencing of a node was held back, and why. Kind is one of fenced,
+// halted, paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget, control-plane,
 // last-control-plane.
 type Skip struct {
 	Node, Kind, Reason string
@@ -81,7 +81,10 @@ func (e *Engine) fence(now time.Time) {
 		k := n.zoneKey
 		z := e.zones[k]
 		// The guard judges on every pass from the release on, so the settle window sees any break.
-		kind, reason := e.guard(z, total, unready, now)
+		kind, reason := e.standingGuard(n)
+		if reason == "" {
+			kind, reason = e.guard(z, total, unready, now)
+		}
 		if reason == "" {
 			kind, reason = e.controlPlaneGuard(n)
 		}

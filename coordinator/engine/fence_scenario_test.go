@@ -131,8 +131,18 @@ func (h *harness) create(rec *coordv1.NodeFence) []string {
 	if cur := h.fence.records[rec.Node]; cur != nil && cur.FinishedAt == nil {
 		return []string{fmt.Sprintf("%s: active record %s kept", rec.Node, cur.Id)}
 	}
-	h.fence.records[rec.Node] = rec
+	h.keep(rec)
 	return []string{h.summary(rec)}
+}
+
+// keep stores the node's newest record and hands it to the engine, as the runner's change
+// callback and the API do (coordinator/app's fenceChanged, api's poweredOff).
+func (h *harness) keep(rec *coordv1.NodeFence) {
+	h.fence.records[rec.Node] = rec
+	h.e.Step(FenceRecord{Record: rec, At: h.now})
+	if rec.Action == coordv1.FenceAction_FENCE_ACTION_OFF && rec.ConfirmedOffAt != nil {
+		h.e.Step(PoweredOff{Node: rec.Node, Fence: rec.Id, At: rec.ConfirmedOffAt.AsTime()})
+	}
 }
 
 // handleFence is an operator's fence or unfence through the API (as alice): refused when it would
@@ -212,7 +222,7 @@ func (h *harness) write(next *coordv1.NodeFence) *coordv1.NodeFence {
 	if next.FinishedAt != nil {
 		next.FinishedAt = next.UpdatedAt
 	}
-	h.fence.records[next.Node] = next
+	h.keep(next)
 	return next
 }
 
@@ -302,12 +312,13 @@ func (h *harness) handleAck(pos []string, args map[string]string) []string {
 	if err != nil {
 		return append(out, "refused: "+err.Error())
 	}
-	h.fence.records[node] = next
+	h.keep(next)
 	return append(out, h.summary(next))
 }
 
-// handleProof judges the node's latest record by the proof rules: after a confirmed power-off the
-// agent must go silent (agents send a heartbeat every second in the scripts).
+// handleProof prints the engine's verdict on the node's newest record (the proof rules of
+// coordinator/fencing applied to every witness it heard; agents send a heartbeat every second in
+// the scripts, kubelets renew every 10 s) and which witness spoke after the power-off.
 //
 //	proof a1
 func (h *harness) handleProof(pos []string) []string {
@@ -316,14 +327,38 @@ func (h *harness) handleProof(pos []string) []string {
 	if !fencing.NeedsProof(rec) {
 		return []string{fmt.Sprintf("%s: no proof to check (not a driver-confirmed power-off)", node)}
 	}
-	var last time.Time
-	if n := h.e.Node(node); n != nil && n.LastSeen != nil {
-		last = n.LastSeen.AsTime()
+	id, v, spoke := h.e.Proof(node)
+	if id != rec.Id {
+		h.t.Fatalf("proof %s: the engine judges record %q, not the newest %s", node, id, rec.Id)
 	}
-	window, slack := fencing.ProofWindow(time.Second)
-	v := fencing.ProofVerdict(rec.ConfirmedOffAt.AsTime(), last, h.now, window, slack)
-	return []string{fmt.Sprintf("%s: proof %s (confirmed off t=%s, last contact t=%s)", node, v,
-		rec.ConfirmedOffAt.AsTime().Sub(h.start), last.Sub(h.start))}
+	line := fmt.Sprintf("%s: proof %s (confirmed off t=%s)", node, v, rec.ConfirmedOffAt.AsTime().Sub(h.start))
+	if spoke != "" {
+		line += "; " + h.relative(spoke)
+	}
+	return []string{line}
+}
+
+// relative rewrites the RFC 3339 times of the scripts' day in text as t=<elapsed>.
+func (h *harness) relative(text string) string {
+	var out []string
+	for _, w := range strings.Fields(text) {
+		if at, err := time.Parse(time.RFC3339Nano, strings.TrimRight(w, ",:;")); err == nil {
+			w = "t=" + at.Sub(h.start).String() + w[len(strings.TrimRight(w, ",:;")):]
+		}
+		out = append(out, w)
+	}
+	return strings.Join(out, " ")
+}
+
+// alarms writes each wrong-machine verdict on its record, as coordinator/app does.
+func (h *harness) alarms(proofs []ProofResult) {
+	for _, p := range proofs {
+		if r := h.fence.records[p.Node]; p.Verdict == fencing.ProofWrongMachine && r != nil && r.Id == p.Fence {
+			next := proto.Clone(r).(*coordv1.NodeFence)
+			next.WrongMachineAt = timestamppb.New(p.At)
+			h.keep(next)
+		}
+	}
 }
 
 // handleDisconnect closes the agents' streams (a silent agent's stream stays open until then).

@@ -36,6 +36,7 @@ type Kubelet struct {
 	Node      string
 	Heartbeat time.Time
 	At        time.Time
+	Renew     time.Duration // how often the kubelet renews its Lease (zero: unknown)
 }
 
 // Removed forgets a node: its Node object was deleted. A node deleted while silent no longer holds
@@ -157,6 +158,8 @@ func (e *Engine) Step(in Input) {
 		e.restore(in.Nodes)
 	case Kdump:
 		e.kdump(in)
+	case FenceRecord:
+		e.fenceRecord(in)
 	}
 }
 
@@ -185,6 +188,10 @@ func (e *Engine) kubelet(in Kubelet) {
 	n := e.node(in.Node, "", "", in.At)
 	if in.Heartbeat.IsZero() {
 		return // the kubelet never posted: the startup grace period runs from the node's registration
+	}
+	n.kubeletRenew = max(n.kubeletRenew, in.Renew)
+	if n.kubeletSeen && in.Heartbeat.After(n.kubeletBeat) {
+		n.kubeletAdvanced = in.At // the kubelet spoke while this engine listened (first sight: not)
 	}
 	if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
 		n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
@@ -391,6 +398,8 @@ type Ready struct {
 	// Grants are soft-threshold pod evictions allowed by their zone's budget, to send on the
 	// nodes' agent streams.
 	Grants []Grant
+	// Proofs are new verdicts on the nodes' driver-confirmed power-offs (proof.go).
+	Proofs []ProofResult
 	// Events describe every decision in words, in order.
 	Events []Event
 }
@@ -398,7 +407,7 @@ type Ready struct {
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
 	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 &&
-		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0
+		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0 && len(r.Proofs) == 0
 }
 
 // Write is one record to persist; exactly one field is set.
@@ -455,7 +464,7 @@ type ConditionChange struct {
 type Event struct {
 	At time.Time
 	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, fence-held-back, pause,
-	// kdump, condition, shutdown, agent-down, kubelet-down, node, apiserver.
+	// kdump, condition, shutdown, agent-down, kubelet-down, node, apiserver, proof, alarm.
 	Kind string
 	// Node is the node concerned, or "".
 	Node string

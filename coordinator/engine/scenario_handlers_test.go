@@ -236,6 +236,14 @@ func (h *harness) handleLeaderChange() []string {
 		h.e.Step(APIServer{Reachable: true, At: h.now})
 		h.relist()
 	}
+	if h.fence != nil {
+		// The new term reads every node's newest record (coordinator/app's standingRecords).
+		for _, n := range h.names {
+			if r := h.fence.records[n]; r != nil {
+				h.e.Step(FenceRecord{Record: r, At: h.now})
+			}
+		}
+	}
 	for _, n := range h.names {
 		if !h.silent[n] {
 			h.e.Step(Hello{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], BootID: "b-" + n, At: h.now})

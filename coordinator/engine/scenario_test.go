@@ -54,7 +54,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	driver a1 confirmed | failed [error=x] | state=unknown   the pending driver call's answer
 //	ack a1 [caller=operator:alice|any] [operator=bob] [force=true] [reason=x]   an acknowledgement
 //	disconnect a1..a3                      those agents' streams close
-//	proof a1                               the proof verdict of a driver-confirmed power-off
+//	proof a1                               the engine's proof verdict on a driver-confirmed power-off
 //	fence-record a1                        print the node's latest record
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")
@@ -231,7 +231,11 @@ func (h *harness) drain() []string {
 	}
 	var out []string
 	for _, ev := range rd.Events {
-		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), ev.Text))
+		text := ev.Text
+		if ev.Kind == "proof" || ev.Kind == "alarm" {
+			text = h.relative(text)
+		}
+		out = append(out, fmt.Sprintf("t=%s %s", ev.At.Sub(h.start), text))
 	}
 	out = append(out, h.autoFences(rd.Fences)...)
 	for _, g := range rd.Grants {
@@ -240,6 +244,7 @@ func (h *harness) drain() []string {
 		}
 	}
 	h.e.Advance()
+	h.alarms(rd.Proofs)
 	return out
 }
 

@@ -1,17 +1,23 @@
 package fencing
 
 import (
+	"fmt"
 	"time"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
 // The proof rules: a driver's read-back proves that the device it was told about is off, not that
-// this device powers the node. After a driver confirmed a node off, the node's agent must go silent;
-// an agent that still reports after the power-off (plus one heartbeat in flight) means the fence
-// switched off another machine. The coordinator's proof check (coordinator/app) applies these rules
-// to the engine's last contact with the agent; the release never frees the pods of a record marked
-// wrong machine.
+// this device powers the node. After a driver confirmed a node off, every witness of the node must
+// fall silent: its agent, and in Kubernetes mode its kubelet (Lease renewals, Ready heartbeats). A
+// witness heard after the power-off (plus the time a message sent before it may take to arrive)
+// means the fence switched off another machine: the critical wrong-machine alarm. The node is
+// proven dark only once the leader has heard nothing for a full window of its own observation —
+// a window counted in the current leadership term only, since a new leader has heard nothing
+// before it started. The engine applies these rules to what it hears (coordinator/engine/proof.go);
+// the release (coordinator/kube.DecideRelease) frees the pods of a driver-confirmed record only
+// once proven dark, never while a witness spoke after the power-off, never after the alarm; and
+// no automatic fence of the node starts while its record stands (HoldsAutoFence).
 
 // Proof is the verdict on a record confirmed off.
 type Proof int
@@ -20,9 +26,9 @@ type Proof int
 const (
 	// ProofPending: not yet known; judge again later.
 	ProofPending Proof = iota
-	// ProofDark: the agent stayed silent: the right machine went dark.
+	// ProofDark: every witness stayed silent for the window: the right machine went dark.
 	ProofDark
-	// ProofWrongMachine: the agent reported after the confirmed power-off.
+	// ProofWrongMachine: a witness spoke after the confirmed power-off.
 	ProofWrongMachine
 )
 
@@ -36,30 +42,123 @@ func (p Proof) String() string {
 	return "pending"
 }
 
-// NeedsProof reports whether a record version is to be checked: a power-off confirmed by a driver
-// (an operator's acknowledgement is not checked) and not already marked wrong machine.
+// NeedsProof reports whether a record is to be checked: a power-off confirmed by a driver (an
+// operator's acknowledgement is the operator's word and is not checked).
 func NeedsProof(f *coordv1.NodeFence) bool {
-	return f.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && f.GetConfirmedOffAt() != nil &&
-		f.GetAcknowledgedBy() == "" && f.GetWrongMachineAt() == nil
+	return f.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && f.GetConfirmedOffAt() != nil && f.GetAcknowledgedBy() == ""
 }
 
-// ProofWindow returns, for agents sending a heartbeat every hb, how long the agent must stay silent
-// after a confirmed power-off (window) and how late a heartbeat sent before the power-off may still
-// arrive (slack).
-func ProofWindow(hb time.Duration) (window, slack time.Duration) {
-	return 3*hb + time.Second, min(hb, time.Second)
+// HoldsAutoFence reports whether the node's newest record f keeps every automatic fence of the node
+// back while it stands: a driver-confirmed power-off (the node is fenced: fencing it again could
+// only hit the same device, or another machine once more), or one that raised the wrong-machine
+// alarm. An operator lifts it by acting: an unfence, a reboot, a new fence or an acknowledgement
+// writes a newer record. A power cycle that powered the node on again does not hold.
+func HoldsAutoFence(f *coordv1.NodeFence) bool {
+	if !NeedsProof(f) {
+		return false
+	}
+	return f.GetWrongMachineAt() != nil || PoweredOnAt(f).IsZero()
 }
 
-// ProofVerdict judges a record confirmed off at off, whose node's agent was last heard at last
-// (zero: never), at now.
-func ProofVerdict(off, last, now time.Time, window, slack time.Duration) Proof {
-	if last.After(off.Add(slack)) {
-		return ProofWrongMachine
+// PoweredOnAt is when the record began to power its node on again after the confirmed power-off
+// (a power cycle's "on" in power management), zero if it did not: witnesses heard after it are the
+// node coming back, not the wrong machine.
+func PoweredOnAt(f *coordv1.NodeFence) time.Time {
+	off := f.GetConfirmedOffAt().AsTime()
+	for _, op := range f.GetOperations() {
+		if op.GetStep() == coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT && op.GetAction() == "on" && op.GetStartedAt() != nil &&
+			!op.GetStartedAt().AsTime().Before(off) {
+			return op.GetStartedAt().AsTime()
+		}
 	}
-	// Dark once no heartbeat in flight can still come and the agent has been silent for the window
-	// (a node dead before the fence was silent long before it: no wait).
-	if now.After(off.Add(slack)) && now.Sub(last) >= window {
-		return ProofDark
-	}
-	return ProofPending
+	return time.Time{}
 }
+
+// Witnessed is what the current leadership term heard from a node's witnesses, on its own clock.
+type Witnessed struct {
+	// Since is when the term began to hear them: its start, or the end of its latest blind spell
+	// (the apiserver unreadable, the all-zones halt). Silence before it proves nothing.
+	Since time.Time
+	// Blind is set while the term cannot hear a witness (Kubernetes mode: the apiserver is
+	// unreadable): no silence counts.
+	Blind bool
+	// Agent is the agent's last contact in this term (zero: none).
+	Agent time.Time
+	// Kubelet is when this term last saw the kubelet's heartbeat (its Lease's renewTime or its Ready
+	// condition's lastHeartbeatTime) advance; the first sight of a heartbeat is no advance, since it
+	// may be older than the power-off (zero: none).
+	Kubelet time.Time
+	// KubeletRenew is how often the kubelet renews its Lease (a quarter of the Lease's duration);
+	// zero without a kubelet witness (standalone mode).
+	KubeletRenew time.Duration
+}
+
+// ProofRule holds the cadences the proof is judged against.
+type ProofRule struct {
+	// Grace is the node-monitor grace period: the least the current term observes the node after
+	// the power-off before it may call it dark (a new leader's agents reconnect within it).
+	Grace time.Duration
+	// Heartbeat is the agents' heartbeat interval.
+	Heartbeat time.Duration
+}
+
+// KubeletSlack is how late a Lease renewal or status update the kubelet made before the power-off
+// may reach the leader's informer.
+const KubeletSlack = 2 * time.Second
+
+// AgentSlack is how late an agent heartbeat sent before the power-off may arrive.
+func (r ProofRule) AgentSlack() time.Duration { return min(r.Heartbeat, time.Second) }
+
+// Window is how long the current term must hear nothing from any witness of the node after the
+// power-off: a full grace period, and at least three agent heartbeats and two kubelet renewals
+// (each witness against its own cadence).
+func (r ProofRule) Window(kubeletRenew time.Duration) time.Duration {
+	w := max(r.Grace, 3*r.Heartbeat+time.Second)
+	if kubeletRenew > 0 {
+		w = max(w, 2*kubeletRenew+KubeletSlack)
+	}
+	return w
+}
+
+// Spoke says which witness of the node was heard after the record's confirmed power-off (and before
+// the record powered the node on again, if it did), "" if none.
+func Spoke(f *coordv1.NodeFence, w Witnessed, r ProofRule) string {
+	if !NeedsProof(f) {
+		return ""
+	}
+	off, on := f.GetConfirmedOffAt().AsTime(), PoweredOnAt(f)
+	heard := func(at time.Time, slack time.Duration) bool {
+		return at.After(off.Add(slack)) && (on.IsZero() || at.Before(on))
+	}
+	switch {
+	case heard(w.Agent, r.AgentSlack()):
+		return "its agent reported at " + stamp(w.Agent)
+	case heard(w.Kubelet, KubeletSlack):
+		return "its kubelet renewed its heartbeat at " + stamp(w.Kubelet)
+	}
+	return ""
+}
+
+// Verdict judges a driver-confirmed record at now from what the current term heard: wrong machine
+// as soon as a witness spoke after the power-off; dark once the term has observed the node for the
+// window after the power-off (after its own start: time before it is not observation) without a
+// word; pending otherwise. The text says why.
+func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Proof, string) {
+	if !NeedsProof(f) {
+		return ProofPending, "not a driver-confirmed power-off"
+	}
+	if who := Spoke(f, w, r); who != "" {
+		return ProofWrongMachine, who + ", after the power-off confirmed at " + stamp(f.GetConfirmedOffAt().AsTime())
+	}
+	window := r.Window(w.KubeletRenew)
+	from := f.GetConfirmedOffAt().AsTime().Add(max(r.AgentSlack(), KubeletSlack))
+	if w.Since.After(from) {
+		from = w.Since
+	}
+	if w.Blind || now.Sub(from) < window {
+		return ProofPending, fmt.Sprintf("observing the witnesses for %s since %s", window, stamp(from))
+	}
+	return ProofDark, fmt.Sprintf("every witness silent for %s since %s, after the power-off", window, stamp(from))
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

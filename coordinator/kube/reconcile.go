@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodefence/nodefence/coordinator/fencing"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -34,6 +36,19 @@ type ReleaseFacts interface {
 	Fence(ctx context.Context, node string) (latest *coordv1.NodeFence, running bool, err error)
 	// Node returns the engine's view of the node, nil if the engine does not know it.
 	Node(ctx context.Context, node string) (*coordv1.Node, error)
+	// Proof returns the leader's proof of the node's newest record (coordinator/fencing's rules,
+	// applied by the engine to every witness it hears).
+	Proof(ctx context.Context, node string) (Proven, error)
+}
+
+// Proven is the leader's proof of a node's newest fence record.
+type Proven struct {
+	// Fence is the record judged ("" when the leader has none for the node).
+	Fence string
+	// Verdict is the current term's: dark only after a full window of its own observation.
+	Verdict fencing.Proof
+	// Spoke names the witness heard after the record's confirmed power-off, "" if none.
+	Spoke string
 }
 
 // ReleaseAction is what one reconciler pass does to a node's workloads.
@@ -49,7 +64,14 @@ const (
 	ReleaseRemove
 	// ReleaseHold: nothing now; look again later (requeue after the returned delay, if any).
 	ReleaseHold
+	// ReleaseWithdraw: a witness of the node spoke after its confirmed power-off (the fence hit
+	// another machine): remove the out-of-service taint from the running node.
+	ReleaseWithdraw
 )
+
+// proofPoll is how often a pass looks again at a release that waits for the proof (the engine's
+// verdict also asks for a pass at once).
+const proofPoll = 5 * time.Second
 
 // ReleaseState is what one pass observes about a node.
 type ReleaseState struct {
@@ -66,11 +88,17 @@ type ReleaseState struct {
 	ReadySince time.Time
 	// Tainted is set while the node has the out-of-service taint.
 	Tainted bool
+	// Proof is the leader's proof of Fence (zero when it judged another record or none).
+	Proof Proven
 }
 
 // DecideRelease is the reconciler's rule, pure:
-//   - a record whose power-off hit another machine (wrong_machine_at: the node kept reporting after
-//     it) never releases anything, even once the node falls silent later;
+//   - a driver-confirmed power-off that hit another machine — its wrong_machine_at alarm, or any
+//     witness (agent, kubelet) heard after its confirmed_off_at — never releases anything, and
+//     withdraws the out-of-service taint if it is there, even once the node falls silent later;
+//   - a driver-confirmed power-off releases only once the leader proved the node dark: every
+//     witness silent for a full window of the current term's own observation; until then hold
+//     (an operator's acknowledgement is the operator's word and needs no proof);
 //   - the newest record of the node is a power-off (or isolation) confirmed by read-back, operator
 //     acknowledgement or fence_kdump, and the engine still has both witnesses silent: release
 //     (idempotent, so every pass completes what an earlier one could not);
@@ -81,9 +109,19 @@ type ReleaseState struct {
 //     the taint; not yet that long: hold until then.
 func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (ReleaseAction, time.Duration, string) {
 	confirmed := s.Fence != nil && s.Fence.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && s.Fence.GetConfirmedOffAt() != nil
+	var proof Proven
+	if s.Proof.Fence == s.Fence.GetId() {
+		proof = s.Proof
+	}
+	wrong := confirmed && fencing.NeedsProof(s.Fence) &&
+		(s.Fence.GetWrongMachineAt() != nil || proof.Verdict == fencing.ProofWrongMachine || proof.Spoke != "")
 	switch {
-	case confirmed && s.Fence.GetWrongMachineAt() != nil && !s.Tainted:
+	case wrong && s.Tainted:
+		return ReleaseWithdraw, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): out-of-service taint withdrawn, pods are never released", s.Fence.GetId())
+	case wrong:
 		return ReleaseHold, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): pods are never released", s.Fence.GetId())
+	case confirmed && fencing.NeedsProof(s.Fence) && proof.Verdict != fencing.ProofDark:
+		return ReleaseHold, proofPoll, fmt.Sprintf("fence %s confirmed the node off; its witnesses are being observed before anything is released", s.Fence.GetId())
 	case confirmed && !s.WitnessesBack:
 		return ReleaseApply, 0, fmt.Sprintf("fence %s confirmed the node off; its witnesses are silent", s.Fence.GetId())
 	case confirmed && s.Running && !s.Tainted:
@@ -237,6 +275,11 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 		}
 	}
 	st := ReleaseState{Fence: latest, Running: running, Tainted: hasOutOfService(n)}
+	if latest != nil {
+		if st.Proof, err = r.facts.Proof(ctx, n.Name); err != nil {
+			return 0, err
+		}
+	}
 	if view != nil && view.GetReadiness() == coordv1.Readiness_READINESS_READY {
 		st.WitnessesBack = true
 		st.BackSince = view.GetReadinessChangedAt().AsTime()
@@ -275,6 +318,14 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 			if r.opts.OnRecover != nil {
 				r.opts.OnRecover(n.Name, why)
 			}
+		}
+	case ReleaseWithdraw:
+		removed, err := r.w.Unrelease(ctx, n.Name)
+		if err != nil {
+			return 0, err
+		}
+		if removed {
+			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseWithdrawn", why)
 		}
 	case ReleaseHold:
 		if after == 0 {

@@ -69,6 +69,15 @@ func KubeletHeartbeat(n *corev1.Node, lease *coordinationv1.Lease) time.Time {
 	return beat
 }
 
+// KubeletRenew is how often the kubelet renews its Lease: a quarter of the Lease's duration (the
+// kubelet's fixed renew-interval fraction). Zero without a Lease or a duration.
+func KubeletRenew(lease *coordinationv1.Lease) time.Duration {
+	if lease == nil || lease.Spec.LeaseDurationSeconds == nil || *lease.Spec.LeaseDurationSeconds <= 0 {
+		return 0
+	}
+	return time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second / 4
+}
+
 // Witness reads the kubelet witness (Nodes and their Leases in kube-node-lease) through informers
 // and hands the engine what it sees: Configured for every Node (zones, labels), Kubelet for every
 // heartbeat, Removed for every deleted Node, and APIServer whenever the apiserver becomes
@@ -218,7 +227,8 @@ func (w *Witness) relist(readable bool) {
 	nodes, _ := w.Nodes.List(labels.Everything())
 	for _, n := range nodes {
 		w.emit(NodeInput(n, w.fenceable(n.Name), w.controlPlane, now))
-		w.emit(engine.Kubelet{Node: n.Name, Heartbeat: KubeletHeartbeat(n, w.lease(n.Name)), At: now})
+		l := w.lease(n.Name)
+		w.emit(engine.Kubelet{Node: n.Name, Heartbeat: KubeletHeartbeat(n, l), At: now, Renew: KubeletRenew(l)})
 	}
 	w.emit(engine.APIServer{Reachable: readable, At: now})
 }
@@ -248,7 +258,8 @@ func (w *Witness) nodeChanged(o any) {
 	}
 	now := w.now()
 	w.emit(NodeInput(n, w.fenceable(n.Name), w.controlPlane, now))
-	w.emit(engine.Kubelet{Node: n.Name, Heartbeat: KubeletHeartbeat(n, w.lease(n.Name)), At: now})
+	l := w.lease(n.Name)
+	w.emit(engine.Kubelet{Node: n.Name, Heartbeat: KubeletHeartbeat(n, l), At: now, Renew: KubeletRenew(l)})
 }
 
 func (w *Witness) leaseChanged(o any) {
@@ -262,7 +273,7 @@ func (w *Witness) leaseChanged(o any) {
 	if err != nil {
 		return
 	}
-	w.emit(engine.Kubelet{Node: l.Name, Heartbeat: KubeletHeartbeat(n, l), At: w.now()})
+	w.emit(engine.Kubelet{Node: l.Name, Heartbeat: KubeletHeartbeat(n, l), At: w.now(), Renew: KubeletRenew(l)})
 }
 
 // emit hands one input to the current sink, if any.

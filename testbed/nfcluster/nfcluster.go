@@ -88,6 +88,9 @@ type Options struct {
 	// AgentArgs, when set, returns extra node-agent flags for a node (eviction thresholds, grant
 	// timeout, shutdown grace periods), added after the deployment's own.
 	AgentArgs func(n *cluster.Node) []string
+	// BMCPort, when set, returns the port of the BMC that a node's fence configuration names (0:
+	// the node's own BMC): a test maps a node to another machine's BMC, as a wrong mapping would.
+	BMCPort func(n *cluster.Node) int
 	// Log receives progress (nil: discarded).
 	Log *slog.Logger
 }
@@ -330,9 +333,13 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 				"\npassword_secret=bmc-credentials/password\nlanplus=1\ncipher=3\nmust_sucess=yes\n"}},
 	}
 	for _, n := range c.Nodes {
+		port := n.BMC.Port
+		if d.Opts.BMCPort != nil && d.Opts.BMCPort(n) != 0 {
+			port = d.Opts.BMCPort(n)
+		}
 		objs = append(objs,
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-method-bmc-" + n.Name, Namespace: Namespace},
-				Data: map[string]string{"method.properties": "template=fence-method-template-bmc\nipport=" + strconv.Itoa(n.BMC.Port) + "\n"}},
+				Data: map[string]string{"method.properties": "template=fence-method-template-bmc\nipport=" + strconv.Itoa(port) + "\n"}},
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-config-" + n.Name, Namespace: Namespace},
 				Data: map[string]string{"config.properties": "node_name=" + n.Name + "\npower_management=bmc\n"}})
 	}
