@@ -113,7 +113,7 @@ func TestAcknowledgeIsCountedAndAudited(t *testing.T) {
 	if v, ok := metricValue(t, a, "nodefence_fence_acknowledgements_total"); !ok || v != 0 {
 		t.Fatalf("before: nodefence_fence_acknowledgements_total = %v (present %v), want 0", v, ok)
 	}
-	r, err := coordv1.NewFenceServiceClient(cc).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: "node-1", Operator: "alice", Reason: "pulled the plug"})
+	r, err := coordv1.NewFenceServiceClient(cc).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: "node-1", Operator: "alice", Reason: "pulled the plug", Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,8 +143,9 @@ func TestAcknowledgeIsCountedAndAudited(t *testing.T) {
 	if !strings.Contains(n.Node.Reason, "powered off: fence "+r.Fence.Id) {
 		t.Errorf("the engine's view of node-1 does not know it is off: %q", n.Node.Reason)
 	}
-	// A second acknowledgement of the same node makes a new record: counted once more.
-	if _, err := coordv1.NewFenceServiceClient(cc).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: "node-1", Reason: "again"}); err != nil {
+	// A second acknowledgement of the same node makes a new record: counted once more. (The nodes
+	// are forced: a node never heard of is within its startup grace period.)
+	if _, err := coordv1.NewFenceServiceClient(cc).Acknowledge(ctx, &coordv1.AcknowledgeRequest{Node: "node-1", Reason: "again", Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := metricValue(t, a, "nodefence_fence_acknowledgements_total"); v != 2 {

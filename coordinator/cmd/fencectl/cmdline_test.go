@@ -67,7 +67,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"nodes", "--frob"}, "unknown flag -frob"},
 		{[]string{"nodes", "--no-watch"}, "unknown flag -no-watch"},
 		{[]string{"--frob", "nodes"}, "unknown flag --frob"},
-		{[]string{"config"}, "want a subcommand: show, check"},
+		{[]string{"config"}, "want a subcommand: show, view, get-contexts, use-context, set-context, check"},
 		{[]string{"config", "check"}, "want PATH"},
 		{[]string{"nodes", "-o", "xml"}, `-o: "xml" is not one of table, json, yaml`},
 		{[]string{"config", "check", "x", "-o", "json"}, "prints text only"},

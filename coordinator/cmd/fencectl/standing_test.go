@@ -52,7 +52,7 @@ func TestFenceOfANodeAlreadyOff(t *testing.T) {
 		t.Fatalf("fence --again did not power the node off: %d power-offs", n)
 	}
 
-	if res := r.run(t, r.operator, "ack", "stuck", "--reason", "pulled its plug"); res.code != 0 {
+	if res := r.run(t, r.operator, "ack", "stuck", "--force", "--reason", "pulled its plug"); res.code != 0 {
 		t.Fatalf("ack stuck: %+v", res)
 	}
 	if res := r.run(t, r.operator, "fence", "stuck"); res.code != 0 || !strings.Contains(res.out, "by alice's acknowledgement") {
@@ -60,7 +60,7 @@ func TestFenceOfANodeAlreadyOff(t *testing.T) {
 	}
 
 	res = r.run(t, r.viewer, "list")
-	for _, want := range []string{"REQUESTED BY", "REASON", "operator/alice", "disk controller hung", "powered on by hand", "acknowledged by alice", "acknowledged: pulled its plug"} {
+	for _, want := range []string{"REQUESTED BY", "REASON", "operator/alice", "disk controller hung", "powered on by hand", "acknowledged by alice", "acknowledged: FORCED"} {
 		if res.code != 0 || !strings.Contains(res.out, want) {
 			t.Errorf("list lacks %q:\n%s", want, res.out)
 		}
