@@ -172,6 +172,8 @@ func (a *App) bindServer() error {
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
+	a.storeG = newStoreGuard(srv.Registry)
+	a.elector.OnUnwritable = a.storeG.onUnwritable
 	a.devices = newDeviceChecks(srv.Registry)
 	return nil
 }

@@ -42,6 +42,8 @@ type Config struct {
 	KubeletDownPolicy nodes.KubeletDownPolicy
 	// PodEviction is the per-zone budget of soft-threshold pod evictions (see pods.go).
 	PodEviction PodEvictionConfig
+	// AgentEvents bounds the writes one node's agent can cause (see agentlimit.go).
+	AgentEvents AgentEventConfig
 }
 
 // DefaultConfig is kube-controller-manager's defaults, and the defaults of what the engine adds
@@ -84,6 +86,7 @@ func (c *Config) SetDefaults() {
 		c.Fence.Settle = DefaultFenceSettle
 	}
 	c.PodEviction.SetDefaults()
+	c.AgentEvents.SetDefaults()
 }
 
 // kube-controller-manager's defaults (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
@@ -148,6 +151,7 @@ type Engine struct {
 
 	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
 	pending  []*node             // nodes with a candidate waiting for a grant
+	limited  []*node             // nodes whose agent limit holds or counts something (agentlimit.go)
 }
 
 type node struct {
@@ -185,6 +189,7 @@ type node struct {
 	candidate          *candidate // soft-threshold eviction proposal waiting for a grant
 	poweredOff         string     // a fence confirmed the node off ("" once an agent says hello again)
 	helloAt            time.Time  // the latest agent hello
+	limit              *agentLimit
 }
 
 // New returns an engine with cfg (defaults filled).
@@ -231,6 +236,7 @@ func (e *Engine) Tick(now time.Time) {
 	e.release(now)
 	e.grantPods(now)
 	e.fence(now)
+	e.tickAgentLimits(now)
 }
 
 // naturalLess orders names with their digit runs compared as numbers (a2 before a10), so queues
