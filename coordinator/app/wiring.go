@@ -123,7 +123,7 @@ func (a *App) connectEtcd() error {
 		}
 		e, err := etcdembed.Start(etcdembed.Config{
 			Name: "nodefence", DataDir: filepath.Join(cfg.DataDir, "etcd"),
-			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: a.log,
+			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: a.log, QuotaBackendBytes: cfg.EtcdQuotaBackendBytes,
 			SecretsDir: filepath.Join(cfg.DataDir, "etcd-secrets"), Prefix: cfg.EtcdPrefix,
 		})
 		if err != nil {
