@@ -62,6 +62,7 @@ type App struct {
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
 	devices   *deviceChecks
+	storeG    *storeGuard // storeguard.go
 	closeOnce sync.Once
 }
 

@@ -87,6 +87,9 @@ type Config struct {
 	DriverTLS tlsfiles.Files
 	// EtcdUnsafeNoFsync disables fsync in the embedded etcd (tests and demos only).
 	EtcdUnsafeNoFsync bool
+	// EtcdQuotaBackendBytes is the embedded etcd's database quota (its NOSPACE alarm); 0 is
+	// etcd's default.
+	EtcdQuotaBackendBytes int64
 	// PodEvictionTimeout is accepted for old command lines and ignored, with a warning: Kubernetes
 	// removed --pod-eviction-timeout in 1.27 (taint-based eviction replaced it).
 	PodEvictionTimeout time.Duration

@@ -6,7 +6,6 @@ import (
 	"net"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nodefence/nodefence/coordinator/api"
@@ -15,6 +14,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/fault"
 
@@ -100,6 +100,7 @@ func (a *App) Run(ctx context.Context) error {
 				break
 			}
 			a.log.Warn("campaign failed, retrying", "err", err)
+			a.storeG.campaignFailed(err)
 			select {
 			case <-time.After(campaignRetry):
 			case <-ctx.Done():
@@ -151,11 +152,12 @@ type termParts struct {
 	loop    *loop.Loop
 	runner  *fencing.Runner
 	secrets fenceconfig.SecretReader // nil in standalone mode
+	audit   *store.AuditWriter       // the term's audit trail, written apart from its state
 }
 
 // newTerm builds a term's parts; nothing runs until start.
 func (a *App) newTerm(term *leader.Term) *termParts {
-	t := &termParts{a: a, term: term}
+	t := &termParts{a: a, term: term, audit: a.storeG.startTerm(a, term)}
 	if a.kube != nil {
 		t.secrets = a.kube.secret
 	}
@@ -170,9 +172,7 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 	t.loop = loop.New(loop.Config{
 		Engine: ec, Term: term, Store: a.store,
 		Initial: initial, Metrics: a.metrics, Log: a.log, Now: a.now,
-		Audit: func(ev engine.Event) clientv3.Op {
-			return a.store.AuditOp(ev.At, term.Epoch, ev.Node, ev.Kind, ev.Text)
-		},
+		Audit:   func(ev engine.Event) { t.audit.Append(ev.At, ev.Node, ev.Kind, ev.Text) },
 		OnReady: t.onReady,
 	})
 	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
@@ -254,6 +254,7 @@ func (t *termParts) contact(ctx context.Context, node string) fencing.Contact {
 // of every active fence record.
 func (t *termParts) start() {
 	a, term := t.a, t.term
+	go t.audit.Run(term.Context())
 	go func() {
 		if err := t.loop.Run(term.Context()); err != nil {
 			a.log.Error("engine loop stopped; resigning", "err", err)
@@ -272,6 +273,7 @@ func (t *termParts) start() {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
 	go a.pruneHistory(term)
+	go a.pruneAudit(term)
 	if a.kube != nil {
 		a.kube.startTerm(term, t.loop)
 	}
@@ -316,8 +318,13 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 	}
 }
 
-// audit appends one entry to the audit trail under the term's epoch.
+// audit appends one entry to the audit trail under the term's epoch, through the term's audit
+// writer: the caller (a fence runner, say) never waits for it.
 func (a *App) audit(term *leader.Term, node, kind, text string) {
+	if w := a.storeG.writer(term); w != nil {
+		w.Append(a.now(), node, kind, text)
+		return
+	}
 	ctx, cancel := context.WithTimeout(term.Context(), auditTimeout)
 	defer cancel()
 	if _, err := term.Txn(ctx, nil, a.store.AuditOp(a.now(), term.Epoch, node, kind, text)); err != nil {

@@ -129,7 +129,7 @@ func (a *App) connectEtcd() error {
 		}
 		e, err := etcdembed.Start(etcdembed.Config{
 			Name: "nodefence", DataDir: filepath.Join(cfg.DataDir, "etcd"),
-			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: a.log,
+			ClientListen: cfg.EtcdClientListen, PeerListen: cfg.EtcdPeerListen, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Log: a.log, QuotaBackendBytes: cfg.EtcdQuotaBackendBytes,
 			SecretsDir: filepath.Join(cfg.DataDir, "etcd-secrets"), Prefix: cfg.EtcdPrefix,
 		})
 		if err != nil {
@@ -182,6 +182,8 @@ func (a *App) bindServer() error {
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
+	a.storeG = newStoreGuard(srv.Registry)
+	a.elector.OnUnwritable = a.storeG.onUnwritable
 	a.devices = newDeviceChecks(srv.Registry)
 	srv.Registry.MustRegister(newNodeMetrics(a))
 	return nil

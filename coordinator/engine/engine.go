@@ -45,6 +45,8 @@ type Config struct {
 	// AgentHeartbeat is the agents' heartbeat interval, the proof's cadence for the agent witness
 	// (proof.go; default 1s).
 	AgentHeartbeat time.Duration
+	// AgentEvents bounds the writes one node's agent can cause (see agentlimit.go).
+	AgentEvents AgentEventConfig
 }
 
 // DefaultConfig is kube-controller-manager's defaults, and the defaults of what the engine adds
@@ -90,6 +92,7 @@ func (c *Config) SetDefaults() {
 		c.AgentHeartbeat = DefaultAgentHeartbeat
 	}
 	c.PodEviction.SetDefaults()
+	c.AgentEvents.SetDefaults()
 }
 
 // kube-controller-manager's defaults (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
@@ -156,6 +159,7 @@ type Engine struct {
 
 	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
 	pending  []*node             // nodes with a candidate waiting for a grant
+	limited  []*node             // nodes whose agent limit holds or counts something (agentlimit.go)
 }
 
 type node struct {
@@ -197,6 +201,7 @@ type node struct {
 	kubeletAdvanced    time.Time  // when this engine last saw kubeletBeat advance (its first sight is none)
 	kubeletRenew       time.Duration
 	fence              *standing // the node's newest fence record and its proof (proof.go)
+	limit              *agentLimit
 }
 
 // New returns an engine with cfg (defaults filled).
@@ -244,6 +249,7 @@ func (e *Engine) Tick(now time.Time) {
 	e.grantPods(now)
 	e.prove(now)
 	e.fence(now)
+	e.tickAgentLimits(now)
 }
 
 // naturalLess orders names with their digit runs compared as numbers (a2 before a10), so queues

@@ -322,11 +322,11 @@ func (e *Engine) apply(n *node, in Message) {
 			status = "True"
 		}
 		name := conditionName(c.Type)
-		if old, ok := n.conditions[name]; !ok || old.Status != status {
-			e.event(in.At, "condition", n.name, "node %s: %s=%s (%s)", n.name, name, status, c.Reason)
-			e.ready.Conditions = append(e.ready.Conditions, ConditionChange{Node: n.name, Type: name, Status: status, Reason: c.Reason, Message: c.Message})
-		}
+		old, ok := n.conditions[name]
 		n.conditions[name] = &coordv1.NodeCondition{Type: name, Status: status, Reason: c.Reason, TransitionTime: c.TransitionTime}
+		if !ok || old.Status != status {
+			e.conditionChanged(n, in.At, ConditionChange{Node: n.name, Type: name, Status: status, Reason: c.Reason, Message: c.Message})
+		}
 	case *agentv1.ConnectRequest_Candidates:
 		e.onCandidates(n, m.Candidates, in.At)
 	case *agentv1.ConnectRequest_Eviction:
@@ -335,15 +335,14 @@ func (e *Engine) apply(n *node, in Message) {
 		switch m.Shutdown.Phase {
 		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, agentv1.ShutdownPhase_SHUTDOWN_PHASE_PODS_TERMINATED:
 			if !n.shuttingDown {
-				e.event(in.At, "shutdown", n.name, "node %s: announced a graceful shutdown", n.name)
 				n.shuttingDown = true
-				e.persistNode(n) // a new leader must know: a shutting-down node is never fenced
+				// A new leader must know: a shutting-down node is never fenced.
+				e.recordChanged(n, in.At, "node %s: announced a graceful shutdown", n.name)
 			}
 		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_CANCELLED:
 			if n.shuttingDown {
-				e.event(in.At, "shutdown", n.name, "node %s: shutdown cancelled", n.name)
 				n.shuttingDown = false
-				e.persistNode(n)
+				e.recordChanged(n, in.At, "node %s: shutdown cancelled", n.name)
 			}
 		}
 	}
@@ -402,12 +401,16 @@ type Ready struct {
 	Proofs []ProofResult
 	// Events describe every decision in words, in order.
 	Events []Event
+	// Dropped are the agent events whose writes their nodes' limits held back or dropped
+	// (agentlimit.go), to count.
+	Dropped []Drop
 }
 
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
 	return len(r.Writes) == 0 && len(r.Taints) == 0 && len(r.Evictions) == 0 &&
-		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0 && len(r.Proofs) == 0
+		len(r.Fences) == 0 && len(r.Skips) == 0 && len(r.Conditions) == 0 && len(r.Events) == 0 && len(r.Grants) == 0 &&
+		len(r.Proofs) == 0 && len(r.Dropped) == 0
 }
 
 // Write is one record to persist; exactly one field is set.

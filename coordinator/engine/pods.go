@@ -118,7 +118,7 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 	}
 	p := m.GetCandidates()[0]
 	if len(p.GetNamespace()) > maxNamespace || len(p.GetName()) > maxName || len(p.GetUid()) > maxUID || len(m.GetSignal()) > maxSignal {
-		e.event(at, "pod-eviction", n.name, "node %s: eviction candidate ignored: a field is longer than Kubernetes allows", n.name)
+		e.agentEvent(n, at, kindCandidate, "pod-eviction", "node %s: eviction candidate ignored: a field is longer than Kubernetes allows", n.name)
 		return
 	}
 	c := &candidate{signal: m.GetSignal(), pod: p, at: at}
@@ -127,7 +127,7 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 			return
 		}
 		e.pending = append(e.pending, n)
-		e.event(at, "pod-eviction", n.name, "node %s: proposes evicting %s/%s for %s; waiting for zone %s's budget",
+		e.agentEvent(n, at, kindCandidate, "pod-eviction", "node %s: proposes evicting %s/%s for %s; waiting for zone %s's budget",
 			n.name, c.pod.GetNamespace(), c.pod.GetName(), c.signal, n.zoneKey)
 	} else {
 		c.at = n.candidate.at // keeps its place
@@ -139,7 +139,7 @@ func (e *Engine) onCandidates(n *node, m *agentv1.EvictionCandidates, at time.Ti
 // outcome frees its slot.
 func (e *Engine) onEvictionReport(n *node, r *agentv1.EvictionReport, at time.Time) {
 	if len(r.GetNamespace()) > maxNamespace || len(r.GetName()) > maxName || len(r.GetUid()) > maxUID || len(r.GetSignal()) > maxSignal {
-		e.event(at, "pod-eviction", n.name, "node %s: eviction report ignored: a field is longer than Kubernetes allows", n.name)
+		e.agentEvent(n, at, kindEviction, "pod-eviction", "node %s: eviction report ignored: a field is longer than Kubernetes allows", n.name)
 		return
 	}
 	z := e.podZone(n.zoneKey)
@@ -154,7 +154,7 @@ func (e *Engine) onEvictionReport(n *node, r *agentv1.EvictionReport, at time.Ti
 		if n.candidate != nil && podKey(n.name, n.candidate.pod.GetNamespace(), n.candidate.pod.GetName(), n.candidate.pod.GetUid()) == key {
 			e.dropCandidate(n)
 		}
-		e.event(at, "pod-eviction", n.name, "node %s: evicted %s locally (%s, %s)", n.name, pod, kindWord(r.GetKind()), r.GetSignal())
+		e.agentEvent(n, at, kindEviction, "pod-eviction", "node %s: evicted %s locally (%s, %s)", n.name, pod, kindWord(r.GetKind()), r.GetSignal())
 	case agentv1.EvictionKind_EVICTION_KIND_GRANTED, agentv1.EvictionKind_EVICTION_KIND_FAILED, agentv1.EvictionKind_EVICTION_KIND_DECLINED:
 		if _, ok := z.inFlight[key]; ok {
 			delete(z.inFlight, key)

@@ -46,6 +46,9 @@ type Config struct {
 	// Prefix is the key prefix the nodefence user may read and write (for example "/nodefence");
 	// required unless Open.
 	Prefix string
+	// QuotaBackendBytes is the database size at which etcd raises its NOSPACE alarm and refuses
+	// writes; 0 is etcd's default (2 GiB).
+	QuotaBackendBytes int64
 	// Open serves plain HTTP without authentication. Only for tests of packages that need an etcd
 	// and are not about its protection; the coordinator never sets it.
 	Open bool
@@ -95,6 +98,7 @@ func Start(cfg Config) (*Etcd, error) {
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapToSlog(log))
 	ec.AutoCompactionMode = "revision"
 	ec.AutoCompactionRetention = "10000"
+	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
 	p := pki{dir: cfg.SecretsDir}
 	if !cfg.Open {
 		if err := p.ensure([]string{clientURL.Hostname(), peerURL.Hostname()}); err != nil {

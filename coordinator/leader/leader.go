@@ -46,6 +46,9 @@ type Elector struct {
 	info   Info
 	ttl    int
 	log    *slog.Logger
+	// OnUnwritable, if set, hears why a term ended because etcd would not take its writes
+	// (writable.go): the coordinator's alarm. Set it before the first Campaign.
+	OnUnwritable func(reason string)
 }
 
 // NewElector returns an elector under prefix (for example "/nodefence/leader"). ttlSeconds is the
@@ -74,6 +77,8 @@ type Term struct {
 
 	resignOnce sync.Once // concurrency.Election is not safe for concurrent use
 	resignErr  error
+
+	writes writeState // the guarded writes' outcomes, for the guard (writable.go)
 }
 
 // CallTimeout bounds every single etcd call of the election and of a term's guarded writes: a
@@ -133,6 +138,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	tctx, cancel := context.WithCancel(ctx)
 	t := &Term{Epoch: el.Rev(), Key: el.Key(), cli: e.cli, ctx: tctx, cancel: cancel, session: session, el: el,
 		txnTimeout: max(CallTimeout, time.Duration(e.ttl)*time.Second)}
+	t.writes.refusing = make(chan string, 1)
 	// Leadership ends when the lease is gone, the key is deleted by anyone (watched from the
 	// revision of the check above, so a deletion right after it is seen), or etcd cannot be read
 	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
@@ -160,6 +166,8 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 	// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
 	// has nothing to give up.
 	release := true
+	failing := 0                     // consecutive ticks with guarded writes failing and none succeeding
+	every := min(time.Second, ttl/4) // check's period, as Campaign made it
 	defer func() {
 		cancel()
 		check.Stop()
@@ -178,7 +186,14 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 		case <-tctx.Done():
 			release = false
 			return
+		case reason := <-t.writes.refusing:
+			e.unwritable(t, reason)
+			return
 		case now := <-check.C:
+			if failing = t.writes.failingTicks(failing); unwritableFor(failing, every, ttl) {
+				e.unwritable(t, UnwritableFailing)
+				return
+			}
 			switch live, err := t.keyLive(tctx, readTimeout); {
 			case err == nil && !live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
@@ -270,6 +285,7 @@ func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op)
 		Then(ops...).
 		Else(clientv3.OpGet(t.Key)).
 		Commit()
+	t.writes.noteWrite(ctx, err)
 	if err != nil {
 		return nil, fmt.Errorf("etcd txn: %w", err)
 	}

@@ -50,8 +50,10 @@ type Config struct {
 	OnReady func(engine.Ready)
 	// Metrics receives the loop's collectors; nil skips metrics.
 	Metrics *Metrics
-	// Audit, if set, turns each engine event into an audit-trail put written with the state.
-	Audit func(ev engine.Event) clientv3.Op
+	// Audit, if set, hears of each engine event once its batch's state is persisted, to append it
+	// to the audit trail in writes of its own that never hold the state back; it must not block
+	// (store.AuditWriter.Append).
+	Audit func(ev engine.Event)
 	Log   *slog.Logger
 	// Now is the clock the engine is ticked with and the ingest latencies are measured by; nil
 	// means time.Now. It must be the clock the inputs are stamped with (api.Deps.Now).
@@ -351,12 +353,10 @@ func (l *Loop) flush(ctx context.Context, e *engine.Engine) error {
 
 // handOver persists a batch's writes and then passes its decisions on.
 func (l *Loop) handOver(ctx context.Context, rd engine.Ready) error {
-	if err := l.persist(ctx, rd.Writes, rd.Events); err != nil {
+	if err := l.persist(ctx, rd.Writes); err != nil {
 		return err
 	}
-	for _, ev := range rd.Events {
-		l.cfg.Log.Info(ev.Text, "component", "engine")
-	}
+	l.audit(rd)
 	if l.cfg.Metrics != nil {
 		for _, ev := range rd.Evictions {
 			l.cfg.Metrics.Evictions.WithLabelValues(ev.Zone).Inc()
@@ -426,15 +426,10 @@ func (l *Loop) deliver(g engine.Grant) {
 // maxOps stays under etcd's default --max-txn-ops (128) with room for the guard.
 const maxOps = 100
 
-// persist writes the engine's writes and the audit entries of its events, in batches under
-// etcd's limit of operations per transaction.
-func (l *Loop) persist(ctx context.Context, writes []engine.Write, events []engine.Event) error {
+// persist writes the engine's writes, in batches under etcd's limit of operations per
+// transaction. The audit entries of the batch's events are not among them (audit.go).
+func (l *Loop) persist(ctx context.Context, writes []engine.Write) error {
 	ops := l.cfg.Store.StateOps(stateWrites(writes))
-	if l.cfg.Audit != nil {
-		for _, ev := range events {
-			ops = append(ops, l.cfg.Audit(ev))
-		}
-	}
 	for len(ops) > 0 {
 		n := min(len(ops), maxOps)
 		if err := l.persistOps(ctx, ops[:n]); err != nil {

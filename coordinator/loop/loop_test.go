@@ -234,7 +234,7 @@ func TestRefusedWriteDoesNotEndTheTerm(t *testing.T) {
 	l := New(Config{Engine: engine.DefaultConfig(), Term: term, Store: st, TickInterval: time.Second, Log: log})
 	huge := &engine.NodeRecord{Name: "huge", Reason: strings.Repeat("x", 3<<20)}
 	fine := &engine.NodeRecord{Name: "fine", Zone: "z"}
-	if err := l.persist(ctx, []engine.Write{{Node: huge}, {Node: fine}}, nil); err != nil {
+	if err := l.persist(ctx, []engine.Write{{Node: huge}, {Node: fine}}); err != nil {
 		t.Fatalf("persist with one refused record: %v", err)
 	}
 	nodes, err := storedNodes(ctx, st)

@@ -41,6 +41,9 @@ type Metrics struct {
 	// PodEvictionFallbacks counts the local evictions that were candidates no grant came for, by
 	// zone.
 	PodEvictionFallbacks *prometheus.GaugeVec
+	// AgentEventsDropped counts agent events whose writes their node's rate limit held back
+	// (coalesced) or dropped, by kind (engine.Drop).
+	AgentEventsDropped *prometheus.CounterVec
 	// seen remembers which records' stages were observed (bounded: cleared when large).
 	seen map[string]bool
 	mu   sync.Mutex
@@ -118,8 +121,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Pod evictions agents carried out on their own in this leader's term: hard thresholds and fallbacks when no grant came."}, []string{"zone"})
 	m.PodEvictionFallbacks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_pod_eviction_fallbacks",
 		Help: "Pod evictions agents carried out on their own in this leader's term because no grant came in time."}, []string{"zone"})
+	m.AgentEventsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_agent_events_dropped_total",
+		Help: "Agent events (condition, shutdown, eviction-report, eviction-candidate) whose writes their node's rate limit held back or dropped; the newest condition and announcement are still written."}, []string{"kind"})
+	for _, k := range []string{engine.DropCondition, engine.DropShutdown, engine.DropEviction, engine.DropCandidate} {
+		m.AgentEventsDropped.WithLabelValues(k)
+	}
 	m.seen = map[string]bool{}
-	reg.MustRegister(m.PodEvictionFallbacks,
+	reg.MustRegister(m.PodEvictionFallbacks, m.AgentEventsDropped,
 		m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
 		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m

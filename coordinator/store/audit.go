@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -15,10 +16,17 @@ import (
 
 var auditSeq atomic.Uint64
 
+// MaxAuditText bounds an entry's text in bytes (longer text is cut), so that an entry is at most
+// about MaxAuditEntry bytes and the trail's size is bounded by its count (Retention.AuditMaxEntries).
+const (
+	MaxAuditText  = 2048
+	MaxAuditEntry = MaxAuditText + 512
+)
+
 // AuditOp returns the etcd operation that appends one audit entry. Keys sort by time, so the trail
 // reads oldest first; entries are never rewritten.
 func (s *Store) AuditOp(at time.Time, epoch int64, node, kind, text string) clientv3.Op {
-	e := &coordv1.AuditEntry{At: timestamppb.New(at), Epoch: epoch, Node: node, Kind: kind, Text: text}
+	e := &coordv1.AuditEntry{At: timestamppb.New(at), Epoch: epoch, Node: clip(node, 256), Kind: clip(kind, 64), Text: clip(text, MaxAuditText)}
 	b, _ := protojson.Marshal(e)
 	key := fmt.Sprintf("%s/audit/%020d-%06d", s.prefix, at.UnixNano(), auditSeq.Add(1)%1000000)
 	return clientv3.OpPut(key, string(b))
@@ -56,4 +64,17 @@ func (s *Store) ListAudit(ctx context.Context, node string, after int64, limit i
 		}
 	}
 	return out, nil
+}
+
+// clip cuts s to at most n bytes on a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "...(cut)"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }

@@ -37,8 +37,8 @@ func DefaultRetention() Retention {
 		AuditMaxAge: DefaultAuditMaxAge, AuditMaxEntries: DefaultAuditMaxEntries}
 }
 
-// maxPrunePerPass bounds the records and entries one Prune call deletes of each kind, so a pass
-// is short; the next pass goes on.
+// maxPrunePerPass bounds the fence records one Prune call deletes, and the audit entries one of its
+// deletes removes, so a pass is short; the next pass goes on.
 const maxPrunePerPass = 1000
 
 // Pruned is what one Prune call deleted.
@@ -126,7 +126,36 @@ func (s *Store) pruneFences(ctx context.Context, t *leader.Term, now time.Time, 
 	return deleted, nil
 }
 
+// The audit trail is pruned more often than the fence history, and further per pass: PruneAudit
+// every AuditPruneEvery deletes up to auditPrunePass entries, so pruning keeps up with a trail that
+// grows by up to auditPrunePass/AuditPruneEvery entries a second (2,000), ten times what the
+// audit writer lets it grow (DefaultAuditRate). TestAuditPruningKeepsUp holds the two together.
+const (
+	AuditPruneEvery = 10 * time.Second
+	auditPrunePass  = 20000
+)
+
+// PruneAudit deletes the oldest audit entries beyond r, at most auditPrunePass of them, a batch of
+// maxPrunePerPass at a time, with leader-guarded deletes (which etcd takes even when it is out of
+// space).
+func (s *Store) PruneAudit(ctx context.Context, t *leader.Term, now time.Time, r Retention) (int, error) {
+	return s.pruneAudit(ctx, t, now, r)
+}
+
 func (s *Store) pruneAudit(ctx context.Context, t *leader.Term, now time.Time, r Retention) (int, error) {
+	deleted := 0
+	for deleted < auditPrunePass {
+		n, err := s.pruneAuditBatch(ctx, t, now, r, min(maxPrunePerPass, auditPrunePass-deleted))
+		deleted += n
+		if err != nil || n == 0 {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// pruneAuditBatch deletes up to limit of the oldest audit entries beyond r in one delete.
+func (s *Store) pruneAuditBatch(ctx context.Context, t *leader.Term, now time.Time, r Retention, limit int) (int, error) {
 	prefix := s.prefix + "/audit/"
 	// Entries older than the cutoff, oldest first, at most one pass's worth.
 	var victims int64
@@ -134,7 +163,7 @@ func (s *Store) pruneAudit(ctx context.Context, t *leader.Term, now time.Time, r
 	if r.AuditMaxAge > 0 {
 		cutoff := fmt.Sprintf("%s%020d", prefix, now.Add(-r.AuditMaxAge).UnixNano())
 		resp, err := s.cli.Get(ctx, prefix, clientv3.WithRange(cutoff), clientv3.WithKeysOnly(),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(maxPrunePerPass))
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(int64(limit)))
 		if err != nil {
 			return 0, fmt.Errorf("prune audit trail: %w", err)
 		}
@@ -147,7 +176,7 @@ func (s *Store) pruneAudit(ctx context.Context, t *leader.Term, now time.Time, r
 		if err != nil {
 			return 0, fmt.Errorf("count audit entries: %w", err)
 		}
-		if over := min(cnt.Count-int64(r.AuditMaxEntries), maxPrunePerPass); over > victims {
+		if over := min(cnt.Count-int64(r.AuditMaxEntries), int64(limit)); over > victims {
 			resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(over))
 			if err != nil {

@@ -54,7 +54,7 @@ type system struct {
 var nodes = []string{"node-a", "node-b"}
 
 // start runs the system. wrongBMC maps a node's fence method to the BMC of another machine.
-func start(t *testing.T, wrongBMC string) *system {
+func start(t *testing.T, wrongBMC string, opts ...func(*app.Config)) *system {
 	t.Helper()
 	p, err := pki.New(t.TempDir())
 	if err != nil {
@@ -109,14 +109,18 @@ func start(t *testing.T, wrongBMC string) *system {
 	coordTLS := s.files(t, identity.Coordinator, "c1")
 	eng := engine.DefaultConfig()
 	eng.Fence.Enabled = false // only what the attacks do may happen
-	a, err := app.New(app.Config{
+	cfg := app.Config{
 		Server:      server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
 		DriverTLS:   coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
 		EtcdUnsafeNoFsync: true, ElectionTTL: 3 * time.Second, FenceOpTimeout: 10 * time.Second, Engine: eng,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 100 * time.Millisecond, IsolationWait: time.Second, Polls: 3, PollInterval: 100 * time.Millisecond},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond,
-	}, testLog(t))
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := app.New(cfg, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}

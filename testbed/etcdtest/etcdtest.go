@@ -23,6 +23,17 @@ func Start(t testing.TB) (endpoint string, cli *clientv3.Client) {
 	return e.Endpoint, Client(t, e.Endpoint)
 }
 
+// StartQuota is Start with etcd's NOSPACE alarm at quota bytes of database.
+func StartQuota(t testing.TB, quota int64) (endpoint string, cli *clientv3.Client) {
+	t.Helper()
+	e, err := etcdembed.Start(etcdembed.Config{DataDir: t.TempDir(), UnsafeNoFsync: true, Open: true, QuotaBackendBytes: quota})
+	if err != nil {
+		t.Fatalf("embedded etcd: %v", err)
+	}
+	t.Cleanup(e.Close)
+	return e.Endpoint, Client(t, e.Endpoint)
+}
+
 // Client returns a client for endpoint, closed when the test ends.
 func Client(t testing.TB, endpoint string) *clientv3.Client {
 	t.Helper()
