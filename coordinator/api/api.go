@@ -198,7 +198,7 @@ func (s *FenceServer) standingOff(ctx context.Context, node string) (*coordv1.No
 	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(node) }); err != nil {
 		return nil, err
 	}
-	_, slack := fencing.ProofWindow(s.HeartbeatInterval)
+	slack := fencing.ProofRule{Heartbeat: s.HeartbeatInterval}.AgentSlack()
 	why := fencing.StandingOff(page.Fences[0], n, slack)
 	if why == "" {
 		return nil, nil

@@ -38,7 +38,7 @@ func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Close)
-	drivers := fencing.NewDrivers(tlsfiles.Files{Insecure: true})
+	drivers := fencing.NewDrivers(tlsfiles.Files{Insecure: true}, log)
 	t.Cleanup(drivers.Close)
 	st := store.New(cli, "/resend")
 	bmc, err := ipmisim.Start(filepath.Join(t.TempDir(), "bmc"), 0, "admin", "password")

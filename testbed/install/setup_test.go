@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/services/dial"
-	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/cluster"
 	"github.com/nodefence/nodefence/testbed/images"
