@@ -327,7 +327,7 @@ func (s *Service) mutate(ctx context.Context, m mutation, act actFunc) (proto.Me
 			s.audit(m, t, key, start, "rejected", err)
 			return nil, err
 		}
-		t, key = rt, s.d.DeviceKey(rt)
+		t = rt
 	}
 	key = ResolvedKey(ctx, s.opts.Resolver, s.d, t)
 	if err := s.epochs.check(key, m.epoch); err != nil {
