@@ -45,7 +45,7 @@ nodes:
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
+	go func() { defer close(done); err := a.Run(ctx); t.Log("run:", err) }()
 	defer func() { cancel(); <-done }()
 	cc, err := dial.New(a.Addr(), insecure)
 	if err != nil {

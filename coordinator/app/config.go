@@ -232,6 +232,7 @@ func (c *Config) registerKubeFlags(fs *flag.FlagSet, d Config) {
 // registerEngineFlags binds the node lifecycle's flags (kube-controller-manager's names) and the
 // pod-eviction pacing's.
 func (c *Config) registerEngineFlags(fs *flag.FlagSet, d engine.Config) {
+	c.Engine = d // the settings without a flag keep their defaults
 	fs.DurationVar(&c.Engine.NodeMonitorGracePeriod, "node-monitor-grace-period", d.NodeMonitorGracePeriod, "silence after which a node that reported is Unknown")
 	fs.DurationVar(&c.Engine.NodeStartupGracePeriod, "node-startup-grace-period", d.NodeStartupGracePeriod, "silence after which a node that never reported is Unknown")
 	fs.DurationVar(&c.PodEvictionTimeout, "pod-eviction-timeout", 0, "DEPRECATED, no effect: removed from Kubernetes in 1.27; taint-based eviction (tolerationSeconds) decides when pods leave a not-ready node")
@@ -304,6 +305,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.GCPercent, d.GCPercent)
 	setDefault(&c.ControlPlaneSelector, d.ControlPlaneSelector)
 	setDefault(&c.ReleaseHealthyDelay, d.ReleaseHealthyDelay)
+	setDefault(&c.AdmissionAgentUser, d.AdmissionAgentUser)
 	c.Engine.KubeletWitness = c.kubeMode()
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -77,6 +78,12 @@ func (a *App) etcdAnswers(ctx context.Context) (authEnabled bool, err error) {
 		return false, err
 	}
 	st, err := a.cli.AuthStatus(cctx)
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		// With authentication on, etcd answers AuthStatus to its root user only: a prefix-scoped
+		// user (the embedded etcd's coordinator) is told "permission denied", which only an etcd
+		// with authentication on says.
+		return true, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("auth status: %w", err)
 	}

@@ -124,17 +124,25 @@ func TestAcknowledgeIsCountedAndAudited(t *testing.T) {
 		t.Errorf(`nodefence_fences_finished_total{action="off",result="done"} = %v, want 1`, v)
 	}
 	cluster := coordv1.NewClusterServiceClient(cc)
-	audit, err := cluster.ListAudit(ctx, &coordv1.ListAuditRequest{Node: "node-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kinds []string
-	for _, e := range audit.Entries {
-		kinds = append(kinds, e.Kind+": "+e.Text)
-	}
-	joined := strings.Join(kinds, "\n")
-	if !strings.Contains(joined, "acknowledge: ") || !strings.Contains(joined, "fence: fence "+r.Fence.Id) {
-		t.Errorf("audit of node-1 lacks the acknowledgement or the record's change:\n%s", joined)
+	// The record's change reaches the audit trail through the term's audit writer, apart from the
+	// record's own write: wait for it.
+	var joined string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		audit, err := cluster.ListAudit(ctx, &coordv1.ListAuditRequest{Node: "node-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, e := range audit.Entries {
+			kinds = append(kinds, e.Kind+": "+e.Text)
+		}
+		joined = strings.Join(kinds, "\n")
+		if strings.Contains(joined, "acknowledge: ") && strings.Contains(joined, "fence: fence "+r.Fence.Id) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit of node-1 lacks the acknowledgement or the record's change:\n%s", joined)
+		}
 	}
 	n, err := cluster.GetNode(ctx, &coordv1.GetNodeRequest{Node: "node-1"})
 	if err != nil {

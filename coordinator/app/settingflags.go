@@ -13,6 +13,7 @@ import (
 var funcFlags = map[string]string{
 	"etcd-endpoints":      "EtcdEndpoints",
 	"driver-endpoint":     "DriverEndpoints",
+	"driver-identity":     "DriverIdentities",
 	"kubelet-down-policy": "Engine.KubeletDownPolicy",
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // newTerm builds every part of a term before start runs any: the loop's OnReady hands automatic
@@ -14,7 +15,7 @@ import (
 // started (the runner once was, and only the loop's first tick 100 ms later hid it) would be nil
 // when the other uses it.
 func TestNewTermBuildsEveryPartBeforeStart(t *testing.T) {
-	a := &App{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler)}
+	a := &App{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), storeG: newStoreGuard(prometheus.NewRegistry())}
 	a.fenceCf.Store(&fenceconfig.Config{Nodes: map[string]fenceconfig.Node{"n1": {Zone: "z"}}})
 	parts := a.newTerm(&leader.Term{Epoch: 7})
 	v := reflect.ValueOf(parts).Elem()
