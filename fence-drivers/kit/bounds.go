@@ -63,11 +63,15 @@ func checkParamBounds(inv *fault.Invalid, params map[string]string) {
 		switch {
 		case len(v) > MaxParamValue:
 			inv.Add(field, "at most %d bytes, got %d", MaxParamValue, len(v))
-		case hasControl(v):
+		case multiLine[k] && hasControl(strings.ReplaceAll(v, "\n", "")), !multiLine[k] && hasControl(v):
 			inv.Add(field, "must not hold control characters (newline, tab, NUL ...) or invalid UTF-8")
 		}
 	}
 }
+
+// multiLine are the parameters whose value is lines by nature (a switch's SSH host keys, one
+// known_hosts line each): newlines separate them; no other control character is allowed.
+var multiLine = map[string]bool{"ssh_host_key": true}
 
 func hasControl(s string) bool {
 	return !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f || r >= 0x80 && r < 0xa0 })

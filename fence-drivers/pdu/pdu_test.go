@@ -91,7 +91,7 @@ func target(p snmpsim.Profile, version string, plug string, extra ...string) *dr
 			params[extra[i]] = extra[i+1]
 		}
 	}
-	return &driverv1.Target{Name: fmt.Sprintf("%s-%s", p, plug), Parameters: params}
+	return &driverv1.Target{Name: fmt.Sprintf("%s-%s", p, strings.ReplaceAll(plug, " ", "_")), Parameters: params}
 }
 
 func truthFunc(p snmpsim.Profile, n int) func(context.Context) (driverv1.PowerState, error) {
