@@ -376,8 +376,7 @@ func (s *Service) execute(m mutation, t Target, key string, start, deadline time
 			unlock()
 			return nil, err
 		}
-		// The lock is released when act really returns, even if that is after the deadline; a
-		// failed act takes its epoch back before that (a failed call never records its epoch).
+		// The lock is released when act really returns (even after the deadline); a failed act first takes its epoch back.
 		return bounded(ctx, func(ctx context.Context) (proto.Message, error) {
 			ctx, cancel := softDeadline(ctx)
 			defer cancel()
