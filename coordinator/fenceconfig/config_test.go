@@ -37,9 +37,9 @@ func TestPlanAppliesTemplateThenOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Resolved{
-		{Name: "bmc", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Parameters: map[string]string{
+		{Name: "bmc", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Identity: "ipmi", Parameters: map[string]string{
 			"lanplus": "1", "cipher": "3", "username": "admin", "password": "secret", "ip": "127.0.0.1", "ipport": "9001"}, Action: "off"},
-		{Name: "bmc2", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": "9002"}, Action: "off"},
+		{Name: "bmc2", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Identity: "ipmi", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": "9002"}, Action: "off"},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("plan (-want +got):\n%s", d)
@@ -170,11 +170,11 @@ func TestSeedTwoNodeExamplePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	brocade := func(plug, action string) Resolved {
-		return Resolved{Name: "fc-" + action, Driver: "brocade", Action: action, Parameters: map[string]string{
+		return Resolved{Name: "fc-" + action, Driver: "brocade", Identity: "brocade", Action: action, Parameters: map[string]string{
 			"ipaddr": "192.168.1.2", "password": "brocade_password", "username": "brocade_admin", "plug": plug}}
 	}
 	eaton := func(plug, action string) Resolved {
-		return Resolved{Name: "eaton-" + action, Driver: "pdu", Action: action, Required: true, Parameters: map[string]string{
+		return Resolved{Name: "eaton-" + action, Driver: "pdu", Identity: "pdu", Action: action, Required: true, Parameters: map[string]string{
 			"ipaddr": "192.168.1.4", "password": "eaton_password", "username": "eaton_admin", "plug": plug,
 			"snmp-priv-prot": "AES", "snmp-priv-passwd": "eaton_snmp_passwd", "snmp-sec-level": "authPriv", "inet4-only": "true"}}
 	}
