@@ -30,9 +30,13 @@ import (
 // certificate. Before etcd had its own CA, an agent certificate read every key, rewrote the
 // evictions-paused flag and deleted the election key.
 func TestShippedEtcdAdmitsOnlyCoordinators(t *testing.T) {
-	_, etcdBin, err := kubetest.Binaries()
+	assets, err := kubetest.AssetsDir()
 	if err != nil {
 		t.Fatal(err)
+	}
+	etcdBin := filepath.Join(assets, kubetest.EtcdBinary)
+	if _, err := os.Stat(etcdBin); err != nil {
+		t.Fatalf("the etcd binary (make kube-assets builds it): %v", err)
 	}
 	dir := t.TempDir()
 	// The nodefence CA and the identities it signs (fencectl certs).
