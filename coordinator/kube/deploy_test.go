@@ -234,7 +234,7 @@ func TestDriversSurviveOneEviction(t *testing.T) {
 			continue
 		}
 		drivers++
-		if n, _, _ := unstructured.NestedInt64(o.Object, "spec", "replicas"); n < 2 {
+		if n := number(o.Object, "spec", "replicas"); n < 2 {
 			t.Errorf("%s: %d replicas, want at least 2", o.GetName(), n)
 		}
 		podLabels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
@@ -243,7 +243,7 @@ func TestDriversSurviveOneEviction(t *testing.T) {
 			sel, _, _ := unstructured.NestedStringMap(p.Object, "spec", "selector", "matchLabels")
 			if len(sel) > 0 && labels.SelectorFromSet(sel).Matches(labels.Set(podLabels)) {
 				covering = append(covering, p.GetName())
-				if mu, _, _ := unstructured.NestedFieldNoCopy(p.Object, "spec", "maxUnavailable"); mu != int64(1) {
+				if mu := number(p.Object, "spec", "maxUnavailable"); mu != 1 {
 					t.Errorf("PodDisruptionBudget %s: maxUnavailable %v, want 1", p.GetName(), mu)
 				}
 			}
@@ -255,4 +255,19 @@ func TestDriversSurviveOneEviction(t *testing.T) {
 	if drivers < 3 {
 		t.Errorf("%d fence-driver Deployments in deploy/, want the three (ipmi, pdu, brocade)", drivers)
 	}
+}
+
+// number reads a whole number at path, whichever numeric type the manifest decoder gave it (-1 if
+// none).
+func number(obj map[string]any, path ...string) int64 {
+	v, _, _ := unstructured.NestedFieldNoCopy(obj, path...)
+	switch n := v.(type) {
+	case int64:
+		return n
+	case int:
+		return int64(n)
+	case float64:
+		return int64(n)
+	}
+	return -1
 }
