@@ -170,22 +170,7 @@ func Parse(data []byte, source string) (*Config, error) {
 // Validate returns every problem at once, as fault.Invalid with dotted field paths.
 func (c *Config) Validate() error {
 	var v fault.Invalid
-	for _, name := range sortedKeys(c.Drivers) {
-		d := c.Drivers[name]
-		if !nameRE.MatchString(name) {
-			v.Add("drivers."+name, "invalid driver name")
-		}
-		if _, _, err := net.SplitHostPort(d.Endpoint); err != nil {
-			v.Add("drivers."+name+".endpoint", "%q is not host:port", d.Endpoint)
-		}
-		if err := identity.ValidName(d.PeerName(name)); err != nil {
-			if d.Identity == "" {
-				v.Add("drivers."+name+".identity", "required: the driver's name is not an identity name (%v)", err)
-			} else {
-				v.Add("drivers."+name+".identity", "%v", err)
-			}
-		}
-	}
+	c.validateDrivers(&v)
 	for _, name := range sortedKeys(c.Templates) {
 		t := c.Templates[name]
 		f := "templates." + name
@@ -249,6 +234,26 @@ func (c *Config) Validate() error {
 		}
 	}
 	return v.Err()
+}
+
+// validateDrivers checks each driver's name, endpoint and expected identity.
+func (c *Config) validateDrivers(v *fault.Invalid) {
+	for _, name := range sortedKeys(c.Drivers) {
+		d := c.Drivers[name]
+		if !nameRE.MatchString(name) {
+			v.Add("drivers."+name, "invalid driver name")
+		}
+		if _, _, err := net.SplitHostPort(d.Endpoint); err != nil {
+			v.Add("drivers."+name+".endpoint", "%q is not host:port", d.Endpoint)
+		}
+		if err := identity.ValidName(d.PeerName(name)); err != nil {
+			if d.Identity == "" {
+				v.Add("drivers."+name+".identity", "required: the driver's name is not an identity name (%v)", err)
+			} else {
+				v.Add("drivers."+name+".identity", "%v", err)
+			}
+		}
+	}
 }
 
 func (c *Config) checkMethod(v *fault.Invalid, f string, m Method) {

@@ -114,15 +114,7 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	cmd := lookup(name)
 	if cmd == nil {
-		if subs := groupCommands(name); len(subs) > 0 && (help || slices.ContainsFunc(rest, isHelpFlag)) {
-			printGroupHelp(stdout, name)
-			return exitOK
-		} else if len(subs) > 0 {
-			fmt.Fprintf(stderr, "fencectl %s: want a subcommand: %s (see fencectl help %s)\n", name, strings.Join(subs, ", "), name)
-		} else {
-			fmt.Fprintf(stderr, "fencectl: unknown command %q%s (see fencectl help)\n", name, suggestCommand(name))
-		}
-		return exitUsage
+		return unknownCommand(stdout, stderr, name, rest, help)
 	}
 	fs, runner := cmd.flagSet(global)
 	pos, err := parseInterleaved(fs, rest)
@@ -171,6 +163,22 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}()
 	}
 	return c.exit(cmd, runner(ctx, c, pos))
+}
+
+// unknownCommand answers a name that is no command: a group's help, the group's subcommands, or
+// what the user may have meant.
+func unknownCommand(stdout, stderr io.Writer, name string, rest []string, help bool) int {
+	subs := groupCommands(name)
+	switch {
+	case len(subs) > 0 && (help || slices.ContainsFunc(rest, isHelpFlag)):
+		printGroupHelp(stdout, name)
+		return exitOK
+	case len(subs) > 0:
+		fmt.Fprintf(stderr, "fencectl %s: want a subcommand: %s (see fencectl help %s)\n", name, strings.Join(subs, ", "), name)
+	default:
+		fmt.Fprintf(stderr, "fencectl: unknown command %q%s (see fencectl help)\n", name, suggestCommand(name))
+	}
+	return exitUsage
 }
 
 // exit prints err and returns the exit code it means.
