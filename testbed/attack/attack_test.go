@@ -313,7 +313,9 @@ func TestAttacks(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, s.bmcs["node-a"].Port, "admin", "password"); err != nil || p != "on" {
 		t.Fatalf("ipmitool node-a: %q, %v; want on", p, err)
 	}
-	wait.Until(t, 20*time.Second, "proof that node-b went dark in the audit trail", func() error {
+	// Dark only after a full grace period (50 s here) of this term's own observation with no
+	// witness heard (fencing.ProofRule.Window).
+	wait.Until(t, 75*time.Second, "proof that node-b went dark in the audit trail", func() error {
 		return auditHas(ctx, viewer, "node-b", "proof", "went dark")
 	})
 	if err := auditHas(ctx, viewer, "node-b", "alarm", ""); err == nil {
