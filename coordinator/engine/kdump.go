@@ -1,6 +1,10 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/nodefence/nodefence/coordinator/nodes"
+)
 
 // fence_kdump and the witnesses. A fence_kdump datagram is unauthenticated: it is evidence that a
 // node is dumping, never proof that it is off, and it never outweighs a witness. A message from a
@@ -95,12 +99,25 @@ func (e *Engine) LastWitness(name string) (who string, at time.Time) {
 	if !ok {
 		return "", time.Time{}
 	}
-	at = e.contact(n)
-	switch {
-	case at.IsZero():
-		return "", at
-	case e.cfg.KubeletWitness && at.Equal(n.kubeletProbe):
-		return "kubelet", at
+	// The kubelet counts only when this term saw its heartbeat advance: the value a new leader
+	// reads first is old news (a running fence a previous leader decided is not aborted for it).
+	var kubelet time.Time
+	if e.cfg.KubeletWitness {
+		kubelet = n.kubeletAdvanced
+		if e.cfg.KubeletDownPolicy == nodes.KubeletDownFence {
+			return witnessAt("kubelet", kubelet)
+		}
 	}
-	return "agent", at
+	if kubelet.After(n.lastContact) {
+		return "kubelet", kubelet
+	}
+	return witnessAt("agent", n.lastContact)
+}
+
+// witnessAt names the witness heard at at, or none when at is zero.
+func witnessAt(who string, at time.Time) (string, time.Time) {
+	if at.IsZero() {
+		return "", at
+	}
+	return who, at
 }

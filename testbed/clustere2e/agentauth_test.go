@@ -171,13 +171,13 @@ func (s *scenario) checkAgentEvents(agent *kubernetes.Clientset, own, other *cor
 	now := metav1.Now()
 	core := func(about corev1.ObjectReference) (*corev1.Event, error) {
 		return agent.CoreV1().Events("default").Create(s.ctx, &corev1.Event{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "auth-probe."}, InvolvedObject: about, Reason: "AuthProbe", Message: "probe",
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "auth-probe-"}, InvolvedObject: about, Reason: "AuthProbe", Message: "probe",
 			Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "nodefence-node-agent", Host: "node-1"},
 			FirstTimestamp: now, LastTimestamp: now, Count: 1}, metav1.CreateOptions{})
 	}
 	series := func(about corev1.ObjectReference) error {
 		_, err := agent.EventsV1().Events("default").Create(s.ctx, &eventsv1.Event{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "auth-probe."}, Regarding: about, Reason: "AuthProbe", Note: "probe",
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "auth-probe-"}, Regarding: about, Reason: "AuthProbe", Note: "probe",
 			Type: corev1.EventTypeNormal, Action: "Probe", EventTime: metav1.NowMicro(),
 			ReportingController: "nodefence.io/node-agent", ReportingInstance: "node-1"}, metav1.CreateOptions{})
 		return err
