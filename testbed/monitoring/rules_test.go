@@ -1,7 +1,6 @@
 package monitoring
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodefence/nodefence/testbed/gomod"
 )
 
 // PromtoolVersion is the Prometheus module whose promtool evaluates the alert rules. The tool
@@ -39,7 +40,7 @@ func promtool(t *testing.T) string {
 		return bin
 	}
 	dir := "../tools/promtool"
-	if err := requires(filepath.Join(dir, "go.mod"), "github.com/prometheus/prometheus", PromtoolVersion); err != nil {
+	if err := gomod.Requires(filepath.Join(dir, "go.mod"), "github.com/prometheus/prometheus", PromtoolVersion); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
@@ -60,26 +61,6 @@ func promtool(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return bin
-}
-
-// requires checks that the go.mod at path requires module at exactly version.
-func requires(path, module, version string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "require "))
-		if len(fields) >= 2 && fields[0] == module {
-			if fields[1] != version {
-				return fmt.Errorf("%s requires %s %s, the test expects %s: update PromtoolVersion with it", path, module, fields[1], version)
-			}
-			return nil
-		}
-	}
-	return fmt.Errorf("%s does not require %s", path, module)
 }
 
 type ruleFile struct {

@@ -15,7 +15,6 @@
 package kubetest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +23,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/nodefence/nodefence/testbed/gomod"
 )
 
 // Versions of the binaries. The tool modules' go.mod files must require exactly these; Build
@@ -128,7 +129,7 @@ func Build(ctx context.Context, toolsRoot string, log io.Writer) (string, error)
 		return "", err
 	}
 	for _, t := range tools(toolsRoot) {
-		if err := checkRequire(filepath.Join(t.dir, "go.mod"), t.module, t.version); err != nil {
+		if err := gomod.Requires(filepath.Join(t.dir, "go.mod"), t.module, t.version); err != nil {
 			return "", err
 		}
 		out := filepath.Join(dir, t.binary)
@@ -152,27 +153,4 @@ func Build(ctx context.Context, toolsRoot string, log io.Writer) (string, error)
 		fmt.Fprintf(log, "%s %s: built\n", t.binary, t.version)
 	}
 	return dir, nil
-}
-
-// checkRequire verifies that the go.mod at path requires module at exactly version.
-func checkRequire(path, module, version string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "require "))
-		if len(fields) >= 2 && fields[0] == module {
-			if fields[1] != version {
-				return fmt.Errorf("%s requires %s %s, but kubetest expects %s: update both together", path, module, fields[1], version)
-			}
-			return nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return fmt.Errorf("%s does not require %s", path, module)
 }

@@ -13,17 +13,19 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodefence/nodefence/testbed/gomod"
 )
 
 // The cache key must tell the truth: the tool modules require exactly the versions named here.
 func TestToolModuleVersions(t *testing.T) {
 	for _, tl := range tools("../tools") {
-		if err := checkRequire(tl.dir+"/go.mod", tl.module, tl.version); err != nil {
+		if err := gomod.Requires(tl.dir+"/go.mod", tl.module, tl.version); err != nil {
 			t.Error(err)
 		}
 	}
-	if err := checkRequire("../tools/etcd/go.mod", "go.etcd.io/etcd/server/v3", "v3.6.0"); err == nil {
-		t.Error("checkRequire accepted a wrong version")
+	if err := gomod.Requires("../tools/etcd/go.mod", "go.etcd.io/etcd/server/v3", "v3.6.0"); err == nil {
+		t.Error("gomod.Requires accepted a wrong version")
 	}
 }
 
