@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
+.PHONY: promtool run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -103,7 +103,17 @@ check-generated: tools
 kube-assets:
 	$(GO) run ./testbed/kube/cmd/kube-assets
 
-test: deps tools check-generated lint kube-assets
+# promtool: the pinned promtool testbed/monitoring evaluates the alert rules with, built once into
+# the cache the test reads (testbed/monitoring.PromtoolVersion; the test builds it too if missing),
+# so that a cold build does not run inside go test beside the other packages.
+PROMTOOL_BIN := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nodefence/promtool-$(shell sed -n 's/^const PromtoolVersion = "\(.*\)"/\1/p' testbed/monitoring/rules_test.go)/promtool
+promtool:
+	@if [ ! -x "$(PROMTOOL_BIN)" ]; then \
+		echo "building $(PROMTOOL_BIN)"; mkdir -p "$$(dirname $(PROMTOOL_BIN))"; \
+		cd testbed/tools/promtool && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$(PROMTOOL_BIN).tmp" github.com/prometheus/prometheus/cmd/promtool && mv "$(PROMTOOL_BIN).tmp" "$(PROMTOOL_BIN)"; \
+	fi
+
+test: deps tools check-generated lint kube-assets promtool
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) demo
 
