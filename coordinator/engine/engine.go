@@ -178,6 +178,7 @@ type node struct {
 	signals            signalValues
 	conditions         map[string]*coordv1.NodeCondition
 	bootID             string
+	newBootAt          time.Time // when the agent said hello from a boot other than the one known before
 	streams            int
 	fenceable          bool
 	known              bool       // restored from the store: reported in an earlier term
@@ -200,6 +201,7 @@ type node struct {
 	helloAt            time.Time  // the latest agent hello
 	kubeletAdvanced    time.Time  // when this engine last saw kubeletBeat advance (its first sight is none)
 	kubeletRenew       time.Duration
+	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (fencing.KubeletWindow)
 	fence              *standing // the node's newest fence record and its proof (proof.go)
 	limit              *agentLimit
 }
@@ -440,7 +442,7 @@ func (e *Engine) persistNode(n *node) {
 	e.ready.Writes = append(e.ready.Writes, Write{Node: &NodeRecord{
 		Name: n.name, Region: n.region, Zone: n.zone, Readiness: n.readiness, Reason: n.reason,
 		TransitionAt: n.transition, NotReadySince: n.notReadySince, Taint: n.taint, Queued: n.queued, QueuedAt: n.queuedAt,
-		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt,
+		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt, BootID: n.bootID,
 	}})
 }
 

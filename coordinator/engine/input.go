@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodefence/nodefence/coordinator/fencing"
+
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -167,6 +169,7 @@ func (e *Engine) Step(in Input) {
 func (e *Engine) hello(in Hello) {
 	n := e.node(in.Node, in.Region, in.Zone, in.At)
 	if n.bootID != "" && n.bootID != in.BootID {
+		n.newBootAt = in.At
 		// A new boot: the previous boot's announcement and conditions are history.
 		n.conditions = map[string]*coordv1.NodeCondition{}
 		if n.shuttingDown {
@@ -191,6 +194,13 @@ func (e *Engine) kubelet(in Kubelet) {
 	}
 	n.kubeletRenew = max(n.kubeletRenew, in.Renew)
 	if n.kubeletSeen && in.Heartbeat.After(n.kubeletBeat) {
+		prev := n.kubeletAdvanced
+		if prev.IsZero() {
+			prev = n.kubeletProbe
+		}
+		if in.At.Sub(prev) > fencing.KubeletWindow(n.renew()) {
+			n.kubeletBack = in.At // silent past its window, and back
+		}
 		n.kubeletAdvanced = in.At // the kubelet spoke while this engine listened (first sight: not)
 	}
 	if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
@@ -371,6 +381,9 @@ func (e *Engine) restore(recs []NodeRecord) {
 		}
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
 		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
+		if n.bootID == "" {
+			n.bootID = r.BootID
+		}
 		if r.Queued && n.taint == TaintNone && !n.queued {
 			e.event(e.now, "eviction", n.name, "node %s: restored to the eviction queue; %s", n.name, e.enqueue(n, r.QueuedAt))
 		}
@@ -436,6 +449,9 @@ type NodeRecord struct {
 	FenceRequested     bool
 	// ReleasedAt is when pacing released the node: the fence timeout counts from it.
 	ReleasedAt time.Time `json:",omitzero"`
+	// BootID is the agent's boot when the record was written: a later term tells a node that
+	// booted again (it went off) from one that never stopped (the proof, fencing.Spoke).
+	BootID string `json:",omitempty"`
 }
 
 // ZoneRecord is a zone's persisted state.

@@ -49,6 +49,14 @@ type standing struct {
 // quarter of the default 40 s lease duration.
 const DefaultKubeletRenew = 10 * time.Second
 
+// renew is the node's kubelet Lease renewal interval (DefaultKubeletRenew when its Lease did not say).
+func (n *node) renew() time.Duration {
+	if n.kubeletRenew == 0 {
+		return DefaultKubeletRenew
+	}
+	return n.kubeletRenew
+}
+
 // fenceRecord keeps the node's newest record; a new record starts with no verdict, and one whose
 // alarm is recorded is wrong machine from the start.
 func (e *Engine) fenceRecord(in FenceRecord) {
@@ -76,13 +84,11 @@ func (e *Engine) proofRule() fencing.ProofRule {
 
 // witnessed is what this engine heard from the node's witnesses.
 func (e *Engine) witnessed(n *node) fencing.Witnessed {
-	w := fencing.Witnessed{Since: e.floor, Blind: e.halted, Agent: n.lastContact}
+	w := fencing.Witnessed{Since: e.floor, Blind: e.halted, Agent: n.lastContact, NewBoot: n.newBootAt}
+
 	if e.cfg.KubeletWitness {
 		w.Blind = w.Blind || e.blind
-		w.Kubelet, w.KubeletRenew = n.kubeletAdvanced, n.kubeletRenew
-		if w.KubeletRenew == 0 {
-			w.KubeletRenew = DefaultKubeletRenew
-		}
+		w.Kubelet, w.KubeletRenew, w.KubeletBack = n.kubeletAdvanced, n.renew(), n.kubeletBack
 	}
 	return w
 }

@@ -165,6 +165,22 @@ func (h *harness) handleSilence(cmd string, pos []string) []string {
 	return h.mark(h.silent, pos, cmd == "silence")
 }
 
+// handleBoot has those nodes boot again: each agent says hello from a new boot id and reports
+// from then on.
+//
+//	boot a1
+func (h *harness) handleBoot(pos []string) []string {
+	if h.boots == nil {
+		h.boots = map[string]int{}
+	}
+	for _, n := range h.expand(pos) {
+		h.boots[n]++
+		h.silent[n] = false
+		h.e.Step(Hello{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], BootID: fmt.Sprintf("b-%s-%d", n, h.boots[n]), At: h.now})
+	}
+	return h.drain()
+}
+
 // handleShutdown has those agents announce a graceful shutdown.
 //
 //	shutdown a3

@@ -81,7 +81,8 @@ type harness struct {
 	zoneOf  map[string][2]string  // node -> region, zone
 	persist map[string]NodeRecord // what the loop would have written to etcd
 	seq     uint64
-	fence   *fenceFlow // the fence flow's records, from the first fence-plan on
+	fence   *fenceFlow     // the fence flow's records, from the first fence-plan on
+	boots   map[string]int // boots after the first, per node (boot)
 }
 
 func runScript(t *testing.T, path string) {
@@ -162,6 +163,8 @@ func (h *harness) run(cmd string) []string {
 		return h.handleKdump(fields[0], pos)
 	case "silence", "resume": // silence a1..a6 | resume a1,a3
 		return h.handleSilence(fields[0], pos)
+	case "boot": // boot a1: its agent says hello from a new boot and reports again
+		return h.handleBoot(pos)
 	case "shutdown": // shutdown a3
 		return h.handleShutdown(pos)
 	case "tick": // tick 41s [step=1s]

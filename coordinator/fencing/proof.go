@@ -12,9 +12,9 @@ import (
 // fall silent: its agent, and in Kubernetes mode its kubelet (Lease renewals, Ready heartbeats). A
 // witness heard after the power-off (plus the time a message sent before it may take to arrive)
 // means the fence switched off another machine: the critical wrong-machine alarm. The node is
-// proven dark only once the leader has heard nothing for a full window of its own observation —
-// a window counted in the current leadership term only, since a new leader has heard nothing
-// before it started. The engine applies these rules to what it hears (coordinator/engine/proof.go);
+// proven dark once every witness has been silent past its own cadence, as heard by the current
+// leadership term only; a term that began after the power-off observes a full window of its own,
+// since it has heard nothing before it started. The engine applies these rules to what it hears (coordinator/engine/proof.go);
 // the release (coordinator/kube.DecideRelease) frees the pods of a driver-confirmed record only
 // once proven dark, never while a witness spoke after the power-off, never after the alarm; and
 // no automatic fence of the node starts while its record stands (HoldsAutoFence).
@@ -91,6 +91,14 @@ type Witnessed struct {
 	// KubeletRenew is how often the kubelet renews its Lease (a quarter of the Lease's duration);
 	// zero without a kubelet witness (standalone mode).
 	KubeletRenew time.Duration
+	// NewBoot is when the node's agent said hello from a boot other than the one this term knew
+	// before (zero: none): witnesses heard from then on are a machine that rebooted — the right one.
+	NewBoot time.Time
+	// KubeletBack is when the kubelet's heartbeat last resumed after a silence longer than its
+	// window (zero: never in this term). A live kubelet is never silent that long, so one resuming
+	// after the power-off is the node coming back (powered on by hand, a partition healed), while
+	// one that kept its cadence across the power-off is the wrong machine.
+	KubeletBack time.Time
 }
 
 // ProofRule holds the cadences the proof is judged against.
@@ -109,40 +117,59 @@ const KubeletSlack = 2 * time.Second
 // AgentSlack is how late an agent heartbeat sent before the power-off may arrive.
 func (r ProofRule) AgentSlack() time.Duration { return min(r.Heartbeat, time.Second) }
 
-// Window is how long the current term must hear nothing from any witness of the node after the
-// power-off: a full grace period, and at least three agent heartbeats and two kubelet renewals
-// (each witness against its own cadence).
-func (r ProofRule) Window(kubeletRenew time.Duration) time.Duration {
-	w := max(r.Grace, 3*r.Heartbeat+time.Second)
-	if kubeletRenew > 0 {
-		w = max(w, 2*kubeletRenew+KubeletSlack)
+// AgentWindow is how long an agent that reports is never silent: three heartbeats and a second.
+func (r ProofRule) AgentWindow() time.Duration { return 3*r.Heartbeat + time.Second }
+
+// KubeletWindow is how long a kubelet that renews its Lease every renew is never silent: two
+// renewals and the slack (zero without a kubelet witness).
+func KubeletWindow(renew time.Duration) time.Duration {
+	if renew <= 0 {
+		return 0
 	}
-	return w
+	return 2*renew + KubeletSlack
+}
+
+// Window is how long a term that started after the power-off must hear nothing from any witness of
+// the node: a full grace period (its agents reconnect to it within one), and at least each
+// witness's own window.
+func (r ProofRule) Window(kubeletRenew time.Duration) time.Duration {
+	return max(r.Grace, r.AgentWindow(), KubeletWindow(kubeletRenew))
 }
 
 // Spoke says which witness of the node was heard after the record's confirmed power-off (and before
-// the record powered the node on again, if it did), "" if none.
+// the record powered the node on again, if it did), "" if none: the agent, unless it speaks from a
+// new boot (the machine went off and came back); the kubelet, unless its heartbeat resumed after a
+// silence past its window (or the agent spoke from a new boot) — an agent still speaking from the
+// boot it had before the power-off is the wrong machine whenever it comes.
 func Spoke(f *coordv1.NodeFence, w Witnessed, r ProofRule) string {
 	if !NeedsProof(f) {
 		return ""
 	}
 	off, on := f.GetConfirmedOffAt().AsTime(), PoweredOnAt(f)
+	rebooted := w.NewBoot.After(off)
 	heard := func(at time.Time, slack time.Duration) bool {
-		return at.After(off.Add(slack)) && (on.IsZero() || at.Before(on))
+		return at.After(off.Add(slack)) && (on.IsZero() || at.Before(on)) && !(rebooted && !at.Before(w.NewBoot))
 	}
 	switch {
 	case heard(w.Agent, r.AgentSlack()):
 		return "its agent reported at " + stamp(w.Agent)
-	case heard(w.Kubelet, KubeletSlack):
+	case heard(w.Kubelet, KubeletSlack) && !(w.KubeletBack.After(off) && !w.Kubelet.Before(w.KubeletBack)):
 		return "its kubelet renewed its heartbeat at " + stamp(w.Kubelet)
 	}
 	return ""
 }
 
 // Verdict judges a driver-confirmed record at now from what the current term heard: wrong machine
-// as soon as a witness spoke after the power-off; dark once the term has observed the node for the
-// window after the power-off (after its own start: time before it is not observation) without a
-// word; pending otherwise. The text says why.
+// as soon as a witness spoke after the power-off; dark once no witness can still be heard from, on
+// its own cadence; pending otherwise. The text says why.
+//
+// Dark means: the messages sent before the power-off have had time to arrive (the slack), and every
+// witness has been silent for its own window (AgentWindow, KubeletWindow), counted from the last
+// time this term heard it or from the term's start. A live node's witness speaks within its window,
+// so a witness that was still reporting shortly before the power-off is waited for; one already
+// silent for its window when the device went off adds nothing by waiting longer. A term that began
+// after the power-off has heard nothing of the node before it: it observes a full Window of its own
+// (its agents reconnect within the grace period).
 func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Proof, string) {
 	if !NeedsProof(f) {
 		return ProofPending, "not a driver-confirmed power-off"
@@ -150,15 +177,41 @@ func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Pro
 	if who := Spoke(f, w, r); who != "" {
 		return ProofWrongMachine, who + ", after the power-off confirmed at " + stamp(f.GetConfirmedOffAt().AsTime())
 	}
-	window := r.Window(w.KubeletRenew)
-	from := f.GetConfirmedOffAt().AsTime().Add(max(r.AgentSlack(), KubeletSlack))
-	if w.Since.After(from) {
-		from = w.Since
+	if w.Blind {
+		return ProofPending, "a witness cannot be heard (the apiserver is unreadable)"
 	}
-	if w.Blind || now.Sub(from) < window {
-		return ProofPending, fmt.Sprintf("observing the witnesses for %s since %s", window, stamp(from))
+	off := f.GetConfirmedOffAt().AsTime()
+	if w.Since.After(off) {
+		window := r.Window(w.KubeletRenew)
+		if now.Sub(w.Since) < window {
+			return ProofPending, fmt.Sprintf("this term began after the power-off: observing the witnesses for %s since %s", window, stamp(w.Since))
+		}
+		return ProofDark, fmt.Sprintf("every witness silent for %s since %s, after the power-off", window, stamp(w.Since))
 	}
-	return ProofDark, fmt.Sprintf("every witness silent for %s since %s, after the power-off", window, stamp(from))
+	slack := r.AgentSlack()
+	if w.KubeletRenew > 0 {
+		slack = max(slack, KubeletSlack)
+	}
+	dark := off.Add(slack)
+	why := "messages sent before the power-off"
+	silentFrom := func(heard time.Time) time.Time {
+		if heard.Before(w.Since) {
+			return w.Since
+		}
+		return heard
+	}
+	if at := silentFrom(w.Agent).Add(r.AgentWindow()); at.After(dark) {
+		dark, why = at, fmt.Sprintf("the agent (silent since %s, window %s)", stamp(silentFrom(w.Agent)), r.AgentWindow())
+	}
+	if kw := KubeletWindow(w.KubeletRenew); kw > 0 {
+		if at := silentFrom(w.Kubelet).Add(kw); at.After(dark) {
+			dark, why = at, fmt.Sprintf("the kubelet (silent since %s, window %s)", stamp(silentFrom(w.Kubelet)), kw)
+		}
+	}
+	if now.Before(dark) {
+		return ProofPending, fmt.Sprintf("waiting until %s for %s", stamp(dark), why)
+	}
+	return ProofDark, fmt.Sprintf("every witness silent past its window since the power-off at %s (the last to fall silent: %s)", stamp(off), why)
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

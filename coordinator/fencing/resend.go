@@ -31,9 +31,11 @@ const (
 )
 
 // invokeKnown sends the operation and, while its outcome is unknown (the driver died while the
-// power-off was at the BMC), reads the device's status back through the driver and resends the
-// SAME operation id — never a new operation, which would act a second time and wait out the
-// retry backoff. It gives up, with the last error, after OpTimeout of unknown outcomes.
+// power-off was at the BMC), reads the device's status back through the driver: a device already
+// in the operation's state is the outcome (the read-back is the proof, and a driver restarted
+// since would not know the operation and act a second time); otherwise it resends the SAME
+// operation id — never a new operation, which would act a second time and wait out the retry
+// backoff. It gives up, with the last error, after OpTimeout of unknown outcomes.
 func (r *Runner) invokeKnown(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
 	state, err := r.invoke(ctx, rec, op)
 	if !outcomeUnknown(err) {
@@ -57,12 +59,28 @@ func (r *Runner) invokeKnown(ctx context.Context, rec *coordv1.NodeFence, op *co
 				"operation_id", op.OperationId, "call_error", err, "read_back_error", rerr)
 			continue // no resend without a read-back
 		}
+		if reached(op, seen) {
+			r.Log.Warn("driver call outcome unknown; the status read-back shows the device as the operation leaves it: not resent", "fence", rec.Id,
+				"operation_id", op.OperationId, "read_back", seen.String(), "call_error", err)
+			return seen, nil
+		}
 		resends++
 		r.Log.Warn("driver call outcome unknown; resending the same operation after a status read-back", "fence", rec.Id,
 			"operation_id", op.OperationId, "read_back", seen.String(), "call_error", err)
 		state, err = r.invoke(ctx, rec, op)
 	}
 	return state, err
+}
+
+// reached reports whether a read-back state is the one the operation leaves the device in.
+func reached(op *coordv1.Operation, seen driverv1.PowerState) bool {
+	switch op.GetAction() {
+	case "off":
+		return seen == driverv1.PowerState_POWER_STATE_OFF
+	case "on":
+		return seen == driverv1.PowerState_POWER_STATE_ON
+	}
+	return false
 }
 
 // readBack asks the operation's driver for the device's power state.

@@ -24,12 +24,17 @@ import (
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
-// The connection to the driver dies while the power-off is at the BMC (the call's outcome is
-// unknown). The runner reads the status back and resends the SAME operation id, which the driver
-// joins to the power-off already under way: the BMC is switched off once, the record has one
-// operation and no retry. Before the fix the call was recorded failed and retried as a new
-// operation after the backoff: two power-offs.
-func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
+// resendEnv is a fence of n1 through a real ipmi driver behind a proxy, with a real BMC and etcd.
+type resendEnv struct {
+	ctx   context.Context
+	st    *store.Store
+	bmc   *ipmisim.BMC
+	proxy *tcpproxy.Proxy
+	rec   *coordv1.NodeFence
+	run   chan error
+}
+
+func startResend(t *testing.T) *resendEnv {
 	endpoint, cli := etcdtest.Start(t)
 	log := slog.New(slog.DiscardHandler)
 	driverAddr, _ := kittest.Serve(t, ipmi.New(), kit.Options{PollInterval: 20 * time.Millisecond, Log: log, DefaultTimeout: 20 * time.Second})
@@ -54,12 +59,12 @@ func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	term, err := leader.NewElector(etcdtest.Client(t, endpoint), "/resend/leader", leader.Info{ID: "c1"}, 5, log).Campaign(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer term.Resign(context.Background())
+	t.Cleanup(func() { _ = term.Resign(context.Background()) })
 	plan := func(step string) ([]fenceconfig.Resolved, error) { return cfg.Plan("n1", step) }
 	rec := fencing.NewRecord("n1-resend", "n1", coordv1.FenceAction_FENCE_ACTION_OFF, plan, 0, time.Now())
 	rec.Epoch = term.Epoch
@@ -68,34 +73,36 @@ func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
 	}
 	r := &fencing.Runner{Store: st, Term: term, Config: func() *fenceconfig.Config { return cfg }, Drivers: drivers,
 		OpTimeout: 15 * time.Second, Policy: fencing.Policy{Retries: 1, Backoff: 10 * time.Millisecond, PollInterval: time.Millisecond}, Log: log}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, rec.Id) }()
+	e := &resendEnv{ctx: ctx, st: st, bmc: bmc, proxy: proxy, rec: rec, run: make(chan error, 1)}
+	go func() { e.run <- r.Run(ctx, rec.Id) }()
+	return e
+}
 
-	// The power-off reaches the BMC; the driver's connection dies before it answers.
+// offAtTheBMC waits until the power-off reached the BMC (held there, not yet done).
+func (e *resendEnv) offAtTheBMC(t *testing.T) {
 	for {
-		req, err := bmc.PendingPower()
+		req, err := e.bmc.PendingPower()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if req == ipmisim.RequestOff {
-			break
+			return
 		}
 		select {
-		case <-ctx.Done():
+		case <-e.ctx.Done():
 			t.Fatal("no power-off reached the BMC")
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	proxy.Cut()
-	time.Sleep(300 * time.Millisecond)
-	proxy.Restore()
-	if err := bmc.CompletePower(false); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
+}
+
+// check waits for the fence and checks it confirmed the node off with one operation, no retry and
+// one power-off at the BMC.
+func (e *resendEnv) check(t *testing.T) {
+	if err := <-e.run; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	v, err := st.GetFence(ctx, rec.Id)
+	v, err := e.st.GetFence(e.ctx, e.rec.Id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +111,9 @@ func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
 		t.Fatalf("fence ended %s (confirmed off %v): %s", got.Status, got.ConfirmedOffAt, got.Error)
 	}
 	if len(got.Operations) != 1 || got.Retries != 0 {
-		t.Errorf("%d operations, %d retries; want the one operation resent, no retry", len(got.Operations), got.Retries)
+		t.Errorf("%d operations, %d retries; want the one operation, no retry", len(got.Operations), got.Retries)
 	}
-	calls, err := bmc.Calls()
+	calls, err := e.bmc.Calls()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +126,39 @@ func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
 	if offs != 1 {
 		t.Errorf("the BMC was switched off %d times, want once (calls %q)", offs, calls)
 	}
+}
+
+// The connection to the driver dies while the power-off is at the BMC (the call's outcome is
+// unknown). The runner reads the status back and resends the SAME operation id, which the driver
+// joins to the power-off already under way: the BMC is switched off once, the record has one
+// operation and no retry. Before the fix the call was recorded failed and retried as a new
+// operation after the backoff: two power-offs.
+func TestUnknownOutcomeResentWithSameOperationID(t *testing.T) {
+	e := startResend(t)
+	e.offAtTheBMC(t)
+	e.proxy.Cut()
+	time.Sleep(300 * time.Millisecond)
+	e.proxy.Restore()
+	if err := e.bmc.CompletePower(false); err != nil {
+		t.Fatal(err)
+	}
+	e.check(t)
+}
+
+// The driver process dies while the power-off is at the BMC and a new one (its state lost, as a
+// pod rescheduled elsewhere) answers in its place; the BMC completes the power-off meanwhile. The
+// status read-back shows the node off: that is the outcome, and nothing is resent — the new driver
+// does not know the operation and would switch the BMC off a second time (as it did before).
+func TestDriverRestartedMidPowerOffSwitchesOffOnce(t *testing.T) {
+	e := startResend(t)
+	e.offAtTheBMC(t)
+	log := slog.New(slog.DiscardHandler)
+	second, _ := kittest.Serve(t, ipmi.New(), kit.Options{PollInterval: 20 * time.Millisecond, Log: log, DefaultTimeout: 20 * time.Second})
+	e.proxy.Cut()
+	e.proxy.Retarget(second)
+	if err := e.bmc.CompletePower(false); err != nil {
+		t.Fatal(err)
+	}
+	e.proxy.Restore()
+	e.check(t)
 }

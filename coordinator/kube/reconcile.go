@@ -45,7 +45,7 @@ type ReleaseFacts interface {
 type Proven struct {
 	// Fence is the record judged ("" when the leader has none for the node).
 	Fence string
-	// Verdict is the current term's: dark only after a full window of its own observation.
+	// Verdict is the current term's: dark only once every witness was silent past its own window.
 	Verdict fencing.Proof
 	// Spoke names the witness heard after the record's confirmed power-off, "" if none.
 	Spoke string
@@ -97,7 +97,9 @@ type ReleaseState struct {
 //     witness (agent, kubelet) heard after its confirmed_off_at — never releases anything, and
 //     withdraws the out-of-service taint if it is there, even once the node falls silent later;
 //   - a driver-confirmed power-off releases only once the leader proved the node dark: every
-//     witness silent for a full window of the current term's own observation; until then hold
+//     witness silent past its own window, as the current term heard them; until then hold (a node
+//     back from a power-off an earlier term proved is judged by the rules below: its taint comes
+//     off once it is healthy)
 //     (an operator's acknowledgement is the operator's word and needs no proof);
 //   - the newest record of the node is a power-off (or isolation) confirmed by read-back, operator
 //     acknowledgement or fence_kdump, and the engine still has both witnesses silent: release
@@ -120,7 +122,7 @@ func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (R
 		return ReleaseWithdraw, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): out-of-service taint withdrawn, pods are never released", s.Fence.GetId())
 	case wrong:
 		return ReleaseHold, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): pods are never released", s.Fence.GetId())
-	case confirmed && fencing.NeedsProof(s.Fence) && proof.Verdict != fencing.ProofDark:
+	case confirmed && fencing.NeedsProof(s.Fence) && proof.Verdict != fencing.ProofDark && !s.WitnessesBack:
 		return ReleaseHold, proofPoll, fmt.Sprintf("fence %s confirmed the node off; its witnesses are being observed before anything is released", s.Fence.GetId())
 	case confirmed && !s.WitnessesBack:
 		return ReleaseApply, 0, fmt.Sprintf("fence %s confirmed the node off; its witnesses are silent", s.Fence.GetId())

@@ -46,6 +46,9 @@ func TestDecideRelease(t *testing.T) {
 		{"back and Ready, not long enough", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-20 * time.Second), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseHold, 40 * time.Second},
 		{"Ready only recently", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-time.Hour), NodeReady: true, ReadySince: now.Add(-50 * time.Second)}, ReleaseHold, 10 * time.Second},
 		{"back and Ready long enough", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-2 * time.Minute), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseRemove, 0},
+		{"silent, proof pending: hold", ReleaseState{Fence: confirmed, Running: true}, ReleaseHold, proofPoll},
+		{"a new term's pending proof does not keep a node that came back tainted", ReleaseState{Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-2 * time.Minute), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseRemove, 0},
+		{"an operator's taint, proof pending, silent: nothing deleted", ReleaseState{Fence: confirmed, Tainted: true}, ReleaseHold, proofPoll},
 		{"an operator's taint without a record of ours stays", ReleaseState{Tainted: true, WitnessesBack: true, NodeReady: true}, ReleaseNothing, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

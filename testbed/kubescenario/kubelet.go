@@ -45,7 +45,9 @@ func (e *Env) startKubelet(ctx context.Context, n *Node, renew time.Duration) er
 		return fmt.Errorf("kubelet %s: post Ready: %w", n.Name, err)
 	}
 	leases := e.Admin.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-	holder, seconds := n.Name, int32(40)
+	// The Lease says the cadence it is renewed at, as the kubelet's does (renew = a quarter of the
+	// duration): the coordinator judges the kubelet's silence against it.
+	holder, seconds := n.Name, int32(max(1, (4*renew+time.Second-1)/time.Second))
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: corev1.NamespaceNodeLease},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds, RenewTime: &metav1.MicroTime{Time: time.Now()}}}
 	if _, err := leases.Create(ctx, lease, metav1.CreateOptions{FieldManager: KubeletManager}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -85,8 +85,11 @@ type Node struct {
 	Victim bool
 	Pod    string // the StatefulSet pod on a victim (namespace "apps")
 	VA     string // its VolumeAttachment
-	stop   func()
-	agent  *agent.Agent
+	// Boot counts the node's boots after the first: its agent reports boot id boot-NAME-BOOT (a
+	// machine powered on again has a new one).
+	Boot  int
+	stop  func()
+	agent *agent.Agent
 	// stopKubelet stops the kubelet stand-in's Lease renewals.
 	stopKubelet func()
 }
@@ -378,7 +381,7 @@ func (e *Env) startAgent(n *Node) error {
 		return err
 	}
 	ag, err := agent.New(agent.Config{Coordinators: []string{e.Coord.Addr()}, TLS: files,
-		NodeName: n.Name, BootID: "boot-" + n.Name, Zone: "zone-a", Region: "region-1", Log: e.Opts.Log}, sampler{})
+		NodeName: n.Name, BootID: fmt.Sprintf("boot-%s-%d", n.Name, n.Boot), Zone: "zone-a", Region: "region-1", Log: e.Opts.Log}, sampler{})
 	if err != nil {
 		return err
 	}

@@ -153,6 +153,7 @@ func TestReleaseSurvivesAPIServerOutage(t *testing.T) {
 	if err := victim.BMC.SetPower(true); err != nil {
 		t.Fatal(err)
 	}
+	victim.Boot++      // a machine powered on boots anew
 	back := time.Now() // the first witness may report from here on
 	if err := env.startKubelet(ctx, victim, 200*time.Millisecond); err != nil {
 		t.Fatal(err)

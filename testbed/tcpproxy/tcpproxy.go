@@ -50,7 +50,10 @@ func (p *Proxy) serve() {
 }
 
 func (p *Proxy) pipe(c net.Conn) {
-	u, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	u, err := net.Dial("tcp", target)
 	if err != nil {
 		c.Close()
 		return
@@ -87,6 +90,14 @@ func (p *Proxy) Cut() {
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	p.cut = false
+	p.mu.Unlock()
+}
+
+// Retarget sends new connections to target from now on (a server restarted elsewhere, as a
+// restarted pod behind its Service); open connections are left as they are.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	p.target = target
 	p.mu.Unlock()
 }
 

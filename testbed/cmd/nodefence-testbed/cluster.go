@@ -44,8 +44,9 @@ type sim struct {
 	bmc        *ipmisim.BMC
 	cancel     context.CancelFunc
 	done       chan struct{}
-	mu         sync.Mutex // guards cancel, done and unpowered
+	mu         sync.Mutex // guards cancel, done, unpowered and boots
 	unpowered  bool       // the BMC switched the node off; it starts again when switched on
+	boots      int        // boots after the first: a node switched on again has a new boot id
 	metrics    *metrics.Metrics
 	agent      atomic.Pointer[agent.Agent] // the running agent, nil while the node is down
 }
@@ -111,6 +112,7 @@ func (c *cluster) followPower(ctx context.Context, s *sim) {
 		case on && unpowered:
 			s.mu.Lock()
 			s.unpowered = false
+			s.boots++
 			s.mu.Unlock()
 			if err := c.startSim(s); err != nil {
 				c.log.Warn("simulated agent not restarted", "node", s.name, "err", err)
@@ -326,9 +328,12 @@ func (c *cluster) startSim(s *sim) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	boot := fmt.Sprintf("boot-%s-%d", s.name, s.boots)
+	s.mu.Unlock()
 	a, err := agent.New(agent.Config{
 		Coordinators: []string{c.coordAddr}, TLS: files,
-		NodeName: s.name, BootID: "boot-" + s.name, Zone: s.zone, Region: "local", Log: c.log,
+		NodeName: s.name, BootID: boot, Zone: s.zone, Region: "local", Log: c.log,
 		Capacity: &agentv1.Capacity{MemoryBytes: 64 << 30, CpuMillis: 32000, Pids: 4194304},
 	}, simSampler{s.metrics})
 	if err != nil {
