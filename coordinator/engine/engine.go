@@ -201,7 +201,7 @@ type node struct {
 	helloAt            time.Time  // the latest agent hello
 	kubeletAdvanced    time.Time  // when this engine last saw kubeletBeat advance (its first sight is none)
 	kubeletRenew       time.Duration
-	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (fencing.KubeletWindow)
+	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (nodes.KubeletWindow)
 	fence              *standing // the node's newest fence record and its proof (proof.go)
 	limit              *agentLimit
 }
@@ -303,7 +303,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 	}
 	rd, reason := nodes.Judge(obs, now, grace)
 	if e.cfg.KubeletWitness {
-		silent, why := nodes.KubeletSilent(nodes.KubeletObservation{Probe: n.kubeletProbe, Registered: n.firstSeen, GraceFloor: e.floor},
+		silent, why := nodes.KubeletSilent(nodes.KubeletObservation{Probe: n.kubeletProbe, Registered: n.firstSeen, GraceFloor: e.floor, Renew: n.renew()},
 			now, e.cfg.NodeMonitorGracePeriod, e.cfg.NodeStartupGracePeriod)
 		w := nodes.Combine(rd, reason, silent, why, e.cfg.KubeletDownPolicy)
 		rd, reason = w.Readiness, w.Reason

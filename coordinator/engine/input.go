@@ -6,7 +6,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/nodes"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -198,7 +198,7 @@ func (e *Engine) kubelet(in Kubelet) {
 		if prev.IsZero() {
 			prev = n.kubeletProbe
 		}
-		if in.At.Sub(prev) > fencing.KubeletWindow(n.renew()) {
+		if in.At.Sub(prev) > nodes.KubeletWindow(n.renew()) {
 			n.kubeletBack = in.At // silent past its window, and back
 		}
 		n.kubeletAdvanced = in.At // the kubelet spoke while this engine listened (first sight: not)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/nodes"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -112,7 +114,7 @@ type ProofRule struct {
 
 // KubeletSlack is how late a Lease renewal or status update the kubelet made before the power-off
 // may reach the leader's informer.
-const KubeletSlack = 2 * time.Second
+const KubeletSlack = nodes.KubeletSlack
 
 // AgentSlack is how late an agent heartbeat sent before the power-off may arrive.
 func (r ProofRule) AgentSlack() time.Duration { return min(r.Heartbeat, time.Second) }
@@ -120,14 +122,9 @@ func (r ProofRule) AgentSlack() time.Duration { return min(r.Heartbeat, time.Sec
 // AgentWindow is how long an agent that reports is never silent: three heartbeats and a second.
 func (r ProofRule) AgentWindow() time.Duration { return 3*r.Heartbeat + time.Second }
 
-// KubeletWindow is how long a kubelet that renews its Lease every renew is never silent: two
-// renewals and the slack (zero without a kubelet witness).
-func KubeletWindow(renew time.Duration) time.Duration {
-	if renew <= 0 {
-		return 0
-	}
-	return 2*renew + KubeletSlack
-}
+// KubeletWindow is how long a kubelet that renews its Lease every renew is never silent
+// (nodes.KubeletWindow: the one definition).
+func KubeletWindow(renew time.Duration) time.Duration { return nodes.KubeletWindow(renew) }
 
 // Window is how long a term that started after the power-off must hear nothing from any witness of
 // the node: a full grace period (its agents reconnect to it within one), and at least each
@@ -177,10 +174,13 @@ func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Pro
 	if who := Spoke(f, w, r); who != "" {
 		return ProofWrongMachine, who + ", after the power-off confirmed at " + stamp(f.GetConfirmedOffAt().AsTime())
 	}
+	off := f.GetConfirmedOffAt().AsTime()
+	if w.NewBoot.After(off) {
+		return ProofDark, "its agent reported from a new boot at " + stamp(w.NewBoot) + ": the machine went off and booted again"
+	}
 	if w.Blind {
 		return ProofPending, "a witness cannot be heard (the apiserver is unreadable)"
 	}
-	off := f.GetConfirmedOffAt().AsTime()
 	if w.Since.After(off) {
 		window := r.Window(w.KubeletRenew)
 		if now.Sub(w.Since) < window {

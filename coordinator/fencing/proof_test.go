@@ -33,7 +33,7 @@ func TestProofVerdict(t *testing.T) {
 		{"the kubelet's renewal before dark was proven is the alarm", rec, kube(Witnessed{Since: t0, Kubelet: off.Add(time.Hour)}), off.Add(time.Hour), ProofWrongMachine},
 		{"the kubelet resuming after a silence past its window is the node coming back", rec, kube(Witnessed{Since: t0, Kubelet: off.Add(time.Hour), KubeletBack: off.Add(time.Hour)}), off.Add(time.Hour), ProofPending},
 		{"the agent from the same boot an hour later is the alarm", rec, Witnessed{Since: t0, Agent: off.Add(time.Hour)}, off.Add(time.Hour), ProofWrongMachine},
-		{"the agent from a new boot is the machine that went off", rec, kube(Witnessed{Since: t0, Agent: off.Add(30 * time.Second), Kubelet: off.Add(29 * time.Second), KubeletBack: off.Add(29 * time.Second), NewBoot: off.Add(30 * time.Second)}), off.Add(31 * time.Second), ProofPending},
+		{"the agent from a new boot is the machine that went off", rec, kube(Witnessed{Since: t0, Agent: off.Add(30 * time.Second), Kubelet: off.Add(29 * time.Second), KubeletBack: off.Add(29 * time.Second), NewBoot: off.Add(30 * time.Second)}), off.Add(31 * time.Second), ProofDark},
 		{"the kubelet keeping its cadence across the power-off is the alarm", rec, kube(Witnessed{Since: t0, Agent: off.Add(30 * time.Second), Kubelet: off.Add(10 * time.Second), NewBoot: off.Add(30 * time.Second)}), off.Add(31 * time.Second), ProofWrongMachine},
 		{"a renewal in flight", rec, kube(Witnessed{Since: t0, Kubelet: off.Add(1500 * time.Millisecond)}), off.Add(2 * time.Second), ProofPending},
 		{"the kubelet renewed 3s before the power-off: wait two renewals", rec, kube(Witnessed{Since: t0, Kubelet: off.Add(-3 * time.Second)}), off.Add(18 * time.Second), ProofPending},

@@ -89,15 +89,32 @@ type KubeletObservation struct {
 	GraceFloor time.Time
 	// Blind is set while the apiserver cannot be read: the kubelet is then never judged silent.
 	Blind bool
+	// Renew is how often the kubelet renews its Lease (a quarter of its duration); zero: unknown.
+	Renew time.Duration
+}
+
+// KubeletSlack is how late a Lease renewal the kubelet made may reach the coordinator's informer.
+const KubeletSlack = 2 * time.Second
+
+// KubeletWindow is how long a kubelet that renews its Lease every renew is never silent: two
+// renewals and the slack (zero without a kubelet witness). A live kubelet renews once per renew
+// interval; one renewal lost or delayed by a slow apiserver is still inside the window.
+func KubeletWindow(renew time.Duration) time.Duration {
+	if renew <= 0 {
+		return 0
+	}
+	return 2*renew + KubeletSlack
 }
 
 // KubeletSilent tells whether the kubelet has been silent past its grace period (the startup grace
-// period if it never posted), and says so in words.
+// period if it never posted), and says so in words. The grace period is never shorter than the
+// kubelet's own window (KubeletWindow of o.Renew): a grace shorter than the Lease's renewal
+// interval would judge a live kubelet silent between two renewals.
 func KubeletSilent(o KubeletObservation, now time.Time, grace, startupGrace time.Duration) (bool, string) {
 	if o.Blind {
 		return false, "apiserver unreachable: kubelet not judged"
 	}
-	since, g := o.Probe, grace
+	since, g := o.Probe, max(grace, KubeletWindow(o.Renew))
 	if since.IsZero() {
 		since, g = o.Registered, startupGrace
 	}

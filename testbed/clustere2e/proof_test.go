@@ -19,12 +19,13 @@ import (
 // The wrong-machine scenarios: the victim's fence configuration names the BMC of a spare machine
 // (a BMC that powers nothing of the cluster), as a wrong mapping would. The victim's agent is
 // killed while its kubelet keeps renewing its Lease every 10 s; nodefence's grace period (5 s) is
-// shorter than that, so between renewals both witnesses look silent and the node is fenced: the
-// driver switches the spare off and reads it back off. The kubelet's next renewal is a witness
-// heard after the confirmed power-off: the alarm (wrong_machine_at, a Warning Event), no
-// out-of-service taint, the pod stays, and no second fence however often the node looks silent
-// again. With a failover, the leader that confirmed the fence is killed at once and its successor
-// must reach the same verdict from what it hears itself.
+// shorter than that, but the kubelet is judged against its own cadence, so nothing fences the node
+// automatically (that is checked first). An operator then fences it: the driver switches the spare
+// off and reads it back off. The kubelet's next renewal is a witness heard after the confirmed
+// power-off: the alarm (wrong_machine_at, a Warning Event), no out-of-service taint, the pod stays,
+// and no second fence however long the agent stays dead. With a failover, the leader that confirmed
+// the fence is killed at once and its successor must reach the same verdict from what it hears
+// itself.
 
 // wrongMachineGrace is below the kubelet's 10 s Lease renewal interval.
 const wrongMachineGrace = 5 * time.Second
@@ -68,6 +69,16 @@ func wrongMachine(t *testing.T, failover bool) {
 	if err := victim.KillService(agentService); err != nil {
 		t.Fatal(err)
 	}
+	// Four kubelet renewals with the agent dead: a node whose kubelet keeps its cadence is never
+	// fenced automatically, although the grace period is shorter than the renewal interval.
+	for deadline := time.Now().Add(wrongMachineWatch); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if fs := s.records(victim.Name); len(fs) != 0 {
+			t.Fatalf("%s fenced automatically while its kubelet renewed its Lease: %v", victim.Name, ids(fs))
+		}
+	}
+	if out, err := s.d.Fencectl(s.ctx, "fence", victim.Name, "--reason", "wrong machine test", "--no-watch"); err != nil {
+		t.Fatalf("fencectl fence: %v: %s", err, out)
+	}
 	t0 := time.Now()
 
 	// The fence: confirmed off by the driver's read-back of the spare's BMC.
@@ -77,10 +88,10 @@ func wrongMachine(t *testing.T, failover bool) {
 			rec = fs[0]
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no fence of %s confirmed off within 90 s of killing its agent", victim.Name)
+			t.Fatalf("no fence of %s confirmed off within 90 s of the operator's fence", victim.Name)
 		}
 	}
-	t.Logf("fence %s confirmed off %s after the agent was killed", rec.Id, time.Since(t0).Round(time.Millisecond))
+	t.Logf("fence %s confirmed off %s after the operator's fence", rec.Id, time.Since(t0).Round(time.Millisecond))
 	if failover {
 		leader.Kill()
 		t.Logf("killed the leader %s right after the confirmation", leader.ID)
@@ -109,7 +120,7 @@ func wrongMachine(t *testing.T, failover bool) {
 	if !s.wrongMachineEvent(victim.Name) {
 		t.Errorf("no FenceHitWrongMachine Warning Event on %s", victim.Name)
 	}
-	// Watch: the kubelet keeps renewing and the node keeps looking silent between renewals.
+	// Watch: the kubelet keeps renewing, the agent stays dead: no second fence, nothing released.
 	for deadline := time.Now().Add(wrongMachineWatch); time.Now().Before(deadline); time.Sleep(time.Second) {
 		s.checkNotReleased(w.Pod(), pod.UID, victim.Name)
 		if fs := s.records(victim.Name); len(fs) != 1 {
