@@ -125,8 +125,16 @@ type AgentServer struct {
 	streams streamCount // open streams by node, at most MaxStreamsPerNode each
 }
 
-// start creates (or returns the active) record for node with action, and runs it.
+// start creates (or returns the active) record for node with action, and runs it, on behalf of the
+// caller's identity.
 func (s *FenceServer) start(ctx context.Context, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
+	return s.StartAs(ctx, identity.Name(ctx), node, reason, action)
+}
+
+// StartAs creates (or returns the active) record for node with action, and runs it, on behalf of
+// requester: the same rules as an operator's call (a node the engine refuses is refused), for
+// callers inside the coordinator that act for someone else (a NodeFenceRemediation).
+func (s *FenceServer) StartAs(ctx context.Context, requester, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
 	l, err := s.Leadership.Leading(ctx)
 	if err != nil {
 		return nil, err
@@ -143,7 +151,7 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
 		}
 	}
-	rec := fencing.OperatorRecord(node, action, reason, identity.Name(ctx),
+	rec := fencing.OperatorRecord(node, action, reason, requester,
 		func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, l.Term.Epoch, s.now())
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {

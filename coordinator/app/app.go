@@ -60,6 +60,7 @@ type App struct {
 	proof     *proof
 	mu        sync.Mutex
 	leading   *api.Leading
+	fenceSrv  *api.FenceServer // remediation requests start fences through it (kube.go)
 	fenceMx   *fenceMetrics
 	devices   *deviceChecks
 	storeG    *storeGuard // storeguard.go

@@ -207,6 +207,11 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		k.witness.ClearSink(sink)
 	}()
 	go r.Run(ctx, reconcileEvery)
+	rc := kube.NewRemediationController(k.writer.Dynamic(), remediationFacts{releaseFacts{a: k.a, lp: lp}}, k.a.log, k.a.now)
+	rc.OnRequest = func(node, remediation, fence string) {
+		k.a.audit(term, node, "fence-requested", fmt.Sprintf("NodeFenceRemediation %s (spec.allowLiveWitnesses) requested fence %s", remediation, fence))
+	}
+	go rc.Run(ctx, remediationEvery)
 	go func() {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous
 		// leader left undone (a release, a restore, a mirror) is finished.
@@ -247,6 +252,22 @@ func (f releaseFacts) Proof(ctx context.Context, node string) (kube.Proven, erro
 	var p kube.Proven
 	err := f.lp.Query(ctx, func(e *engine.Engine) { p.Fence, p.Verdict, p.Spoke = e.Proof(node) })
 	return p, err
+}
+
+// remediationEvery is how often the NodeFenceRemediations are looked at.
+const remediationEvery = 2 * time.Second
+
+// remediationFacts adds to releaseFacts what the remediation controller asks of the coordinator.
+type remediationFacts struct{ releaseFacts }
+
+func (f remediationFacts) Fenceable(node string) bool {
+	cfg := f.a.fences()
+	return cfg != nil && cfg.HasNode(node)
+}
+
+func (f remediationFacts) RequestFence(ctx context.Context, node, requester, reason string) (string, error) {
+	rec, err := f.a.fenceSrv.StartAs(ctx, requester, node, reason, coordv1.FenceAction_FENCE_ACTION_OFF)
+	return rec.GetId(), err
 }
 
 // eventReasons maps the engine's event kinds about one node to Kubernetes Event reasons and types.

@@ -199,7 +199,8 @@ func (a *App) registerAPI() {
 	if a.kube != nil {
 		deps.KubeletReporting = a.kubeletReporting
 	}
-	coordv1.RegisterFenceServiceServer(a.srv.GRPC, &api.FenceServer{Deps: deps})
+	a.fenceSrv = &api.FenceServer{Deps: deps}
+	coordv1.RegisterFenceServiceServer(a.srv.GRPC, a.fenceSrv)
 	coordv1.RegisterClusterServiceServer(a.srv.GRPC, &api.ClusterServer{Deps: deps})
 	agentv1.RegisterAgentServiceServer(a.srv.GRPC, &api.AgentServer{Deps: deps})
 }

@@ -59,7 +59,7 @@ func runMain(m *testing.M) int {
 // installCoordinatorRBAC applies deploy/'s namespace, NodeFence CRD and coordinator RBAC for real,
 // and waits until NodeFences are served.
 func installCoordinatorRBAC(ctx context.Context, a *kubetest.Applier) error {
-	if err := a.ApplyFiles(ctx, deployDir, "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml"); err != nil {
+	if err := a.ApplyFiles(ctx, deployDir, "namespace.yaml", "crd-nodefences.yaml", "crd-nodefenceremediations.yaml", "rbac-coordinator.yaml"); err != nil {
 		return err
 	}
 	return a.WaitForResource(ctx, FenceResource)

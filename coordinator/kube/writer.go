@@ -69,6 +69,9 @@ func New(cfg *rest.Config, opts Options) (*Writer, error) {
 	return NewWithClients(core, dyn, opts), nil
 }
 
+// Dynamic is the writer's dynamic client (the custom resources).
+func (w *Writer) Dynamic() dynamic.Interface { return w.dyn }
+
 // NewWithClients returns a Writer over existing clients (shared with informers, for example).
 func NewWithClients(core kubernetes.Interface, dyn dynamic.Interface, opts Options) *Writer {
 	w := &Writer{core: core, dyn: dyn, now: opts.Now, log: opts.Log}

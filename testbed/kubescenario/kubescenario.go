@@ -25,6 +25,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -119,27 +120,8 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "kube"), 0o700); err != nil {
 		return nil, err
 	}
-	c, err := kubetest.New(filepath.Join(dir, "kube"))
+	coordCfg, err := e.startAPIServer(ctx, filepath.Join(dir, "kube"))
 	if err != nil {
-		return nil, err
-	}
-	e.Cluster, e.Admin = c, c.Clientset()
-	e.stops = append(e.stops, c.Stop)
-	a, err := kubetest.NewApplier(c.Config())
-	if err != nil {
-		return nil, err
-	}
-	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml"); err != nil {
-		return nil, err
-	}
-	if err := a.WaitForResource(ctx, kube.FenceResource); err != nil {
-		return nil, err
-	}
-	coordCfg, err := c.ServiceAccountConfig(ctx, "nodefence", "nodefence-coordinator")
-	if err != nil {
-		return nil, err
-	}
-	if err := c.WaitForClusterRole(ctx, "nodefence-coordinator", "nodefence", "nodefence-coordinator"); err != nil {
 		return nil, err
 	}
 	driverAddr, err := e.startDriver()
@@ -179,6 +161,34 @@ func Start(ctx context.Context, dir string, o Options) (*Env, error) {
 	}
 	ok = true
 	return e, nil
+}
+
+// startAPIServer starts kube-apiserver with deploy/'s namespace, CRDs and the coordinator's RBAC,
+// and returns the coordinator's ServiceAccount configuration.
+func (e *Env) startAPIServer(ctx context.Context, dir string) (*rest.Config, error) {
+	c, err := kubetest.New(dir)
+	if err != nil {
+		return nil, err
+	}
+	e.Cluster, e.Admin = c, c.Clientset()
+	e.stops = append(e.stops, c.Stop)
+	a, err := kubetest.NewApplier(c.Config())
+	if err != nil {
+		return nil, err
+	}
+	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "crd-nodefenceremediations.yaml", "rbac-coordinator.yaml"); err != nil {
+		return nil, err
+	}
+	for _, r := range []schema.GroupVersionResource{kube.FenceResource, kube.RemediationResource} {
+		if err := a.WaitForResource(ctx, r); err != nil {
+			return nil, err
+		}
+	}
+	coordCfg, err := c.ServiceAccountConfig(ctx, "nodefence", "nodefence-coordinator")
+	if err != nil {
+		return nil, err
+	}
+	return coordCfg, c.WaitForClusterRole(ctx, "nodefence-coordinator", "nodefence", "nodefence-coordinator")
 }
 
 // addNodes starts a BMC and creates the Node object for each of the healthy and victim nodes.

@@ -314,7 +314,7 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 	if err != nil {
 		return "", err
 	}
-	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "rbac-coordinator.yaml",
+	if err := a.ApplyFiles(ctx, DeployDir(), "namespace.yaml", "crd-nodefences.yaml", "crd-nodefenceremediations.yaml", "rbac-coordinator.yaml",
 		"rbac-node-agent.yaml", "policy-node-agent.yaml"); err != nil {
 		return "", err
 	}
