@@ -23,7 +23,9 @@ func TestDecideRemediation(t *testing.T) {
 		}
 		return f
 	}
-	confirmed := func(f *coordv1.NodeFence) { f.ConfirmedOffAt, f.Status = ts(-10*time.Second), coordv1.FenceStatus_FENCE_STATUS_DONE }
+	confirmed := func(f *coordv1.NodeFence) {
+		f.ConfirmedOffAt, f.Status = ts(-10*time.Second), coordv1.FenceStatus_FENCE_STATUS_DONE
+	}
 	silent := &coordv1.Node{Name: "n1", Readiness: coordv1.Readiness_READINESS_UNKNOWN, Reason: "no agent contact"}
 	alive := &coordv1.Node{Name: "n1", Readiness: coordv1.Readiness_READINESS_READY}
 	agentDown := &coordv1.Node{Name: "n1", Readiness: coordv1.Readiness_READINESS_READY, AgentDown: true}
@@ -62,10 +64,14 @@ func TestDecideRemediation(t *testing.T) {
 			s.View, s.Fence = alive, rec("r1", -30*time.Second, func(f *coordv1.NodeFence) { confirmed(f); f.WrongMachineAt = ts(-5 * time.Second) })
 		}), F, F, ReasonWrongMachine, "r1", false},
 		{"the fence failed", with(func(s *RemediationState) {
-			s.View, s.Fence = silent, rec("r1", -30*time.Second, func(f *coordv1.NodeFence) { f.Status, f.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, "bmc unreachable" })
+			s.View, s.Fence = silent, rec("r1", -30*time.Second, func(f *coordv1.NodeFence) {
+				f.Status, f.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, "bmc unreachable"
+			})
 		}), F, F, ReasonFenceFailed, "r1", false},
 		{"an old unfence does not count", with(func(s *RemediationState) {
-			s.View, s.Fence = alive, rec("r0", -time.Hour, func(f *coordv1.NodeFence) { f.Action, f.Status = coordv1.FenceAction_FENCE_ACTION_ON, coordv1.FenceStatus_FENCE_STATUS_DONE })
+			s.View, s.Fence = alive, rec("r0", -time.Hour, func(f *coordv1.NodeFence) {
+				f.Action, f.Status = coordv1.FenceAction_FENCE_ACTION_ON, coordv1.FenceStatus_FENCE_STATUS_DONE
+			})
 		}), F, F, ReasonWitnessesReport, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
