@@ -142,35 +142,52 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	// Leadership ends when the lease is gone, the key is deleted by anyone (watched from the
 	// revision of the check above, so a deletion right after it is seen), or etcd cannot be read
 	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
-	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
+	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not
+	// (guard).
 	watch := e.cli.Watch(tctx, t.Key, clientv3.WithRev(got.Header.Revision+1))
-	ttl := time.Duration(e.ttl) * time.Second
-	every := min(time.Second, ttl/4)
-	readTimeout := min(CallTimeout, ttl/2)
-	check := time.NewTicker(every)
-	lastRead := time.Now()
-	go e.guard(tctx, t, session, cancel, watch, check, ttl, readTimeout, lastRead)
+	go e.guard(tctx, t, session, cancel, watch, time.Duration(e.ttl)*time.Second)
 	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
 	return t, nil
 }
 
+// keyRead is the outcome of one check, started at start: the lease renewed (renewed), then the
+// election key read (live, err).
+type keyRead struct {
+	start   time.Time
+	renewed bool
+	live    bool
+	err     error
+}
+
 // guard ends term t when its leadership is lost: session gone, tctx (the term's context, cancel its
-// cancel) done, the key gone from etcd (read on every tick of check, each read bounded by
-// readTimeout; lastRead is the latest successful one) or deleted (seen on watch), or etcd unreadable
-// for four fifths of ttl.
+// cancel) done, the key gone from etcd or deleted (seen on watch), or its lease not renewed for four
+// fifths of ttl. Every tick, on a goroutine of its own (one check at a time), the lease is renewed
+// once and the key read. etcd expires the lease ttl after the last renewal it received, which is no
+// earlier than the start of the latest renewal it acknowledged, so the four fifths are a timer from
+// that start: a check that hangs (etcd cut off: each attempt waits for its timeout) never delays the
+// step-down, and a cut-off leader ends its term before its lease can expire and another replica be
+// elected.
 func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Session, cancel context.CancelFunc,
-	watch clientv3.WatchChan, check *time.Ticker, ttl, readTimeout time.Duration, lastRead time.Time) {
+	watch clientv3.WatchChan, ttl time.Duration) {
 	// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
 	// its key and lease up: the session would otherwise keep the lease alive, and with it the
 	// key every later campaign (this replica's next one included) queues behind, so no replica
 	// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
 	// has nothing to give up.
 	release := true
-	failing := 0                     // consecutive ticks with guarded writes failing and none succeeding
-	every := min(time.Second, ttl/4) // check's period, as Campaign made it
+	failing := 0 // consecutive ticks with guarded writes failing and none succeeding
+	every := min(time.Second, ttl/4)
+	readTimeout := min(CallTimeout, ttl/2)
+	stepDown := ttl * 4 / 5
+	check := time.NewTicker(every)
+	lastRead := time.Now()
+	deadline := time.NewTimer(stepDown)
+	reads := make(chan keyRead, 1) // the one read in flight answers here (buffered: it never blocks)
+	reading := false
 	defer func() {
 		cancel()
 		check.Stop()
+		deadline.Stop()
 		if release {
 			rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
 			_ = t.Resign(rctx)
@@ -194,16 +211,31 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				e.unwritable(t, UnwritableFailing)
 				return
 			}
-			switch live, err := t.keyLive(tctx, readTimeout); {
-			case err == nil && !live:
+			if !reading {
+				reading = true
+				go func() {
+					rctx, rcancel := context.WithTimeout(tctx, readTimeout)
+					_, kerr := t.cli.KeepAliveOnce(rctx, session.Lease())
+					rcancel()
+					live, err := t.keyLive(tctx, readTimeout)
+					reads <- keyRead{start: now, renewed: kerr == nil, live: live, err: err}
+				}()
+			}
+		case r := <-reads:
+			reading = false
+			switch {
+			case r.err == nil && !r.live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
-			case err == nil:
-				lastRead = now
-			case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
-				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
-				return
+			case r.renewed && r.start.After(lastRead):
+				lastRead = r.start
+				deadline.Reset(time.Until(lastRead.Add(stepDown)))
 			}
+		case <-deadline.C:
+			if tctx.Err() == nil {
+				e.log.Error("stepping down: this coordinator cannot reach etcd (its lease not renewed)", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond))
+			}
+			return
 		case wr, ok := <-watch:
 			if tctx.Err() != nil {
 				release = false // the watch ended with the term
