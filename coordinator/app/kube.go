@@ -45,6 +45,7 @@ type kubeMode struct {
 	witness  *kube.Witness
 	recorder record.EventRecorder
 	rec      atomic.Pointer[kube.Reconciler] // the current term's, nil when not leading
+	rem      atomic.Pointer[kube.RemediationController] // the current term's, nil when not leading
 
 	// secrets keeps the last value read of every Secret key a fence method refers to, so that a
 	// fence still has its device credentials while the apiserver is away (a node failure and an
@@ -211,6 +212,11 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 	rc.OnRequest = func(node, remediation, fence string) {
 		k.a.audit(term, node, "fence-requested", fmt.Sprintf("NodeFenceRemediation %s (spec.allowLiveWitnesses) requested fence %s", remediation, fence))
 	}
+	k.rem.Store(rc)
+	go func() {
+		<-ctx.Done()
+		k.rem.CompareAndSwap(rc, nil)
+	}()
 	go rc.Run(ctx, remediationEvery)
 	go func() {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous

@@ -186,6 +186,14 @@ func (a *App) bindServer() error {
 	a.elector.OnUnwritable = a.storeG.onUnwritable
 	a.devices = newDeviceChecks(srv.Registry)
 	srv.Registry.MustRegister(newNodeMetrics(a))
+	srv.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nodefence_remediations_overdue",
+		Help: "NodeFenceRemediations older than 48 h (the leader's count; 0 elsewhere and outside Kubernetes mode): a node a health checker still finds unhealthy after two days."},
+		func() float64 {
+			if a.kube == nil {
+				return 0
+			}
+			return float64(a.kube.rem.Load().Overdue())
+		}))
 	return nil
 }
 

@@ -62,7 +62,10 @@ func installCoordinatorRBAC(ctx context.Context, a *kubetest.Applier) error {
 	if err := a.ApplyFiles(ctx, deployDir, "namespace.yaml", "crd-nodefences.yaml", "crd-nodefenceremediations.yaml", "rbac-coordinator.yaml"); err != nil {
 		return err
 	}
-	return a.WaitForResource(ctx, FenceResource)
+	if err := a.WaitForResource(ctx, FenceResource); err != nil {
+		return err
+	}
+	return a.WaitForResource(ctx, RemediationResource)
 }
 
 // newWriter is a Writer running as the coordinator's ServiceAccount.

@@ -1,11 +1,18 @@
 package kube
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/nodefence/nodefence/coordinator/fencing"
 
@@ -82,4 +89,70 @@ func TestDecideRemediation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// noFacts is a coordinator without a fence configuration: every node is unknown to it.
+type noFacts struct{}
+
+func (noFacts) Fence(context.Context, string) (*coordv1.NodeFence, bool, error) {
+	return nil, false, nil
+}
+func (noFacts) Node(context.Context, string) (*coordv1.Node, error) { return nil, nil }
+func (noFacts) Proof(context.Context, string) (Proven, error)       { return Proven{}, nil }
+func (noFacts) Fenceable(string) bool                               { return false }
+func (noFacts) RequestFence(context.Context, string, string, string) (string, error) {
+	return "", errors.New("no fence expected")
+}
+
+// A pass as the coordinator's ServiceAccount (deploy/'s RBAC only) on a real kube-apiserver: it
+// writes the remediation's status, counts a remediation older than 48 h as overdue, and a second
+// pass with nothing changed writes nothing.
+func TestRemediationPass(t *testing.T) {
+	ctx := testContext(t)
+	ns := "remediation-pass"
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	adminDyn := dynamic.NewForConfigOrDie(cluster.Config())
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "nodefence.io/v1alpha1", "kind": RemediationKind,
+		"metadata": map[string]any{"name": "n1", "namespace": ns}, "spec": map[string]any{}}}
+	if _, err := adminDyn.Resource(RemediationResource).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Now()
+	c := NewRemediationController(newWriter(t).Dynamic(), noFacts{}, nil, func() time.Time { return clock })
+	if err := c.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Overdue() != 0 {
+		t.Errorf("overdue %d just after creation", c.Overdue())
+	}
+	got, err := adminDyn.Resource(RemediationResource).Namespace(ns).Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cond := metaCondition(got, ConditionSucceeded)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonNodeUnknown {
+		t.Fatalf("Succeeded condition %+v, want False %s", cond, ReasonNodeUnknown)
+	}
+	rv := got.GetResourceVersion()
+	clock = clock.Add(RemediationOverdue + time.Hour)
+	if err := c.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Overdue() != 1 {
+		t.Errorf("overdue %d two days later, want 1", c.Overdue())
+	}
+	if got, err = adminDyn.Resource(RemediationResource).Namespace(ns).Get(ctx, "n1", metav1.GetOptions{}); err != nil || got.GetResourceVersion() != rv {
+		t.Errorf("a pass with nothing changed wrote the status (resourceVersion %s -> %s, %v)", rv, got.GetResourceVersion(), err)
+	}
+}
+
+func metaCondition(u *unstructured.Unstructured, typ string) *metav1.Condition {
+	var st remediationStatus
+	m, ok, _ := unstructured.NestedMap(u.Object, "status")
+	if !ok || runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st) != nil {
+		return nil
+	}
+	return meta.FindStatusCondition(st.Conditions, typ)
 }

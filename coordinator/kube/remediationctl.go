@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,6 +39,19 @@ type RemediationController struct {
 	// OnRequest, if set, is told of each fence a remediation requested (for the audit trail).
 	OnRequest func(node, remediation, fence string)
 	missing   bool // the CRD is not installed (logged once)
+	overdue   atomic.Int64
+}
+
+// RemediationOverdue is how old a remediation may get before it counts as overdue: a node
+// NodeHealthCheck still finds unhealthy after two days needs a person (NHC counts the same).
+const RemediationOverdue = 48 * time.Hour
+
+// Overdue is how many remediations the latest pass found older than RemediationOverdue.
+func (c *RemediationController) Overdue() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.overdue.Load()
 }
 
 // NewRemediationController returns a controller writing through dyn.
@@ -84,11 +98,16 @@ func (c *RemediationController) Pass(ctx context.Context) error {
 	}
 	c.missing = false
 	var errs []error
+	overdue := int64(0)
 	for i := range list.Items {
+		if c.now().Sub(list.Items[i].GetCreationTimestamp().Time) > RemediationOverdue {
+			overdue++
+		}
 		if err := c.reconcile(ctx, &list.Items[i]); err != nil {
 			errs = append(errs, fmt.Errorf("%s/%s: %w", list.Items[i].GetNamespace(), list.Items[i].GetName(), err))
 		}
 	}
+	c.overdue.Store(overdue)
 	return errors.Join(errs...)
 }
 
