@@ -44,7 +44,7 @@ type kubeMode struct {
 	policy   kube.Policy
 	witness  *kube.Witness
 	recorder record.EventRecorder
-	rec      atomic.Pointer[kube.Reconciler] // the current term's, nil when not leading
+	rec      atomic.Pointer[kube.Reconciler]            // the current term's, nil when not leading
 	rem      atomic.Pointer[kube.RemediationController] // the current term's, nil when not leading
 
 	// secrets keeps the last value read of every Secret key a fence method refers to, so that a
