@@ -27,7 +27,17 @@ type Configured struct {
 	// ControlPlane: the Node matches the control-plane selector; it is never fenced automatically
 	// unless FenceConfig.AllowControlPlane, and never when it is the last ready member.
 	ControlPlane bool
-	At           time.Time
+	// Observe: the Node carries the annotation nodefence.io/fence-mode: observe; its automatic
+	// fences are recorded as would fence and never executed (observe.go). Turning it off gives the
+	// node a fresh grace period.
+	Observe bool
+	// ExcludeFencing: the Node carries the label nodefence.io/exclude-from-fencing; it is never
+	// fenced automatically (operators still may), and the storm guard counts it unhealthy.
+	ExcludeFencing bool
+	// ModeNote says what was wrong with the node's fence-mode annotation, if anything ("" when
+	// nothing): the engine says it once, as an event.
+	ModeNote string
+	At       time.Time
 }
 
 // Kubelet is one observation of a node's kubelet through the apiserver (Kubernetes mode):
@@ -140,6 +150,7 @@ func (e *Engine) Step(in Input) {
 	case Configured:
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
 		n.fenceable, n.excluded, n.controlPlane = in.Fenceable, in.ExcludeDisruption, in.ControlPlane
+		e.configureModes(n, in)
 		if in.Region != "" || in.Zone != "" {
 			e.setLocation(n, in.Region, in.Zone)
 		}
@@ -381,6 +392,7 @@ func (e *Engine) restore(recs []NodeRecord) {
 		}
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
 		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
+		n.wouldFence = r.WouldFence
 		if n.bootID == "" {
 			n.bootID = r.BootID
 		}
@@ -452,6 +464,9 @@ type NodeRecord struct {
 	// BootID is the agent's boot when the record was written: a later term tells a node that
 	// booted again (it went off) from one that never stopped (the proof, fencing.Spoke).
 	BootID string `json:",omitempty"`
+	// WouldFence: an automatic fence of this not-ready episode was observed (observe mode), so a
+	// new leader in observe mode does not record it twice; an enforcing leader ignores it.
+	WouldFence bool `json:",omitempty"`
 }
 
 // ZoneRecord is a zone's persisted state.
@@ -482,8 +497,9 @@ type ConditionChange struct {
 // Event is one decision in words.
 type Event struct {
 	At time.Time
-	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, fence-held-back, pause,
-	// kdump, condition, shutdown, agent-down, kubelet-down, node, apiserver, proof, alarm.
+	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, would-fence,
+	// fence-held-back, fence-mode, fence-exclusion, pause, kdump, condition, shutdown, agent-down,
+	// kubelet-down, node, apiserver, proof, alarm.
 	Kind string
 	// Node is the node concerned, or "".
 	Node string
