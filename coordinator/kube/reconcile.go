@@ -165,8 +165,8 @@ type ReconcilerOptions struct {
 	// OnWouldRelease, if set, records that an observed record would have released the node's
 	// pods (would_release_at, the audit, the metric); an error retries the pass.
 	OnWouldRelease func(ctx context.Context, node string, fence *coordv1.NodeFence, why string) error
-	Log       *slog.Logger
-	Now       func() time.Time
+	Log            *slog.Logger
+	Now            func() time.Time
 	// RateLimiter paces retries of a failing node (default: 200 ms doubling to 30 s).
 	RateLimiter workqueue.TypedRateLimiter[string]
 }
