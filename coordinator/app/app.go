@@ -62,7 +62,8 @@ type App struct {
 	leading   *api.Leading
 	fenceMx   *fenceMetrics
 	devices   *deviceChecks
-	storeG    *storeGuard // storeguard.go
+	storeG    *storeGuard     // storeguard.go
+	observeMx *observeMetrics // observe.go
 	closeOnce sync.Once
 }
 
