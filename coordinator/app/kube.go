@@ -199,7 +199,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		OnRecover: func(node, why string) {
 			k.a.audit(term, node, "release", why+": out-of-service taint removed")
 		},
-		OnWouldRelease: func(ctx context.Context, node string, f *coordv1.NodeFence, why string) error {
+		OnWouldRelease: func(ctx context.Context, node string, f *coordv1.NodeFence, why string) (*coordv1.NodeFence, error) {
 			return k.a.wouldRelease(ctx, term, node, f, why)
 		},
 	})

@@ -92,22 +92,22 @@ func (t *termParts) observeFence(req engine.FenceRequest) {
 
 // wouldRelease writes on an observed record that the reconciler would have released the node's
 // pods now, audits and counts it, once: a record that says so already is left as it is.
-func (a *App) wouldRelease(ctx context.Context, term *leader.Term, node string, f *coordv1.NodeFence, why string) error {
+func (a *App) wouldRelease(ctx context.Context, term *leader.Term, node string, f *coordv1.NodeFence, why string) (*coordv1.NodeFence, error) {
 	v, err := a.store.GetFence(ctx, f.GetId())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := fencing.WouldRelease(v.Fence, a.now())
 	if next == nil {
-		return nil
+		return nil, nil
 	}
 	next.Epoch = term.Epoch
 	if _, err := a.store.UpdateFence(ctx, term, next, v.Revision); err != nil {
-		return fmt.Errorf("record would release on fence %s: %w", f.GetId(), err)
+		return nil, fmt.Errorf("record would release on fence %s: %w", f.GetId(), err)
 	}
 	a.observeMx.wouldRelease.Inc()
 	a.audit(term, node, "would-release", why)
-	return nil
+	return next, nil
 }
 
 // onObserved records an Event for a would-fence record on its Node and NodeFence, and asks for a

@@ -163,8 +163,9 @@ type ReconcilerOptions struct {
 	// OnRecover, if set, is told when a node's out-of-service taint was removed.
 	OnRecover func(node, why string)
 	// OnWouldRelease, if set, records that an observed record would have released the node's
-	// pods (would_release_at, the audit, the metric); an error retries the pass.
-	OnWouldRelease func(ctx context.Context, node string, fence *coordv1.NodeFence, why string) error
+	// pods (would_release_at, the audit, the metric) and returns the record's new version (nil if
+	// it wrote none), which the pass mirrors; an error retries the pass.
+	OnWouldRelease func(ctx context.Context, node string, fence *coordv1.NodeFence, why string) (*coordv1.NodeFence, error)
 	Log            *slog.Logger
 	Now            func() time.Time
 	// RateLimiter paces retries of a failing node (default: 200 ms doubling to 30 s).
@@ -344,8 +345,14 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 		}
 	case ReleaseWould:
 		if r.opts.OnWouldRelease != nil {
-			if err := r.opts.OnWouldRelease(ctx, n.Name, latest, why); err != nil {
+			next, err := r.opts.OnWouldRelease(ctx, n.Name, latest, why)
+			if err != nil {
 				return 0, err
+			}
+			if next != nil {
+				if err := r.w.MirrorFence(ctx, next); err != nil {
+					return 0, err
+				}
 			}
 		}
 		r.event(n.Name, latest, corev1.EventTypeNormal, "WouldRelease", why)
