@@ -114,42 +114,49 @@ func (e *Engine) fence(now time.Time) {
 		if now.Sub(n.guardClearSince) < fc.Settle {
 			continue
 		}
-		observe := e.observing(n)
-		n.fenceBlocked = ""
-		if observe {
-			n.wouldFence = true
-		} else {
-			n.fenceRequested = true
-		}
-		// A would-fence spends the budget as the fence would have: observe mode decides as enforce.
-		z.fences = append(z.fences, now)
-		ev := []string{
-			fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
-			fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
-		}
-		if !n.lastContact.IsZero() {
-			ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
-		}
-		for _, sig := range []string{"memory.available", "pid.available"} {
-			if v, ok := n.signals.get(sig); ok {
-				ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
-			}
-		}
-		req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now, Observe: observe}
-		if e.dumping(n, now) {
-			req.KdumpSince = n.kdumpFirst
-			req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
-		}
-		e.ready.Fences = append(e.ready.Fences, req)
-		if observe {
-			e.event(now, "would-fence", name, "node %s: would fence (observe mode: nothing is switched; not ready for %s, released %s ago, fence timeout %s)",
-				name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
-		} else {
-			e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
-				name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
-		}
-		e.persistNode(n)
+		e.request(n, z, now)
 	}
+}
+
+// request decides the node's automatic fence now (the trigger and the storm guard let it pass):
+// requested in enforce mode, observed as would fence in observe mode, once per not-ready episode.
+func (e *Engine) request(n *node, z *zone, now time.Time) {
+	name, k, fc := n.name, z.key, e.cfg.Fence
+	observe := e.observing(n)
+	n.fenceBlocked = ""
+	if observe {
+		n.wouldFence = true
+	} else {
+		n.fenceRequested = true
+	}
+	// A would-fence spends the budget as the fence would have: observe mode decides as enforce.
+	z.fences = append(z.fences, now)
+	ev := []string{
+		fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
+		fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
+	}
+	if !n.lastContact.IsZero() {
+		ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
+	}
+	for _, sig := range []string{"memory.available", "pid.available"} {
+		if v, ok := n.signals.get(sig); ok {
+			ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
+		}
+	}
+	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now, Observe: observe}
+	if e.dumping(n, now) {
+		req.KdumpSince = n.kdumpFirst
+		req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
+	}
+	e.ready.Fences = append(e.ready.Fences, req)
+	if observe {
+		e.event(now, "would-fence", name, "node %s: would fence (observe mode: nothing is switched; not ready for %s, released %s ago, fence timeout %s)",
+			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+	} else {
+		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
+			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+	}
+	e.persistNode(n)
 }
 
 // guard is the storm guard: the kind and reason to hold fencing back, or "", "".

@@ -27,15 +27,11 @@ type Configured struct {
 	// ControlPlane: the Node matches the control-plane selector; it is never fenced automatically
 	// unless FenceConfig.AllowControlPlane, and never when it is the last ready member.
 	ControlPlane bool
-	// Observe: the Node carries the annotation nodefence.io/fence-mode: observe; its automatic
-	// fences are recorded as would fence and never executed (observe.go). Turning it off gives the
-	// node a fresh grace period.
+	// Observe: the node alone is in observe mode (its nodefence.io/fence-mode annotation; observe.go).
 	Observe bool
-	// ExcludeFencing: the Node carries the label nodefence.io/exclude-from-fencing; it is never
-	// fenced automatically (operators still may), and the storm guard counts it unhealthy.
+	// ExcludeFencing: never fenced automatically (its nodefence.io/exclude-from-fencing label).
 	ExcludeFencing bool
-	// ModeNote says what was wrong with the node's fence-mode annotation, if anything ("" when
-	// nothing): the engine says it once, as an event.
+	// ModeNote: what was wrong with the node's fence-mode annotation ("" if nothing), said once.
 	ModeNote string
 	At       time.Time
 }
@@ -296,40 +292,6 @@ func (n *node) observe(s *agentv1.SignalSample) {
 	for _, sig := range s.Signals {
 		n.signals.set(sig.Name, sig.Available)
 	}
-}
-
-// signalValues holds a node's latest value of each signal. A node reports a handful of signals, so
-// a short slice searched in order beats a map on the hot path (no hashing, one cache line or two).
-type signalValues []signalValue
-
-type signalValue struct {
-	name  string
-	value int64
-}
-
-// maxSignals bounds what one node can make the coordinator keep: kubelet has eight signals; names
-// beyond the bound are not kept.
-const maxSignals = 32
-
-func (s *signalValues) set(name string, v int64) {
-	for i := range *s {
-		if (*s)[i].name == name {
-			(*s)[i].value = v
-			return
-		}
-	}
-	if len(*s) < maxSignals {
-		*s = append(*s, signalValue{name, v})
-	}
-}
-
-func (s signalValues) get(name string) (int64, bool) {
-	for _, sv := range s {
-		if sv.name == name {
-			return sv.value, true
-		}
-	}
-	return 0, false
 }
 
 func (e *Engine) apply(n *node, in Message) {

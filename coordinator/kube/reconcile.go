@@ -344,24 +344,33 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseWithdrawn", why)
 		}
 	case ReleaseWould:
-		if r.opts.OnWouldRelease != nil {
-			next, err := r.opts.OnWouldRelease(ctx, n.Name, latest, why)
-			if err != nil {
-				return 0, err
-			}
-			if next != nil {
-				if err := r.w.MirrorFence(ctx, next); err != nil {
-					return 0, err
-				}
-			}
+		if err := r.wouldRelease(ctx, n.Name, latest, why); err != nil {
+			return 0, err
 		}
-		r.event(n.Name, latest, corev1.EventTypeNormal, "WouldRelease", why)
 	case ReleaseHold:
 		if after == 0 {
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseHeldBack", why)
 		}
 	}
 	return after, nil
+}
+
+// wouldRelease records that an observed record would have released the node's pods (through
+// OnWouldRelease), mirrors the record's new version, and says so in an Event. Nothing is released.
+func (r *Reconciler) wouldRelease(ctx context.Context, node string, f *coordv1.NodeFence, why string) error {
+	if r.opts.OnWouldRelease != nil {
+		next, err := r.opts.OnWouldRelease(ctx, node, f, why)
+		if err != nil {
+			return err
+		}
+		if next != nil {
+			if err := r.w.MirrorFence(ctx, next); err != nil {
+				return err
+			}
+		}
+	}
+	r.event(node, f, corev1.EventTypeNormal, "WouldRelease", why)
+	return nil
 }
 
 // AgentCondition is the desired nodefence.io/AgentReady condition for the engine's view of a node.
