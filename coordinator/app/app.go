@@ -63,7 +63,8 @@ type App struct {
 	fenceSrv  *api.FenceServer // remediation requests start fences through it (kube.go)
 	fenceMx   *fenceMetrics
 	devices   *deviceChecks
-	storeG    *storeGuard // storeguard.go
+	storeG    *storeGuard     // storeguard.go
+	observeMx *observeMetrics // observe.go
 	closeOnce sync.Once
 }
 

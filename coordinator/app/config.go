@@ -264,6 +264,11 @@ func (c *Config) registerFenceFlags(fs *flag.FlagSet, d Config) {
 	fs.DurationVar(&c.Engine.Fence.BudgetWindow, "fence-budget-window", f.BudgetWindow, "window of --fence-budget")
 	fs.DurationVar(&c.Engine.Fence.Settle, "fence-guard-settle", f.Settle, "how long the storm guard must let a released node's fence pass, without a break, before it is requested")
 	fs.BoolVar(&c.Engine.Fence.AllowControlPlane, "fence-control-plane", f.AllowControlPlane, "fence nodes matching --control-plane-selector automatically (never the last ready one)")
+	fs.Func("fence-mode", `"enforce" (default): automatic decisions fence; "observe": every decision is made, recorded and counted as would fence / would release, and nothing is switched, tainted or deleted (see docs/observe.md)`, func(v string) error {
+		m, err := engine.ParseFenceMode(v)
+		c.Engine.Fence.Mode = m
+		return err
+	})
 	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", d.FenceOpTimeout, "deadline of one driver call including read-back")
 	fs.DurationVar(&c.DeviceCheckInterval, "device-check-interval", d.DeviceCheckInterval, "how often the leader checks every fence device with the driver's Monitor (0: never)")
 	p := d.Fencing

@@ -200,6 +200,9 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		OnRecover: func(node, why string) {
 			k.a.audit(term, node, "release", why+": out-of-service taint removed")
 		},
+		OnWouldRelease: func(ctx context.Context, node string, f *coordv1.NodeFence, why string) (*coordv1.NodeFence, error) {
+			return k.a.wouldRelease(ctx, term, node, f, why)
+		},
 	})
 	k.rec.Store(r)
 	go func() {
@@ -287,6 +290,8 @@ var eventReasons = map[string]struct{ reason, kind string }{
 	"shutdown":        {"ShutdownAnnounced", corev1.EventTypeNormal},
 	"kdump":           {"KernelDump", corev1.EventTypeWarning},
 	"proof":           {"FenceProvenDark", corev1.EventTypeNormal},
+	"fence-mode":      {"FenceMode", corev1.EventTypeNormal},
+	"fence-exclusion": {"FenceExclusion", corev1.EventTypeNormal},
 }
 
 // onReady turns the engine's decisions about nodes into Events on their Nodes and a reconciler

@@ -185,6 +185,10 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 // Kubernetes mirror. It runs on the loop goroutine.
 func (t *termParts) onReady(rd engine.Ready) {
 	for _, f := range rd.Fences {
+		if f.Observe {
+			go t.observeFence(f) // observe mode: recorded as would fence, never run
+			continue
+		}
 		go t.a.autoFence(t.term, t.runner, f)
 	}
 	t.a.proof.verdicts(t.term, t.loop, rd.Proofs)

@@ -44,6 +44,7 @@ func New(cfg Config, log *slog.Logger) (*App, error) {
 		log.Warn("--pod-eviction-timeout is deprecated and has no effect: Kubernetes removed it in 1.27; taint-based eviction (tolerationSeconds) decides when pods leave a not-ready node")
 	}
 	a := &App{cfg: cfg, log: log, drivers: fencing.NewDrivers(cfg.DriverTLS, log)}
+	logFenceMode(cfg, log)
 	a.fenceCf.Store(fences)
 	if cfg.kubeMode() {
 		if err := a.startKube(); err != nil {
@@ -182,6 +183,7 @@ func (a *App) bindServer() error {
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
+	a.observeMx = newObserveMetrics(srv.Registry)
 	a.storeG = newStoreGuard(srv.Registry)
 	a.elector.OnUnwritable = a.storeG.onUnwritable
 	a.devices = newDeviceChecks(srv.Registry)

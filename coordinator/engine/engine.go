@@ -204,6 +204,11 @@ type node struct {
 	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (nodes.KubeletWindow)
 	fence              *standing // the node's newest fence record and its proof (proof.go)
 	limit              *agentLimit
+	observeMode        bool      // the node alone is in observe mode (observe.go)
+	excludeFencing     bool      // never fenced automatically (observe.go)
+	modeNote           string    // what was wrong with the node's fence-mode annotation, said once
+	floor              time.Time // the node's own grace restart (it left observe mode); see graceFloor
+	wouldFence         bool      // an automatic fence was observed (not requested) in this not-ready episode
 }
 
 // New returns an engine with cfg (defaults filled).
@@ -294,7 +299,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 		return // the kubelet witness cannot be read: keep every judgement as it is
 	}
 	grace := e.cfg.NodeMonitorGracePeriod
-	obs := nodes.Observation{LastContact: n.lastContact, GraceFloor: e.floor, ShuttingDown: n.shuttingDown, Known: n.known}
+	obs := nodes.Observation{LastContact: n.lastContact, GraceFloor: e.graceFloor(n), ShuttingDown: n.shuttingDown, Known: n.known}
 	if n.lastContact.IsZero() && !n.known {
 		grace = e.cfg.NodeStartupGracePeriod
 		if n.firstSeen.After(obs.GraceFloor) {
@@ -303,7 +308,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 	}
 	rd, reason := nodes.Judge(obs, now, grace)
 	if e.cfg.KubeletWitness {
-		silent, why := nodes.KubeletSilent(nodes.KubeletObservation{Probe: n.kubeletProbe, Registered: n.firstSeen, GraceFloor: e.floor, Renew: n.renew()},
+		silent, why := nodes.KubeletSilent(nodes.KubeletObservation{Probe: n.kubeletProbe, Registered: n.firstSeen, GraceFloor: e.graceFloor(n), Renew: n.renew()},
 			now, e.cfg.NodeMonitorGracePeriod, e.cfg.NodeStartupGracePeriod)
 		w := nodes.Combine(rd, reason, silent, why, e.cfg.KubeletDownPolicy)
 		rd, reason = w.Readiness, w.Reason
@@ -318,7 +323,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 		// now, even while a fresh grace period (a leader change, the end of the halt) runs.
 		rd, reason = coordv1.Readiness_READINESS_NOT_READY, "kernel dump in progress (fence_kdump)"
 	}
-	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && e.contact(n).Before(e.floor) {
+	if rd == coordv1.Readiness_READINESS_READY && n.readiness != rd && e.contact(n).Before(e.graceFloor(n)) {
 		// A fresh grace period (a leader change, the end of the all-zones halt, the apiserver seen
 		// again) only delays new judgements; it never declares a node that was already not ready
 		// healthy again. Only contact does.
@@ -372,7 +377,7 @@ func (e *Engine) transition(n *node, rd coordv1.Readiness, reason string, now ti
 	change := fmt.Sprintf("node %s: %s -> %s (%s)", n.name, word(from), word(rd), reason)
 	defer func() { e.event(now, "readiness", n.name, "%s", change) }()
 	if rd == coordv1.Readiness_READINESS_READY {
-		n.notReadySince, n.fenceRequested, n.fenceBlocked = time.Time{}, false, ""
+		n.notReadySince, n.fenceRequested, n.fenceBlocked, n.wouldFence = time.Time{}, false, "", false
 		n.releasedAt, n.guardClearSince = time.Time{}, time.Time{}
 		if n.queued {
 			z := e.zones[n.zoneKey]
@@ -443,6 +448,7 @@ func (e *Engine) persistNode(n *node) {
 		Name: n.name, Region: n.region, Zone: n.zone, Readiness: n.readiness, Reason: n.reason,
 		TransitionAt: n.transition, NotReadySince: n.notReadySince, Taint: n.taint, Queued: n.queued, QueuedAt: n.queuedAt,
 		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt, BootID: n.bootID,
+		WouldFence: n.wouldFence,
 	}})
 }
 

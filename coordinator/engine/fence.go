@@ -28,6 +28,9 @@ type FenceConfig struct {
 	// Budget automatic fences per zone within BudgetWindow; 0 means no budget.
 	Budget       int
 	BudgetWindow time.Duration
+	// Mode is enforce (automatic decisions fence) or observe (they are recorded as would fence and
+	// nothing acts); a node's Configured.Observe puts that node alone in observe mode.
+	Mode FenceMode
 }
 
 // DefaultFenceSettle is FenceConfig.Settle's default: five heartbeats of the agent's default
@@ -46,11 +49,14 @@ type FenceRequest struct {
 	// LastContact, NotReadySince and At time the stages: detect (last contact -> not ready) and
 	// decide (not ready -> requested).
 	LastContact, NotReadySince, At time.Time
+	// Observe marks a decision made in observe mode: the caller records it as would fence
+	// (fencing.ObservedRecord) and never executes it.
+	Observe bool
 }
 
 // Skip records that automatic fencing of a node was held back, and why. Kind is one of fenced,
-// halted, paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget, control-plane,
-// last-control-plane.
+// excluded, halted, paused, zone-disrupted, cluster-unresponsive, zone-unresponsive, budget,
+// control-plane, last-control-plane.
 type Skip struct {
 	Node, Kind, Reason string
 }
@@ -62,16 +68,10 @@ func (e *Engine) fence(now time.Time) {
 	if !fc.Enabled {
 		return
 	}
-	total, unready := 0, 0
-	for _, n := range e.order {
-		total++
-		if n.readiness != coordv1.Readiness_READINESS_READY && !n.shuttingDown {
-			unready++
-		}
-	}
+	var count *unhealthy // counted once per pass, when a node is due to be judged
 	for _, n := range e.order {
 		name := n.name
-		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown || n.releasedAt.IsZero() {
+		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown || n.releasedAt.IsZero() || (n.wouldFence && e.observing(n)) {
 			if n.taint == TaintNone || n.shuttingDown {
 				n.fenceBlocked = ""
 			}
@@ -83,7 +83,14 @@ func (e *Engine) fence(now time.Time) {
 		// The guard judges on every pass from the release on, so the settle window sees any break.
 		kind, reason := e.standingGuard(n)
 		if reason == "" {
-			kind, reason = e.guard(z, total, unready, now)
+			kind, reason = e.excludedGuard(n)
+		}
+		if reason == "" {
+			if count == nil {
+				c := e.countUnhealthy()
+				count = &c
+			}
+			kind, reason = e.guard(z, *count, now)
 		}
 		if reason == "" {
 			kind, reason = e.controlPlaneGuard(n)
@@ -107,35 +114,58 @@ func (e *Engine) fence(now time.Time) {
 		if now.Sub(n.guardClearSince) < fc.Settle {
 			continue
 		}
-		n.fenceBlocked, n.fenceRequested = "", true
-		z.fences = append(z.fences, now)
-		ev := []string{
-			fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
-			fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
-		}
-		if !n.lastContact.IsZero() {
-			ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
-		}
-		for _, sig := range []string{"memory.available", "pid.available"} {
-			if v, ok := n.signals.get(sig); ok {
-				ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
-			}
-		}
-		req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now}
-		if e.dumping(n, now) {
-			req.KdumpSince = n.kdumpFirst
-			req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
-		}
-		e.ready.Fences = append(e.ready.Fences, req)
-		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
-			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
-		e.persistNode(n)
+		e.request(n, z, now)
 	}
 }
 
+// request decides the node's automatic fence now (the trigger and the storm guard let it pass):
+// requested in enforce mode, observed as would fence in observe mode, once per not-ready episode.
+func (e *Engine) request(n *node, z *zone, now time.Time) {
+	name, k, fc := n.name, z.key, e.cfg.Fence
+	observe := e.observing(n)
+	n.fenceBlocked = ""
+	if observe {
+		n.wouldFence = true
+	} else {
+		n.fenceRequested = true
+	}
+	// A would-fence spends the budget as the fence would have: observe mode decides as enforce.
+	z.fences = append(z.fences, now)
+	ev := []string{
+		fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
+		fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
+	}
+	if !n.lastContact.IsZero() {
+		ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
+	}
+	for _, sig := range []string{"memory.available", "pid.available"} {
+		if v, ok := n.signals.get(sig); ok {
+			ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
+		}
+	}
+	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now, Observe: observe}
+	if e.dumping(n, now) {
+		req.KdumpSince = n.kdumpFirst
+		req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
+	}
+	e.ready.Fences = append(e.ready.Fences, req)
+	if observe {
+		e.event(now, "would-fence", name, "node %s: would fence (observe mode: nothing is switched; not ready for %s, released %s ago, fence timeout %s)",
+			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+	} else {
+		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
+			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+	}
+	e.persistNode(n)
+}
+
 // guard is the storm guard: the kind and reason to hold fencing back, or "", "".
-func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, string) {
+func (e *Engine) guard(z *zone, u unhealthy, now time.Time) (string, string) {
 	fc := e.cfg.Fence
+	zc := u.zones[z.key]
+	if zc == nil {
+		zc = &zoneCount{}
+	}
 	switch {
 	case e.halted:
 		return "halted", "every zone is fully disrupted: this coordinator may be the one cut off"
@@ -143,10 +173,10 @@ func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, stri
 		return "paused", "evictions paused by an operator"
 	case z.state == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION || z.state == coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION:
 		return "zone-disrupted", fmt.Sprintf("zone %s is in %s", z.key, word(z.state))
-	case fc.MaxUnresponsivePercent > 0 && 100*float64(unready) > fc.MaxUnresponsivePercent*float64(total):
-		return "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready (more than %g%%)", unready, total, fc.MaxUnresponsivePercent)
-	case fc.MaxUnresponsivePercent > 0 && 100*float64(z.size-z.ready) > fc.MaxUnresponsivePercent*float64(z.size):
-		return "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready (more than %g%%)", z.size-z.ready, z.size, z.key, fc.MaxUnresponsivePercent)
+	case fc.MaxUnresponsivePercent > 0 && 100*float64(u.bad) > fc.MaxUnresponsivePercent*float64(u.total):
+		return "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready%s (more than %g%%)", u.bad, u.total, countedNote(u.extra), fc.MaxUnresponsivePercent)
+	case fc.MaxUnresponsivePercent > 0 && 100*float64(zc.bad) > fc.MaxUnresponsivePercent*float64(zc.size):
+		return "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready%s (more than %g%%)", zc.bad, zc.size, z.key, countedNote(zc.extra), fc.MaxUnresponsivePercent)
 	}
 	if fc.Budget > 0 {
 		kept := z.fences[:0]
@@ -167,8 +197,8 @@ func (e *Engine) guard(z *zone, total, unready int, now time.Time) (string, stri
 // contact or the last grace restart, whichever is later.
 func (e *Engine) silence(n *node, now time.Time) time.Duration {
 	since := e.contact(n)
-	if since.Before(e.floor) {
-		since = e.floor
+	if floor := e.graceFloor(n); since.Before(floor) {
+		since = floor
 	}
 	return now.Sub(since)
 }

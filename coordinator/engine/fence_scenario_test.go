@@ -118,9 +118,14 @@ func (h *harness) autoFences(reqs []FenceRequest) []string {
 		if !ok {
 			continue
 		}
+		auto := fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()}
+		if req.Observe {
+			// Observe mode: the record says would fence and is finished when written.
+			out = append(out, h.create(fencing.ObservedRecord(auto, h.plan(req.Node), h.fence.epoch, h.now))...)
+			continue
+		}
 		delay := fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, func(n int64) int64 { return n / 2 })
-		rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
-			h.plan(req.Node), delay, h.fence.epoch, h.now)
+		rec := fencing.AutoRecord(auto, h.plan(req.Node), delay, h.fence.epoch, h.now)
 		out = append(out, h.create(rec)...)
 	}
 	return out

@@ -27,7 +27,13 @@ type Configured struct {
 	// ControlPlane: the Node matches the control-plane selector; it is never fenced automatically
 	// unless FenceConfig.AllowControlPlane, and never when it is the last ready member.
 	ControlPlane bool
-	At           time.Time
+	// Observe: the node alone is in observe mode (its nodefence.io/fence-mode annotation; observe.go).
+	Observe bool
+	// ExcludeFencing: never fenced automatically (its nodefence.io/exclude-from-fencing label).
+	ExcludeFencing bool
+	// ModeNote: what was wrong with the node's fence-mode annotation ("" if nothing), said once.
+	ModeNote string
+	At       time.Time
 }
 
 // Kubelet is one observation of a node's kubelet through the apiserver (Kubernetes mode):
@@ -140,6 +146,7 @@ func (e *Engine) Step(in Input) {
 	case Configured:
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
 		n.fenceable, n.excluded, n.controlPlane = in.Fenceable, in.ExcludeDisruption, in.ControlPlane
+		e.configureModes(n, in)
 		if in.Region != "" || in.Zone != "" {
 			e.setLocation(n, in.Region, in.Zone)
 		}
@@ -287,40 +294,6 @@ func (n *node) observe(s *agentv1.SignalSample) {
 	}
 }
 
-// signalValues holds a node's latest value of each signal. A node reports a handful of signals, so
-// a short slice searched in order beats a map on the hot path (no hashing, one cache line or two).
-type signalValues []signalValue
-
-type signalValue struct {
-	name  string
-	value int64
-}
-
-// maxSignals bounds what one node can make the coordinator keep: kubelet has eight signals; names
-// beyond the bound are not kept.
-const maxSignals = 32
-
-func (s *signalValues) set(name string, v int64) {
-	for i := range *s {
-		if (*s)[i].name == name {
-			(*s)[i].value = v
-			return
-		}
-	}
-	if len(*s) < maxSignals {
-		*s = append(*s, signalValue{name, v})
-	}
-}
-
-func (s signalValues) get(name string) (int64, bool) {
-	for _, sv := range s {
-		if sv.name == name {
-			return sv.value, true
-		}
-	}
-	return 0, false
-}
-
 func (e *Engine) apply(n *node, in Message) {
 	switch m := in.Msg.GetMsg().(type) {
 	case *agentv1.ConnectRequest_Sample:
@@ -381,6 +354,7 @@ func (e *Engine) restore(recs []NodeRecord) {
 		}
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
 		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
+		n.wouldFence = r.WouldFence
 		if n.bootID == "" {
 			n.bootID = r.BootID
 		}
@@ -452,6 +426,9 @@ type NodeRecord struct {
 	// BootID is the agent's boot when the record was written: a later term tells a node that
 	// booted again (it went off) from one that never stopped (the proof, fencing.Spoke).
 	BootID string `json:",omitempty"`
+	// WouldFence: an automatic fence of this not-ready episode was observed (observe mode), so a
+	// new leader in observe mode does not record it twice; an enforcing leader ignores it.
+	WouldFence bool `json:",omitempty"`
 }
 
 // ZoneRecord is a zone's persisted state.
@@ -482,8 +459,9 @@ type ConditionChange struct {
 // Event is one decision in words.
 type Event struct {
 	At time.Time
-	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, fence-held-back, pause,
-	// kdump, condition, shutdown, agent-down, kubelet-down, node, apiserver, proof, alarm.
+	// Kind classifies it: readiness, zone, halt, eviction, fence-requested, would-fence,
+	// fence-held-back, fence-mode, fence-exclusion, pause, kdump, condition, shutdown, agent-down,
+	// kubelet-down, node, apiserver, proof, alarm.
 	Kind string
 	// Node is the node concerned, or "".
 	Node string

@@ -42,6 +42,12 @@ func (h *harness) handleConfig(args map[string]string) []string {
 				h.t.Fatal(err)
 			}
 			h.cfg.KubeletDownPolicy = p
+		case "fence-mode":
+			m, err := ParseFenceMode(v)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			h.cfg.Fence.Mode = m
 		case "allow-control-plane":
 			h.cfg.Fence.AllowControlPlane = v == "true"
 		case "rate":
@@ -105,14 +111,16 @@ func (h *harness) handleAddNodes(args map[string]string) []string {
 	return h.drain()
 }
 
-// handleConfigure gives nodes a fence configuration (fenceable), the exclude-disruption label or the
-// control-plane role.
+// handleConfigure gives nodes a fence configuration (fenceable), the exclude-disruption label, the
+// control-plane role, the fence-mode annotation (observe) or the exclude-from-fencing label. Each
+// configure declares the node anew: what it does not say is off.
 //
-//	configure a1..a3 [exclude=true] [control-plane=true]
+//	configure a1..a3 [exclude=true] [control-plane=true] [observe=true] [exclude-fencing=true]
 func (h *harness) handleConfigure(pos []string, args map[string]string) []string {
 	for _, n := range h.expand(pos) {
 		c := Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true,
-			ExcludeDisruption: args["exclude"] == "true", ControlPlane: args["control-plane"] == "true", At: h.now}
+			ExcludeDisruption: args["exclude"] == "true", ControlPlane: args["control-plane"] == "true",
+			Observe: args["observe"] == "true", ExcludeFencing: args["exclude-fencing"] == "true", At: h.now}
 		h.configs[n] = c
 		h.e.Step(c)
 	}
@@ -227,10 +235,18 @@ func (h *harness) handleTick(pos []string, args map[string]string) []string {
 }
 
 // handleLeaderChange is a failover: a fresh engine restored from the persisted node records, the configured
-// nodes declared again, the live agents saying hello to it.
+// nodes declared again, the live agents saying hello to it. With fence-mode, the new leader is a
+// coordinator restarted with --fence-mode changed.
 //
-//	leader-change
-func (h *harness) handleLeaderChange() []string {
+//	leader-change [fence-mode=enforce|observe]
+func (h *harness) handleLeaderChange(args map[string]string) []string {
+	if v, ok := args["fence-mode"]; ok {
+		m, err := ParseFenceMode(v)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.cfg.Fence.Mode = m
+	}
 	var recs []NodeRecord
 	for _, r := range h.persist {
 		recs = append(recs, r)

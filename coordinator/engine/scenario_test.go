@@ -24,9 +24,12 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	config grace=40s startup=60s rate=0.1 secondary=0.01 large=50 threshold=0.55
 //	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m settle=5s
 //	       kube=true kubelet-policy=wait|fence allow-control-plane=true kdump-idle=30s kdump-timeout=10m
+//	       fence-mode=enforce|observe
 //	add-nodes zone=a [region=r] n=10 [hello=false]  nodes a1..a10 say hello now (or never report)
-//	configure a1..a3 [exclude=true] [control-plane=true]  those nodes have a fence configuration
-//	                                       (fenceable), the exclude-disruption label, the control-plane role
+//	configure a1..a3 [exclude=true] [control-plane=true] [observe=true] [exclude-fencing=true]
+//	                                       those nodes have a fence configuration (fenceable), the
+//	                                       exclude-disruption label, the control-plane role, the
+//	                                       fence-mode annotation observe, the exclude-from-fencing label
 //	silence a1..a6 | a1,a3                 those agents stop sending
 //	resume a1..a6                          they send again
 //	kubelet-silence a1 | kubelet-resume a1 kube=true: those kubelets stop (or resume) renewing their Lease
@@ -35,7 +38,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	shutdown a3                            a3 announces a graceful shutdown
 //	kdump-start a1 | kdump-stop a1         a1 sends fence_kdump messages every step (or stops)
 //	tick 41s [step=1s]                     time passes; every non-silent agent sends a heartbeat each step
-//	leader-change                          a new leader: a fresh engine restored from the persisted writes
+//	leader-change [fence-mode=enforce]     a new leader: a fresh engine restored from the persisted writes
+//	                                       (with fence-mode: a restart with --fence-mode changed)
 //	pause | unpause                        an operator pauses or resumes evictions
 //	zones | nodes                          print the current view
 //	config pod-rate=0.1 pod-burst=1 pod-max-in-flight=2 pod-grant-ttl=2m   the pod-eviction budget
@@ -151,7 +155,7 @@ func (h *harness) run(cmd string) []string {
 		return h.handleConfig(args)
 	case "add-nodes": // add-nodes zone=a [region=r] n=10 [hello=false]
 		return h.handleAddNodes(args)
-	case "configure": // configure a1..a3 [exclude=true] [control-plane=true]
+	case "configure": // configure a1..a3 [exclude=true] [control-plane=true] [observe=true] [exclude-fencing=true]
 		return h.handleConfigure(pos, args)
 	case "kubelet-silence", "kubelet-resume": // kubelet-silence a1 | kubelet-resume a1
 		return h.handleKubelet(fields[0], pos)
@@ -169,8 +173,8 @@ func (h *harness) run(cmd string) []string {
 		return h.handleShutdown(pos)
 	case "tick": // tick 41s [step=1s]
 		return h.handleTick(pos, args)
-	case "leader-change": // leader-change
-		return h.handleLeaderChange()
+	case "leader-change": // leader-change [fence-mode=enforce]
+		return h.handleLeaderChange(args)
 	case "pause", "unpause": // pause | unpause
 		return h.handlePause(fields[0])
 	case "candidate": // candidate a1 pod=ns/p [signal=memory.available]

@@ -56,6 +56,7 @@ type FenceStatus struct {
 	FinishedAt     *metav1.Time     `json:"finishedAt,omitempty"`
 	ConfirmedOffAt *metav1.Time     `json:"confirmedOffAt,omitempty"`
 	NextAttemptAt  *metav1.Time     `json:"nextAttemptAt,omitempty"`
+	WouldReleaseAt *metav1.Time     `json:"wouldReleaseAt,omitempty"`
 	Operations     []FenceOperation `json:"operations,omitempty"`
 	// Conditions are Kubernetes-style: Fenced, Finished, Failed.
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
@@ -103,13 +104,17 @@ func FenceConditions(rec *coordv1.NodeFence) []metav1.Condition {
 		fencedYes = "NotApplicable"
 	}
 	failed := rec.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_ERROR
+	fencedNo, fencedNoMsg := "NotConfirmed", "power-off or isolation not confirmed yet"
+	if rec.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_OBSERVED {
+		fencedNo, fencedNoMsg = "Observed", "observe mode: recorded as would fence; nothing was switched"
+	}
 	errMsg := rec.GetError()
 	if errMsg == "" {
 		errMsg = "the step failed"
 	}
 	return []metav1.Condition{
-		cond(FenceConditionFenced, confirmed, rec.GetConfirmedOffAt(), fencedYes, "NotConfirmed",
-			"power-off or isolation confirmed; pods may be released", "power-off or isolation not confirmed yet"),
+		cond(FenceConditionFenced, confirmed, rec.GetConfirmedOffAt(), fencedYes, fencedNo,
+			"power-off or isolation confirmed; pods may be released", fencedNoMsg),
 		cond(FenceConditionFinished, rec.GetFinishedAt() != nil, rec.GetFinishedAt(), "Finished", "InProgress",
 			"the record finished", "the record is in progress"),
 		cond(FenceConditionFailed, failed, rec.GetUpdatedAt(), "StepFailed", "NoError", errMsg, "no error"),
@@ -159,7 +164,7 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 		AcknowledgedBy: rec.GetAcknowledgedBy(), Evidence: rec.GetEvidence(),
 		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
 		ConfirmedOffAt: ts(rec.GetConfirmedOffAt()), NextAttemptAt: ts(rec.GetNextAttemptAt()),
-		Conditions: FenceConditions(rec),
+		WouldReleaseAt: ts(rec.GetWouldReleaseAt()), Conditions: FenceConditions(rec),
 	}
 	for _, op := range rec.GetOperations() {
 		st.Operations = append(st.Operations, FenceOperation{

@@ -67,6 +67,10 @@ const (
 	// ReleaseWithdraw: a witness of the node spoke after its confirmed power-off (the fence hit
 	// another machine): remove the out-of-service taint from the running node.
 	ReleaseWithdraw
+	// ReleaseWould: observe mode. The node's newest record was observed, not executed, and its
+	// witnesses are silent: had the fence confirmed the node off, its pods would be released now.
+	// Nothing is tainted or deleted; the record says when (would_release_at) and an Event says why.
+	ReleaseWould
 )
 
 // proofPoll is how often a pass looks again at a release that waits for the proof (the engine's
@@ -108,9 +112,13 @@ type ReleaseState struct {
 //     flow decides: recovery, or a power-off that did not take);
 //   - the node has the out-of-service taint, a record of ours, no record running, both witnesses
 //     report (the engine's Ready and the Node's Ready condition) and have for healthyDelay: remove
-//     the taint; not yet that long: hold until then.
+//     the taint; not yet that long: hold until then;
+//   - the newest record was made in observe mode (never executed, never confirmed): with both
+//     witnesses silent, "would release" once (until the record says it would have); nothing else
+//     about it is ever applied.
 func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (ReleaseAction, time.Duration, string) {
-	confirmed := s.Fence != nil && s.Fence.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && s.Fence.GetConfirmedOffAt() != nil
+	// A record made in observe mode is never a confirmation, whatever else it says.
+	confirmed := s.Fence != nil && s.Fence.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && s.Fence.GetConfirmedOffAt() != nil && !fencing.Observed(s.Fence)
 	var proof Proven
 	if s.Proof.Fence == s.Fence.GetId() {
 		proof = s.Proof
@@ -128,6 +136,8 @@ func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (R
 		return ReleaseApply, 0, fmt.Sprintf("fence %s confirmed the node off; its witnesses are silent", s.Fence.GetId())
 	case confirmed && s.Running && !s.Tainted:
 		return ReleaseHold, 0, fmt.Sprintf("a witness reports after fence %s confirmed the node off: pods are not released", s.Fence.GetId())
+	case fencing.Observed(s.Fence) && !s.WitnessesBack && s.Fence.GetWouldReleaseAt() == nil:
+		return ReleaseWould, 0, fmt.Sprintf("would release (observe mode): fence %s was observed, not executed; its witnesses are silent, so had it confirmed the node off its pods would be released now; nothing was tainted or deleted", s.Fence.GetId())
 	case s.Tainted && s.Fence != nil && !s.Running && s.WitnessesBack && s.NodeReady:
 		since := s.ReadySince
 		if s.BackSince.After(since) {
@@ -152,8 +162,12 @@ type ReconcilerOptions struct {
 	OnRelease func(node string, fence *coordv1.NodeFence, r Released)
 	// OnRecover, if set, is told when a node's out-of-service taint was removed.
 	OnRecover func(node, why string)
-	Log       *slog.Logger
-	Now       func() time.Time
+	// OnWouldRelease, if set, records that an observed record would have released the node's
+	// pods (would_release_at, the audit, the metric) and returns the record's new version (nil if
+	// it wrote none), which the pass mirrors; an error retries the pass.
+	OnWouldRelease func(ctx context.Context, node string, fence *coordv1.NodeFence, why string) (*coordv1.NodeFence, error)
+	Log            *slog.Logger
+	Now            func() time.Time
 	// RateLimiter paces retries of a failing node (default: 200 ms doubling to 30 s).
 	RateLimiter workqueue.TypedRateLimiter[string]
 }
@@ -329,12 +343,34 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 		if removed {
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseWithdrawn", why)
 		}
+	case ReleaseWould:
+		if err := r.wouldRelease(ctx, n.Name, latest, why); err != nil {
+			return 0, err
+		}
 	case ReleaseHold:
 		if after == 0 {
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseHeldBack", why)
 		}
 	}
 	return after, nil
+}
+
+// wouldRelease records that an observed record would have released the node's pods (through
+// OnWouldRelease), mirrors the record's new version, and says so in an Event. Nothing is released.
+func (r *Reconciler) wouldRelease(ctx context.Context, node string, f *coordv1.NodeFence, why string) error {
+	if r.opts.OnWouldRelease != nil {
+		next, err := r.opts.OnWouldRelease(ctx, node, f, why)
+		if err != nil {
+			return err
+		}
+		if next != nil {
+			if err := r.w.MirrorFence(ctx, next); err != nil {
+				return err
+			}
+		}
+	}
+	r.event(node, f, corev1.EventTypeNormal, "WouldRelease", why)
+	return nil
 }
 
 // AgentCondition is the desired nodefence.io/AgentReady condition for the engine's view of a node.

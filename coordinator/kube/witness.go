@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,33 @@ const (
 	NodeLeaseNamespace = corev1.NamespaceNodeLease
 )
 
+// nodefence's own Node metadata (docs/observe.md).
+const (
+	// AnnotationFenceMode puts one node in observe mode: "observe" records its automatic fences as
+	// would fence and executes none; "enforce" (or no annotation) follows --fence-mode. An
+	// annotation, not a label: it says how to treat the node, nothing selects nodes by it.
+	AnnotationFenceMode = "nodefence.io/fence-mode"
+	// LabelExcludeFencing excludes a node from automatic fencing (any value; remove the label to
+	// end it). A label, like node.kubernetes.io/exclude-disruption: operators select by it
+	// (kubectl get nodes -l nodefence.io/exclude-from-fencing).
+	LabelExcludeFencing = engine.LabelExcludeFencing
+)
+
+// FenceMode reads a Node's fence-mode annotation: whether the node is observed, and what was wrong
+// with the annotation ("" when nothing). A value other than observe or enforce observes the node:
+// in doubt, nothing is switched.
+func FenceMode(n *corev1.Node) (observe bool, note string) {
+	v, ok := n.Annotations[AnnotationFenceMode]
+	if !ok {
+		return false, ""
+	}
+	m, err := engine.ParseFenceMode(v)
+	if err != nil {
+		return true, fmt.Sprintf("annotation %s: %v; the node is observed (nothing is switched) until it is fixed", AnnotationFenceMode, err)
+	}
+	return m == engine.FenceModeObserve, ""
+}
+
 // Zone labels, current and legacy, in the order kube-controller-manager's GetZoneKey reads them.
 var (
 	zoneLabels   = []string{corev1.LabelTopologyZone, corev1.LabelFailureDomainBetaZone}
@@ -32,12 +60,15 @@ var (
 )
 
 // NodeInput is what the engine learns from a Node object: its zone, whether it is fenceable (has a
-// fence configuration), excluded from disruption checks, or a control-plane node.
+// fence configuration), excluded from disruption checks, a control-plane node, observed (its
+// fence-mode annotation) or excluded from automatic fencing (its label).
 func NodeInput(n *corev1.Node, fenceable bool, controlPlane labels.Selector, at time.Time) engine.Configured {
 	_, excluded := n.Labels[LabelExcludeDisruption]
+	_, noFence := n.Labels[LabelExcludeFencing]
+	observe, note := FenceMode(n)
 	return engine.Configured{
 		Node: n.Name, Region: firstLabel(n.Labels, regionLabels), Zone: firstLabel(n.Labels, zoneLabels),
-		Fenceable: fenceable, ExcludeDisruption: excluded,
+		Fenceable: fenceable, ExcludeDisruption: excluded, ExcludeFencing: noFence, Observe: observe, ModeNote: note,
 		ControlPlane: controlPlane != nil && !controlPlane.Empty() && controlPlane.Matches(labels.Set(n.Labels)),
 		At:           at,
 	}

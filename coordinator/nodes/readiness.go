@@ -49,6 +49,11 @@ func Judge(o Observation, now time.Time, grace time.Duration) (coordv1.Readiness
 			}
 			return coordv1.Readiness_READINESS_UNKNOWN, fmt.Sprintf("agent never connected (grace %s)", grace)
 		}
+		if o.LastContact.Before(o.GraceFloor) {
+			// Silent since before a fresh grace period: say so, not the shorter count.
+			return coordv1.Readiness_READINESS_UNKNOWN, fmt.Sprintf("no agent contact for %s, %s since its grace period restarted (grace %s)",
+				now.Sub(o.LastContact).Round(time.Second), silent.Round(time.Second), grace)
+		}
 		return coordv1.Readiness_READINESS_UNKNOWN, fmt.Sprintf("no agent contact for %s (grace %s)", silent.Round(time.Second), grace)
 	}
 	if o.LastContact.IsZero() || o.LastContact.Before(o.GraceFloor) {

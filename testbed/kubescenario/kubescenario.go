@@ -60,7 +60,9 @@ type Options struct {
 	// PlainPassword puts the BMC password in the fence template instead of a Secret, so a fence
 	// needs nothing from the apiserver once its record exists.
 	PlainPassword bool
-	Log           *slog.Logger
+	// FenceMode is the coordinator's --fence-mode (default enforce).
+	FenceMode engine.FenceMode
+	Log       *slog.Logger
 }
 
 // Env is a running scenario.
@@ -346,6 +348,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 	eng.NodeEvictionRate = 1 // one released node per second: rounds do not wait for the default 10 s token
 	eng.Fence.Timeout, eng.Fence.Budget = e.Opts.FenceTimeout, 0
 	eng.Fence.Settle = 500 * time.Millisecond
+	eng.Fence.Mode = e.Opts.FenceMode
 	healthy := e.Opts.HealthyDelay
 	if healthy == 0 {
 		healthy = time.Second

@@ -73,6 +73,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"config", "check", "x", "-o", "json"}, "prints text only"},
 		{[]string{"--coordinator", "", "nodes"}, "--coordinator: at least one address is required"},
 		{[]string{"list", "--status", "bogus"}, `--status: "bogus"`},
+		{[]string{"list", "--would", "--status", "done"}, `--would lists observed records`},
 		{[]string{"watch"}, "want ID or --node NODE"},
 		{[]string{"nodes", "--timeout", "soon"}, "invalid value"},
 	} {

@@ -77,10 +77,19 @@ refused unless --force with a --reason.`,
 	{name: "list", summary: "list fence records, newest first",
 		setup: func(fs *flag.FlagSet) runFunc {
 			node := fs.String("node", "", "only this node's records")
-			st := fs.String("status", "", "only records in this status: new, running, done, error")
+			st := fs.String("status", "", "only records in this status: new, running, done, error, observed")
+			would := fs.Bool("would", false, "only what observe mode would have done: would-fence records, when, and when they would have released the pods (--status observed)")
 			limit := fs.Int("limit", 0, "most records per page (0: 100)")
 			page := fs.String("page-token", "", "continue a listing where the previous page ended")
-			return func(ctx context.Context, c *ctl, _ []string) error { return c.list(ctx, *node, *st, *limit, *page) }
+			return func(ctx context.Context, c *ctl, _ []string) error {
+				if *would {
+					if *st != "" && *st != "observed" {
+						return usagef("--would lists observed records; it cannot be combined with --status %s", *st)
+					}
+					return c.listWould(ctx, *node, *limit, *page)
+				}
+				return c.list(ctx, *node, *st, *limit, *page)
+			}
 		}},
 	{name: "watch", args: "[ID]", maxArgs: 1, summary: "follow a fence record (by ID, or a node's latest) until it is done or in error",
 		setup: func(fs *flag.FlagSet) runFunc {

@@ -144,7 +144,7 @@ func (c *ctl) list(ctx context.Context, node, statusWord string, limit int, page
 	if statusWord != "" {
 		v, ok := coordv1.FenceStatus_value["FENCE_STATUS_"+strings.ToUpper(statusWord)]
 		if !ok || v == 0 {
-			return usagef("--status: %q is not one of new, running, done, error", statusWord)
+			return usagef("--status: %q is not one of new, running, done, error, observed", statusWord)
 		}
 		st = coordv1.FenceStatus(v)
 	}
@@ -457,5 +457,37 @@ func (c *ctl) configShow(ctx context.Context) error {
 			}
 		}
 		return c.show(view{data: r, tables: []table{settings, fences}})
+	})
+}
+
+// listWould lists what observe mode would have done, newest first: each would-fence record, when it
+// would have fenced the node, and when it would have released the node's pods.
+func (c *ctl) listWould(ctx context.Context, node string, limit int, page string) error {
+	return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+		r, err := fenceClient(conn).ListFences(ctx, &coordv1.ListFencesRequest{Node: node,
+			Status: coordv1.FenceStatus_FENCE_STATUS_OBSERVED, Limit: int32(limit), PageToken: page}, opts...)
+		if err != nil {
+			return err
+		}
+		t := table{header: []string{"ID", "NODE", "WOULD FENCE", "WOULD RELEASE", "STEP", "EVIDENCE"}}
+		for _, f := range r.Fences {
+			release := "-"
+			if f.WouldReleaseAt != nil {
+				release = when(f.WouldReleaseAt)
+			}
+			evidence := "-"
+			if len(f.Evidence) > 0 {
+				evidence = clip(f.Evidence[0], 60)
+			}
+			t.rows = append(t.rows, []string{f.Id, f.Node, when(f.CreatedAt), release, word(f.Step), evidence})
+		}
+		t.notes = append(t.notes, "observe mode: nothing above was switched, tainted or deleted")
+		for _, id := range r.CorruptIds {
+			t.notes = append(t.notes, fmt.Sprintf("skipped corrupt record %s (see the coordinator log)", id))
+		}
+		if r.NextPageToken != "" {
+			t.notes = append(t.notes, "more: fencectl list --would --page-token "+r.NextPageToken)
+		}
+		return c.show(view{data: r, tables: []table{t}})
 	})
 }

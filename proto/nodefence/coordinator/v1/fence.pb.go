@@ -152,6 +152,11 @@ const (
 	FenceStatus_FENCE_STATUS_DONE FenceStatus = 3
 	// FENCE_STATUS_ERROR: the action failed or could not be confirmed.
 	FenceStatus_FENCE_STATUS_ERROR FenceStatus = 4
+	// FENCE_STATUS_OBSERVED: an automatic decision made in observe mode (--fence-mode=observe or the
+	// Node annotation nodefence.io/fence-mode: observe), recorded as "would fence" and finished when
+	// written. It is never dispatched: no driver is called for it, no pod is released for it, and
+	// switching to enforce never executes it.
+	FenceStatus_FENCE_STATUS_OBSERVED FenceStatus = 5
 )
 
 // Enum value maps for FenceStatus.
@@ -162,6 +167,7 @@ var (
 		2: "FENCE_STATUS_RUNNING",
 		3: "FENCE_STATUS_DONE",
 		4: "FENCE_STATUS_ERROR",
+		5: "FENCE_STATUS_OBSERVED",
 	}
 	FenceStatus_value = map[string]int32{
 		"FENCE_STATUS_UNSPECIFIED": 0,
@@ -169,6 +175,7 @@ var (
 		"FENCE_STATUS_RUNNING":     2,
 		"FENCE_STATUS_DONE":        3,
 		"FENCE_STATUS_ERROR":       4,
+		"FENCE_STATUS_OBSERVED":    5,
 	}
 )
 
@@ -300,6 +307,10 @@ type NodeFence struct {
 	// the fence switched off some other machine. A critical alarm; the node's pods are never
 	// released while it is set.
 	WrongMachineAt *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=wrong_machine_at,json=wrongMachineAt,proto3" json:"wrong_machine_at,omitempty"`
+	// WouldReleaseAt is set on an OBSERVED record when the release reconciler found the node's
+	// witnesses silent: had the fence confirmed the node off, its pods would have been released
+	// then. Nothing was released.
+	WouldReleaseAt *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=would_release_at,json=wouldReleaseAt,proto3" json:"would_release_at,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -477,6 +488,13 @@ func (x *NodeFence) GetPolls() int32 {
 func (x *NodeFence) GetWrongMachineAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.WrongMachineAt
+	}
+	return nil
+}
+
+func (x *NodeFence) GetWouldReleaseAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WouldReleaseAt
 	}
 	return nil
 }
@@ -1436,7 +1454,7 @@ var File_nodefence_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xa8\a\n" +
+	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xee\a\n" +
 	"\tNodeFence\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12=\n" +
@@ -1464,7 +1482,8 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0fnext_attempt_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\x12\x1c\n" +
 	"\tautomatic\x18\x13 \x01(\bR\tautomatic\x12\x14\n" +
 	"\x05polls\x18\x14 \x01(\x05R\x05polls\x12D\n" +
-	"\x10wrong_machine_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewrongMachineAt\"\xb8\x04\n" +
+	"\x10wrong_machine_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewrongMachineAt\x12D\n" +
+	"\x10would_release_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewouldReleaseAt\"\xb8\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
@@ -1538,13 +1557,14 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x16FENCE_STEP_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FENCE_STEP_ISOLATION\x10\x01\x12\x1f\n" +
 	"\x1bFENCE_STEP_POWER_MANAGEMENT\x10\x02\x12\x17\n" +
-	"\x13FENCE_STEP_RECOVERY\x10\x03*\x8a\x01\n" +
+	"\x13FENCE_STEP_RECOVERY\x10\x03*\xa5\x01\n" +
 	"\vFenceStatus\x12\x1c\n" +
 	"\x18FENCE_STATUS_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FENCE_STATUS_NEW\x10\x01\x12\x18\n" +
 	"\x14FENCE_STATUS_RUNNING\x10\x02\x12\x15\n" +
 	"\x11FENCE_STATUS_DONE\x10\x03\x12\x16\n" +
-	"\x12FENCE_STATUS_ERROR\x10\x04*p\n" +
+	"\x12FENCE_STATUS_ERROR\x10\x04\x12\x19\n" +
+	"\x15FENCE_STATUS_OBSERVED\x10\x05*p\n" +
 	"\x0fOperationResult\x12 \n" +
 	"\x1cOPERATION_RESULT_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aOPERATION_RESULT_CONFIRMED\x10\x01\x12\x1b\n" +
@@ -1612,39 +1632,40 @@ var file_nodefence_coordinator_v1_fence_proto_depIdxs = []int32{
 	20, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
 	20, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
 	20, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
-	3,  // 10: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
-	21, // 11: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
-	20, // 12: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
-	20, // 13: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
-	22, // 14: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
-	1,  // 15: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
-	4,  // 16: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 17: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 18: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 19: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 20: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	2,  // 21: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	4,  // 22: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 23: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	6,  // 24: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
-	8,  // 25: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
-	10, // 26: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
-	12, // 27: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
-	14, // 28: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
-	16, // 29: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
-	18, // 30: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
-	7,  // 31: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
-	9,  // 32: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
-	11, // 33: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
-	13, // 34: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
-	15, // 35: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
-	17, // 36: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
-	19, // 37: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
-	31, // [31:38] is the sub-list for method output_type
-	24, // [24:31] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	20, // 10: nodefence.coordinator.v1.NodeFence.would_release_at:type_name -> google.protobuf.Timestamp
+	3,  // 11: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
+	21, // 12: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
+	20, // 13: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
+	20, // 14: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
+	22, // 15: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
+	1,  // 16: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
+	4,  // 17: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 18: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 19: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 20: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 21: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	2,  // 22: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
+	4,  // 23: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 24: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	6,  // 25: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
+	8,  // 26: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
+	10, // 27: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
+	12, // 28: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
+	14, // 29: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
+	16, // 30: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
+	18, // 31: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
+	7,  // 32: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
+	9,  // 33: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
+	11, // 34: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
+	13, // 35: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
+	15, // 36: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
+	17, // 37: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
+	19, // 38: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
+	32, // [32:39] is the sub-list for method output_type
+	25, // [25:32] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_fence_proto_init() }
