@@ -215,6 +215,34 @@ func (e *Engine) controlPlaneGuard(n *node) (string, string) {
 	if why := e.lastControlPlane(n); why != "" {
 		return "last-control-plane", why
 	}
+	return e.controlPlaneQuorum(n)
+}
+
+// controlPlaneQuorum holds back the automatic fence of control-plane node n while another
+// control-plane node's fence was requested (at most one at a time), or while the other ready
+// control-plane nodes alone are not a majority of all of them: with etcd stacked on the control
+// plane (one member per control-plane node), n may be a member the current quorum still counts on —
+// silent to nodefence, not necessarily to its peers — and powering it off would stop etcd.
+func (e *Engine) controlPlaneQuorum(n *node) (string, string) {
+	members, ready := 0, 0
+	for _, o := range e.order {
+		if !o.controlPlane {
+			continue
+		}
+		members++
+		if o == n {
+			continue
+		}
+		if o.fenceRequested {
+			return "control-plane-busy", fmt.Sprintf("control-plane node %s's fence was requested and it is not back: at most one control-plane node is fenced automatically at a time", o.name)
+		}
+		if o.readiness == coordv1.Readiness_READINESS_READY {
+			ready++
+		}
+	}
+	if quorum := members/2 + 1; ready < quorum {
+		return "control-plane-quorum", fmt.Sprintf("fencing %s could break etcd's quorum: %d other control-plane node(s) ready, a majority of %d is %d", n.name, ready, members, quorum)
+	}
 	return "", ""
 }
 
