@@ -263,6 +263,7 @@ func (c *Config) registerFenceFlags(fs *flag.FlagSet, d Config) {
 	fs.IntVar(&c.Engine.Fence.Budget, "fence-budget", f.Budget, "automatic fences per zone per --fence-budget-window (0: no budget)")
 	fs.DurationVar(&c.Engine.Fence.BudgetWindow, "fence-budget-window", f.BudgetWindow, "window of --fence-budget")
 	fs.DurationVar(&c.Engine.Fence.Settle, "fence-guard-settle", f.Settle, "how long the storm guard must let a released node's fence pass, without a break, before it is requested")
+	fs.DurationVar(&c.Engine.Fence.StormCooldown, "storm-cooldown", f.StormCooldown, "keep automatic fencing held back this long after the storm guard last held a fence back for a storm (0: off)")
 	fs.BoolVar(&c.Engine.Fence.AllowControlPlane, "fence-control-plane", f.AllowControlPlane, "fence nodes matching --control-plane-selector automatically (one at a time, never the last ready one, never against a majority of them)")
 	fs.Func("fence-mode", `"enforce" (default): automatic decisions fence; "observe": every decision is made, recorded and counted as would fence / would release, and nothing is switched, tainted or deleted (see docs/observe.md)`, func(v string) error {
 		m, err := engine.ParseFenceMode(v)
@@ -418,6 +419,7 @@ func (c *Config) validateFencing() []error {
 	errs = appendNegative(errs, "fence-budget", f.Budget < 0)
 	errs = appendNotPositive(errs, "fence-budget-window", f.BudgetWindow <= 0)
 	errs = appendNegative(errs, "fence-guard-settle", f.Settle < 0)
+	errs = appendNegative(errs, "storm-cooldown", f.StormCooldown < 0)
 	if f.MaxUnresponsivePercent < 0 || f.MaxUnresponsivePercent > 100 {
 		errs = append(errs, fmt.Errorf("--max-unresponsive-percent: %v is not in 0..100", f.MaxUnresponsivePercent))
 	}

@@ -160,6 +160,7 @@ type Engine struct {
 	podZones map[string]*podZone // pod-eviction budgets, by zone key (pods.go)
 	pending  []*node             // nodes with a candidate waiting for a grant
 	limited  []*node             // nodes whose agent limit holds or counts something (agentlimit.go)
+	stormAt  time.Time           // the last time the storm guard held a fence back for a storm (fence.go)
 }
 
 type node struct {

@@ -31,6 +31,10 @@ type FenceConfig struct {
 	// Mode is enforce (automatic decisions fence) or observe (they are recorded as would fence and
 	// nothing acts); a node's Configured.Observe puts that node alone in observe mode.
 	Mode FenceMode
+	// StormCooldown keeps automatic fencing held back this long after the storm guard last held a
+	// fence back for a storm (the halt, a disrupted zone, too many nodes not ready), so that a
+	// cluster coming back from one does not fence the nodes still recovering all at once; 0: off.
+	StormCooldown time.Duration
 }
 
 // DefaultFenceSettle is FenceConfig.Settle's default: five heartbeats of the agent's default
@@ -166,17 +170,26 @@ func (e *Engine) guard(z *zone, u unhealthy, now time.Time) (string, string) {
 	if zc == nil {
 		zc = &zoneCount{}
 	}
+	kind, reason := "", ""
 	switch {
 	case e.halted:
-		return "halted", "every zone is fully disrupted: this coordinator may be the one cut off"
+		kind, reason = "halted", "every zone is fully disrupted: this coordinator may be the one cut off"
 	case e.paused:
 		return "paused", "evictions paused by an operator"
 	case z.state == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION || z.state == coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION:
-		return "zone-disrupted", fmt.Sprintf("zone %s is in %s", z.key, word(z.state))
+		kind, reason = "zone-disrupted", fmt.Sprintf("zone %s is in %s", z.key, word(z.state))
 	case fc.MaxUnresponsivePercent > 0 && 100*float64(u.bad) > fc.MaxUnresponsivePercent*float64(u.total):
-		return "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready%s (more than %g%%)", u.bad, u.total, countedNote(u.extra), fc.MaxUnresponsivePercent)
+		kind, reason = "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready%s (more than %g%%)", u.bad, u.total, countedNote(u.extra), fc.MaxUnresponsivePercent)
 	case fc.MaxUnresponsivePercent > 0 && 100*float64(zc.bad) > fc.MaxUnresponsivePercent*float64(zc.size):
-		return "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready%s (more than %g%%)", zc.bad, zc.size, z.key, countedNote(zc.extra), fc.MaxUnresponsivePercent)
+		kind, reason = "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready%s (more than %g%%)", zc.bad, zc.size, z.key, countedNote(zc.extra), fc.MaxUnresponsivePercent)
+	}
+	if kind != "" {
+		e.stormAt = now // a storm: the cooldown counts from the last time it held a fence back
+		return kind, reason
+	}
+	if fc.StormCooldown > 0 && !e.stormAt.IsZero() && now.Sub(e.stormAt) < fc.StormCooldown {
+		return "storm-cooldown", fmt.Sprintf("a storm held fencing back until %s: fencing resumes %s after it (--storm-cooldown)",
+			e.stormAt.UTC().Format(time.RFC3339), fc.StormCooldown)
 	}
 	if fc.Budget > 0 {
 		kept := z.fences[:0]

@@ -66,6 +66,8 @@ func (h *harness) handleConfig(args map[string]string) []string {
 			h.cfg.Fence.Budget = int(h.float(v))
 		case "budget-window":
 			h.cfg.Fence.BudgetWindow = h.dur(v)
+		case "storm-cooldown":
+			h.cfg.Fence.StormCooldown = h.dur(v)
 		case "pod-rate":
 			h.cfg.PodEviction.Rate = h.float(v)
 		case "pod-burst":
