@@ -213,13 +213,7 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 			}
 			if !reading {
 				reading = true
-				go func() {
-					rctx, rcancel := context.WithTimeout(tctx, readTimeout)
-					_, kerr := t.cli.KeepAliveOnce(rctx, session.Lease())
-					rcancel()
-					live, err := t.keyLive(tctx, readTimeout)
-					reads <- keyRead{start: now, renewed: kerr == nil, live: live, err: err}
-				}()
+				go t.check(tctx, session.Lease(), now, readTimeout, reads)
 			}
 		case r := <-reads:
 			reading = false
@@ -241,22 +235,41 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				release = false // the watch ended with the term
 				return
 			}
-			if !ok {
-				e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
+			if e.watchEnds(t, wr, ok) {
 				return
-			}
-			if err := wr.Err(); err != nil {
-				e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
-				return
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
-					return
-				}
 			}
 		}
 	}
+}
+
+// check renews the term's lease once and reads its election key, each within timeout, and answers
+// on reads; start is when the check began.
+func (t *Term) check(ctx context.Context, lease clientv3.LeaseID, start time.Time, timeout time.Duration, reads chan<- keyRead) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	_, kerr := t.cli.KeepAliveOnce(rctx, lease)
+	cancel()
+	live, err := t.keyLive(ctx, timeout)
+	reads <- keyRead{start: start, renewed: kerr == nil, live: live, err: err}
+}
+
+// watchEnds reports whether a response of the election key's watch (ok false: the watch ended)
+// ends term t: the watch ended or failed, or the key was deleted.
+func (e *Elector) watchEnds(t *Term, wr clientv3.WatchResponse, ok bool) bool {
+	if !ok {
+		e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
+		return true
+	}
+	if err := wr.Err(); err != nil {
+		e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
+		return true
+	}
+	for _, ev := range wr.Events {
+		if ev.Type == clientv3.EventTypeDelete {
+			e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
+			return true
+		}
+	}
+	return false
 }
 
 // keyLive reads the election key within timeout: is it still this term's? Reachability is judged by
