@@ -34,6 +34,8 @@ import (
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/server"
+
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
 // App is a running coordinator replica.
@@ -153,7 +155,8 @@ func (a *App) Store() *store.Store { return a.store }
 // the node's configured delay. It runs on a goroutine of its own, started from the loop's OnReady
 // after the request was persisted.
 func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
-	if a.kube != nil {
+	reboot := req.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT
+	if a.kube != nil && !reboot { // a power cycle repairs the node: the stateful-pods policy is about releases
 		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 		ok, why := a.kube.needsFencing(ctx, req.Node)
 		cancel()
@@ -166,7 +169,7 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		}
 	}
 	nc := a.fences().Nodes[req.Node]
-	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
+	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot},
 		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
 		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)

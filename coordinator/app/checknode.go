@@ -218,12 +218,17 @@ func settingText(v reflect.Value) (string, bool) {
 	case reflect.Float32, reflect.Float64:
 		return strconv.FormatFloat(v.Float(), 'g', -1, 64), true
 	case reflect.Slice:
-		if v.Type().Elem().Kind() != reflect.String {
+		stringer := v.Type().Elem().Implements(reflect.TypeFor[fmt.Stringer]())
+		if v.Type().Elem().Kind() != reflect.String && !stringer {
 			return "", false
 		}
 		parts := make([]string, v.Len())
 		for i := range parts {
-			parts[i] = v.Index(i).String()
+			if stringer {
+				parts[i] = v.Index(i).Interface().(fmt.Stringer).String()
+			} else {
+				parts[i] = v.Index(i).String()
+			}
 		}
 		return strings.Join(parts, ","), true
 	case reflect.Map:

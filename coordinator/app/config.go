@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -249,6 +250,13 @@ func (c *Config) registerEngineFlags(fs *flag.FlagSet, d engine.Config) {
 		c.Engine.KubeletDownPolicy = p
 		return err
 	})
+	fs.Func("unhealthy-condition", "TYPE=STATUS:DURATION (repeatable, Kubernetes mode): a node whose agent and kubelet report but whose Node has this condition for this long is power-cycled (off, confirmed by read-back, then on; its pods are not released), as KernelDeadlock=True:5m", func(v string) error {
+		t, err := engine.ParseConditionTrigger(v)
+		if err == nil {
+			c.Engine.UnhealthyConditions = append(c.Engine.UnhealthyConditions, t)
+		}
+		return err
+	})
 }
 
 // registerFenceFlags binds the automatic trigger's, the storm guard's and the fence flow's flags.
@@ -295,7 +303,7 @@ func (c *Config) SetDefaults() {
 	if c.Retention == (store.Retention{}) {
 		c.Retention = d.Retention
 	}
-	if c.Engine == (engine.Config{}) {
+	if reflect.ValueOf(c.Engine).IsZero() {
 		c.Engine = d.Engine
 	}
 	c.Engine.SetDefaults()
@@ -420,6 +428,9 @@ func (c *Config) validateFencing() []error {
 	errs = appendNotPositive(errs, "fence-budget-window", f.BudgetWindow <= 0)
 	errs = appendNegative(errs, "fence-guard-settle", f.Settle < 0)
 	errs = appendNegative(errs, "storm-cooldown", f.StormCooldown < 0)
+	if err := engine.ValidateConditionTriggers(c.Engine.UnhealthyConditions); err != nil {
+		errs = append(errs, fmt.Errorf("--unhealthy-condition: %w", err))
+	}
 	if f.MaxUnresponsivePercent < 0 || f.MaxUnresponsivePercent > 100 {
 		errs = append(errs, fmt.Errorf("--max-unresponsive-percent: %v is not in 0..100", f.MaxUnresponsivePercent))
 	}

@@ -15,6 +15,7 @@ var funcFlags = map[string]string{
 	"driver-endpoint":     "DriverEndpoints",
 	"driver-identity":     "DriverIdentities",
 	"kubelet-down-policy": "Engine.KubeletDownPolicy",
+	"unhealthy-condition": "Engine.UnhealthyConditions",
 }
 
 // settingFlags maps a setting's field path ("Engine.NodeMonitorGracePeriod") to the flag that

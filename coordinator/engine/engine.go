@@ -47,6 +47,9 @@ type Config struct {
 	AgentHeartbeat time.Duration
 	// AgentEvents bounds the writes one node's agent can cause (see agentlimit.go).
 	AgentEvents AgentEventConfig
+	// UnhealthyConditions are the Node conditions that make a reporting node a candidate for a
+	// power cycle (conditions.go; Kubernetes mode).
+	UnhealthyConditions []ConditionTrigger
 }
 
 // DefaultConfig is kube-controller-manager's defaults, and the defaults of what the engine adds
@@ -205,11 +208,14 @@ type node struct {
 	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (nodes.KubeletWindow)
 	fence              *standing // the node's newest fence record and its proof (proof.go)
 	limit              *agentLimit
-	observeMode        bool      // the node alone is in observe mode (observe.go)
-	excludeFencing     bool      // never fenced automatically (observe.go)
-	modeNote           string    // what was wrong with the node's fence-mode annotation, said once
-	floor              time.Time // the node's own grace restart (it left observe mode); see graceFloor
-	wouldFence         bool      // an automatic fence was observed (not requested) in this not-ready episode
+	observeMode        bool                     // the node alone is in observe mode (observe.go)
+	excludeFencing     bool                     // never fenced automatically (observe.go)
+	modeNote           string                   // what was wrong with the node's fence-mode annotation, said once
+	floor              time.Time                // the node's own grace restart (it left observe mode); see graceFloor
+	wouldFence         bool                     // an automatic fence was observed (not requested) in this not-ready episode
+	conds              map[string]conditionSeen // the trigger conditions' statuses (conditions.go)
+	condFenced         string                   // the trigger type whose power cycle was requested in this episode
+	condBlocked        string                   // why the guard holds the power cycle back (said once)
 }
 
 // New returns an engine with cfg (defaults filled).
@@ -257,6 +263,7 @@ func (e *Engine) Tick(now time.Time) {
 	e.grantPods(now)
 	e.prove(now)
 	e.fence(now)
+	e.conditionFences(now)
 	e.tickAgentLimits(now)
 }
 

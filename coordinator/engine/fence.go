@@ -45,6 +45,9 @@ const DefaultFenceSettle = 5 * time.Second
 // the storm guard.
 type FenceRequest struct {
 	Node, Zone string
+	// Action is what to do: a power-off (FENCE_ACTION_OFF, or unspecified) for a silent node, a
+	// power cycle (FENCE_ACTION_REBOOT) for a reporting node a condition trigger found broken.
+	Action coordv1.FenceAction
 	// KdumpSince is set when the node is dumping its memory (fence_kdump): it is down, so its pods
 	// may be released before any power-off.
 	KdumpSince time.Time

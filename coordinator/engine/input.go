@@ -33,7 +33,10 @@ type Configured struct {
 	ExcludeFencing bool
 	// ModeNote: what was wrong with the node's fence-mode annotation ("" if nothing), said once.
 	ModeNote string
-	At       time.Time
+	// Conditions are the Node's condition statuses by type (Kubernetes mode), for the triggers of
+	// Config.UnhealthyConditions (conditions.go); nil leaves what the engine saw as it is.
+	Conditions map[string]string
+	At         time.Time
 }
 
 // Kubelet is one observation of a node's kubelet through the apiserver (Kubernetes mode):
@@ -147,6 +150,9 @@ func (e *Engine) Step(in Input) {
 		n := e.node(in.Node, in.Region, in.Zone, in.At)
 		n.fenceable, n.excluded, n.controlPlane = in.Fenceable, in.ExcludeDisruption, in.ControlPlane
 		e.configureModes(n, in)
+		if in.Conditions != nil {
+			e.observeConditions(n, in.Conditions, in.At)
+		}
 		if in.Region != "" || in.Zone != "" {
 			e.setLocation(n, in.Region, in.Zone)
 		}

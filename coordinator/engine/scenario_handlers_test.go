@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -68,6 +69,12 @@ func (h *harness) handleConfig(args map[string]string) []string {
 			h.cfg.Fence.BudgetWindow = h.dur(v)
 		case "storm-cooldown":
 			h.cfg.Fence.StormCooldown = h.dur(v)
+		case "unhealthy-condition":
+			t, err := ParseConditionTrigger(v)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			h.cfg.UnhealthyConditions = append(h.cfg.UnhealthyConditions, t)
 		case "pod-rate":
 			h.cfg.PodEviction.Rate = h.float(v)
 		case "pod-burst":
@@ -123,6 +130,9 @@ func (h *harness) handleConfigure(pos []string, args map[string]string) []string
 		c := Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true,
 			ExcludeDisruption: args["exclude"] == "true", ControlPlane: args["control-plane"] == "true",
 			Observe: args["observe"] == "true", ExcludeFencing: args["exclude-fencing"] == "true", At: h.now}
+		if typ, status, ok := strings.Cut(args["condition"], "="); ok {
+			c.Conditions = map[string]string{typ: status}
+		}
 		h.configs[n] = c
 		h.e.Step(c)
 	}

@@ -33,10 +33,12 @@ const AbortedPrefix = "aborted: the node is reaching us"
 
 // Reaching says why an automatic fence's call (action: "off", "on", ...) must not be made now:
 // a witness of the node was heard after the record was created, or at most its grace period ago.
-// "" lets the call go: the record is an operator's, the call powers the node on, or every witness
-// has been silent since before the request and for longer than the grace period.
+// "" lets the call go: the record is an operator's, the call powers the node on, the record is an
+// automatic power cycle (a condition trigger found the node broken while it reports: engine's
+// conditions.go), or every witness has been silent since before the request and for longer than
+// the grace period.
 func Reaching(rec *coordv1.NodeFence, action string, c Contact, now time.Time) string {
-	if !rec.GetAutomatic() || action == "on" || c.At.IsZero() {
+	if !rec.GetAutomatic() || action == "on" || c.At.IsZero() || rec.GetAction() == coordv1.FenceAction_FENCE_ACTION_REBOOT {
 		return ""
 	}
 	at := c.At.UTC().Format(time.RFC3339Nano)

@@ -41,7 +41,13 @@ type AutoRequest struct {
 	Evidence []string
 	// Dumping is set when the node sends fence_kdump messages.
 	Dumping bool
+	// Reboot asks for a power cycle instead of a power-off (a reporting node a condition trigger
+	// found broken: engine/conditions.go).
+	Reboot bool
 }
+
+// AutoRebootReason is the reason of an automatic power cycle.
+const AutoRebootReason = "node condition trigger: alive but broken"
 
 // AutoReason is the reason of every automatic fence record.
 const AutoReason = "node not ready past the fence timeout"
@@ -49,8 +55,12 @@ const AutoReason = "node not ready past the fence timeout"
 // AutoRecord returns the record an automatic fence creates under the leader's epoch: a power-off
 // requested by the coordinator, held back by the node's delay.
 func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, epoch int64, now time.Time) *coordv1.NodeFence {
-	rec := NewRecord(NewID(req.Node, now), req.Node, coordv1.FenceAction_FENCE_ACTION_OFF, plan, delay, now)
-	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = AutoReason, "coordinator", true, epoch
+	action, reason := coordv1.FenceAction_FENCE_ACTION_OFF, AutoReason
+	if req.Reboot {
+		action, reason = coordv1.FenceAction_FENCE_ACTION_REBOOT, AutoRebootReason
+	}
+	rec := NewRecord(NewID(req.Node, now), req.Node, action, plan, delay, now)
+	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = reason, "coordinator", true, epoch
 	rec.Evidence = append(append([]string(nil), req.Evidence...), rec.Evidence...)
 	if req.Dumping {
 		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is

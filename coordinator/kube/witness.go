@@ -66,13 +66,22 @@ func NodeInput(n *corev1.Node, fenceable bool, controlPlane labels.Selector, at 
 	_, excluded := n.Labels[LabelExcludeDisruption]
 	_, noFence := n.Labels[LabelExcludeFencing]
 	observe, note := FenceMode(n)
+	conds := map[string]string{}
+	for _, c := range n.Status.Conditions {
+		if len(conds) < maxNodeConditions {
+			conds[string(c.Type)] = string(c.Status)
+		}
+	}
 	return engine.Configured{
 		Node: n.Name, Region: firstLabel(n.Labels, regionLabels), Zone: firstLabel(n.Labels, zoneLabels),
-		Fenceable: fenceable, ExcludeDisruption: excluded, ExcludeFencing: noFence, Observe: observe, ModeNote: note,
+		Fenceable: fenceable, ExcludeDisruption: excluded, ExcludeFencing: noFence, Observe: observe, ModeNote: note, Conditions: conds,
 		ControlPlane: controlPlane != nil && !controlPlane.Empty() && controlPlane.Matches(labels.Set(n.Labels)),
 		At:           at,
 	}
 }
+
+// maxNodeConditions bounds the conditions read from one Node (a Node carries a handful).
+const maxNodeConditions = 64
 
 func firstLabel(l map[string]string, keys []string) string {
 	for _, k := range keys {

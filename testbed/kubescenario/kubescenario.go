@@ -63,6 +63,8 @@ type Options struct {
 	// FenceMode is the coordinator's --fence-mode (default enforce).
 	FenceMode engine.FenceMode
 	Log       *slog.Logger
+	// UnhealthyConditions are the coordinator's --unhealthy-condition triggers.
+	UnhealthyConditions []engine.ConditionTrigger
 }
 
 // Env is a running scenario.
@@ -349,6 +351,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 	eng.Fence.Timeout, eng.Fence.Budget = e.Opts.FenceTimeout, 0
 	eng.Fence.Settle = 500 * time.Millisecond
 	eng.Fence.Mode = e.Opts.FenceMode
+	eng.UnhealthyConditions = e.Opts.UnhealthyConditions
 	healthy := e.Opts.HealthyDelay
 	if healthy == 0 {
 		healthy = time.Second
