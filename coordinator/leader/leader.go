@@ -150,14 +150,18 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	return t, nil
 }
 
-// keyRead is the outcome of one check, started at start: the lease renewed (renewed), then the
-// election key read (live, err).
+// keyRead is the outcome of one check started at start: a renewal of the lease (renewal set;
+// err nil when acknowledged) or a read of the election key (live: it is still this term's).
 type keyRead struct {
 	start   time.Time
-	renewed bool
+	renewal bool
 	live    bool
 	err     error
 }
+
+// maxRenewals bounds the renewals in flight: one starts every tick, so that one slow to be
+// acknowledged (a loaded etcd) does not hold the next back.
+const maxRenewals = 4
 
 // guard ends term t when its leadership is lost: session gone, tctx (the term's context, cancel its
 // cancel) done, the key gone from etcd or deleted (seen on watch), or its lease not renewed for four
@@ -182,8 +186,8 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 	check := time.NewTicker(every)
 	lastRead := time.Now()
 	deadline := time.NewTimer(stepDown)
-	reads := make(chan keyRead, 1) // the one read in flight answers here (buffered: it never blocks)
-	reading := false
+	reads := make(chan keyRead, maxRenewals+1) // checks in flight answer here (buffered: they never block)
+	reading, renewing := false, 0
 	defer func() {
 		cancel()
 		check.Stop()
@@ -211,19 +215,27 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				e.unwritable(t, UnwritableFailing)
 				return
 			}
+			if renewing < maxRenewals {
+				renewing++
+				go t.renew(tctx, session.Lease(), now, readTimeout, reads)
+			}
 			if !reading {
 				reading = true
-				go t.check(tctx, session.Lease(), now, readTimeout, reads)
+				go t.read(tctx, now, readTimeout, reads)
 			}
 		case r := <-reads:
-			reading = false
 			switch {
+			case r.renewal:
+				renewing--
+				if r.err == nil && r.start.After(lastRead) {
+					lastRead = r.start
+					deadline.Reset(time.Until(lastRead.Add(stepDown)))
+				}
 			case r.err == nil && !r.live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
-			case r.renewed && r.start.After(lastRead):
-				lastRead = r.start
-				deadline.Reset(time.Until(lastRead.Add(stepDown)))
+			default:
+				reading = false
 			}
 		case <-deadline.C:
 			if tctx.Err() == nil {
@@ -242,14 +254,18 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 	}
 }
 
-// check renews the term's lease once and reads its election key, each within timeout, and answers
-// on reads; start is when the check began.
-func (t *Term) check(ctx context.Context, lease clientv3.LeaseID, start time.Time, timeout time.Duration, reads chan<- keyRead) {
+// renew renews the term's lease once within timeout and answers on reads; start is when it began.
+func (t *Term) renew(ctx context.Context, lease clientv3.LeaseID, start time.Time, timeout time.Duration, reads chan<- keyRead) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
-	_, kerr := t.cli.KeepAliveOnce(rctx, lease)
-	cancel()
+	defer cancel()
+	_, err := t.cli.KeepAliveOnce(rctx, lease)
+	reads <- keyRead{start: start, renewal: true, err: err}
+}
+
+// read reads the term's election key within timeout and answers on reads.
+func (t *Term) read(ctx context.Context, start time.Time, timeout time.Duration, reads chan<- keyRead) {
 	live, err := t.keyLive(ctx, timeout)
-	reads <- keyRead{start: start, renewed: kerr == nil, live: live, err: err}
+	reads <- keyRead{start: start, live: live, err: err}
 }
 
 // watchEnds reports whether a response of the election key's watch (ok false: the watch ended)
