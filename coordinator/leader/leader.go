@@ -187,7 +187,7 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 	lastRead := time.Now()
 	deadline := time.NewTimer(stepDown)
 	reads := make(chan keyRead, maxRenewals+1) // checks in flight answer here (buffered: they never block)
-	reading, renewing := false, 0
+	reading, renewing, renewFailed := false, 0, false
 	defer func() {
 		cancel()
 		check.Stop()
@@ -230,6 +230,10 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				if r.err == nil && r.start.After(lastRead) {
 					lastRead = r.start
 					deadline.Reset(time.Until(lastRead.Add(stepDown)))
+					renewFailed = false
+				} else if r.err != nil && !renewFailed && tctx.Err() == nil {
+					renewFailed = true // said once per spell of failures
+					e.log.Warn("lease renewal failed; stepping down unless one succeeds", "epoch", t.Epoch, "at", lastRead.Add(stepDown), "err", r.err)
 				}
 			case r.err == nil && !r.live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
