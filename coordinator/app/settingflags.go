@@ -15,6 +15,7 @@ var funcFlags = map[string]string{
 	"driver-endpoint":     "DriverEndpoints",
 	"driver-identity":     "DriverIdentities",
 	"kubelet-down-policy": "Engine.KubeletDownPolicy",
+	"fence-mode":          "Engine.Fence.Mode",
 }
 
 // settingFlags maps a setting's field path ("Engine.NodeMonitorGracePeriod") to the flag that
