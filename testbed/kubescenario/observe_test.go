@@ -50,6 +50,9 @@ func TestObserveModeSwitchesNothing(t *testing.T) {
 	if rec.FinishedAt == nil || len(rec.Operations) != 0 || rec.ConfirmedOffAt != nil || !rec.Automatic {
 		t.Fatalf("the observed record ran or claims a power-off: %v", rec)
 	}
+	if v, err := env.NodeView(ctx, victim.Name); err != nil || !v.Observed || !v.WouldFence {
+		t.Fatalf("%s: the coordinator's view says observed %v, would fence %v (%v)", victim.Name, v.GetObserved(), v.GetWouldFence(), err)
+	}
 	time.Sleep(2 * time.Second) // give a wrong power-off or release every chance to happen
 	assertUntouched(ctx, t, env, victim)
 	if recs := env.Fences(ctx, victim.Name); len(recs) != 1 || recs[0].Id != rec.Id {
