@@ -16,6 +16,7 @@ var funcFlags = map[string]string{
 	"driver-identity":     "DriverIdentities",
 	"kubelet-down-policy": "Engine.KubeletDownPolicy",
 	"unhealthy-condition": "Engine.UnhealthyConditions",
+	"fence-mode":          "Engine.Fence.Mode",
 }
 
 // settingFlags maps a setting's field path ("Engine.NodeMonitorGracePeriod") to the flag that

@@ -19,6 +19,12 @@
 // timeout counted from its release, once silent a full grace period since the last grace restart and
 // once the storm guard has let it pass for the settle window.
 //
+// In observe mode (FenceConfig.Mode, or one node's Configured.Observe; observe.go) every decision
+// is made the same way and an automatic fence leaves Ready marked Observe: the caller records it as
+// "would fence" and executes nothing; a node leaving observe mode gets a fresh grace period. A node
+// excluded from fencing is never fenced automatically, and the storm guard counts nodes being
+// fenced, fenced, observed as would fence and excluded as unhealthy.
+//
 // Beyond kube-controller-manager, the engine paces the agents' soft-threshold pod evictions per
 // zone (pods.go): candidates in, grants out through Ready.Grants, under a token bucket and a cap on
 // grants in flight.

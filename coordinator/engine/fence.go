@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/nodes"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -185,6 +187,10 @@ func (e *Engine) guard(z *zone, u unhealthy, now time.Time) (string, string) {
 		kind, reason = "cluster-unresponsive", fmt.Sprintf("%d of %d nodes in the cluster are not ready%s (more than %g%%)", u.bad, u.total, countedNote(u.extra), fc.MaxUnresponsivePercent)
 	case fc.MaxUnresponsivePercent > 0 && 100*float64(zc.bad) > fc.MaxUnresponsivePercent*float64(zc.size):
 		kind, reason = "zone-unresponsive", fmt.Sprintf("%d of %d nodes in zone %s are not ready%s (more than %g%%)", zc.bad, zc.size, z.key, countedNote(zc.extra), fc.MaxUnresponsivePercent)
+	// The zone's state as kube-controller-manager would compute it with the counted nodes not ready.
+	case len(zc.extra) > 0 && disrupted(nodes.ZoneStateOf(zc.size-zc.bad, zc.bad, e.cfg.UnhealthyZoneThreshold)):
+		st := nodes.ZoneStateOf(zc.size-zc.bad, zc.bad, e.cfg.UnhealthyZoneThreshold)
+		kind, reason = "zone-disrupted", fmt.Sprintf("zone %s would be in %s with %d of %d nodes not ready%s", z.key, word(st), zc.bad, zc.size, countedNote(zc.extra))
 	}
 	if kind != "" {
 		e.stormAt = now // a storm: the cooldown counts from the last time it held a fence back

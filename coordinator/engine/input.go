@@ -510,6 +510,7 @@ func (e *Engine) view(n *node) *coordv1.Node {
 		Connected: n.streams > 0, ShuttingDown: n.shuttingDown, Fenceable: n.fenceable,
 		FenceBlocked: n.fenceBlocked, FenceRequested: n.fenceRequested,
 		AgentDown: n.agentDown, KubeletDown: n.kubeletDown, ControlPlane: n.controlPlane,
+		Observed: e.observing(n), ExcludedFromFencing: n.excludeFencing, WouldFence: n.wouldFence,
 		Signals: make(map[string]int64, len(n.signals)), ReadinessChangedAt: timestamppb.New(n.transition),
 	}
 	if !n.lastContact.IsZero() {

@@ -187,6 +187,11 @@ func (e *Engine) countUnhealthy() unhealthy {
 	return u
 }
 
+// disrupted reports whether a zone state holds automatic fencing back.
+func disrupted(st coordv1.ZoneState) bool {
+	return st == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION || st == coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION
+}
+
 // countedNote names the ready nodes counted unhealthy, for a guard's reason ("" when none).
 func countedNote(extra []string) string {
 	if len(extra) == 0 {

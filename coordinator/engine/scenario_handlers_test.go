@@ -332,6 +332,15 @@ func (h *harness) handleNodes() []string {
 		if n.KubeletDown {
 			line += " (kubelet down)"
 		}
+		if n.Observed {
+			line += " (observe mode)"
+		}
+		if n.WouldFence {
+			line += " (would fence)"
+		}
+		if n.ExcludedFromFencing {
+			line += " (excluded from fencing)"
+		}
 		out = append(out, line)
 	}
 	return out

@@ -364,8 +364,10 @@ func (l *Loop) handOver(ctx context.Context, rd engine.Ready) error {
 		for _, sk := range rd.Skips {
 			l.cfg.Metrics.FenceSkips.WithLabelValues(sk.Kind).Inc()
 		}
-		for range rd.Fences {
-			l.cfg.Metrics.FenceRequests.Inc()
+		for _, f := range rd.Fences {
+			if !f.Observe { // a would-fence is counted apart (nodefence_would_fence_total)
+				l.cfg.Metrics.FenceRequests.Inc()
+			}
 		}
 	}
 	for _, g := range rd.Grants {

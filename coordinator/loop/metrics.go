@@ -105,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help:    "Duration of each fencing stage: detect (last contact -> not ready), decide (not ready -> fence requested), confirm (requested -> confirmed off), finish (requested -> finished).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"stage"})
 	// Known label values start at zero, so rules and dashboards see 0 rather than no series.
-	for _, kind := range []string{"halted", "paused", "zone-disrupted", "cluster-unresponsive", "zone-unresponsive", "budget"} {
+	for _, kind := range []string{"halted", "paused", "zone-disrupted", "cluster-unresponsive", "zone-unresponsive", "budget", "excluded"} {
 		m.FenceSkips.WithLabelValues(kind)
 	}
 	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {

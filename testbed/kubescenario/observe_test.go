@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +17,9 @@ import (
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/pki"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -45,6 +50,9 @@ func TestObserveModeSwitchesNothing(t *testing.T) {
 	if rec.FinishedAt == nil || len(rec.Operations) != 0 || rec.ConfirmedOffAt != nil || !rec.Automatic {
 		t.Fatalf("the observed record ran or claims a power-off: %v", rec)
 	}
+	if v, err := env.NodeView(ctx, victim.Name); err != nil || !v.Observed || !v.WouldFence {
+		t.Fatalf("%s: the coordinator's view says observed %v, would fence %v (%v)", victim.Name, v.GetObserved(), v.GetWouldFence(), err)
+	}
 	time.Sleep(2 * time.Second) // give a wrong power-off or release every chance to happen
 	assertUntouched(ctx, t, env, victim)
 	if recs := env.Fences(ctx, victim.Name); len(recs) != 1 || recs[0].Id != rec.Id {
@@ -61,6 +69,7 @@ func TestObserveModeSwitchesNothing(t *testing.T) {
 	if err != nil || len(list.Fences) != 1 || list.Fences[0].Id != rec.Id || list.Fences[0].WouldReleaseAt == nil {
 		t.Fatalf("ListFences status=observed: %v %v", list, err)
 	}
+	fencectlListWould(ctx, t, env, rec)
 	w, err := kube.New(env.Cluster.Config(), kube.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -122,6 +131,28 @@ func TestObserveAnnotationAtRunTime(t *testing.T) {
 		t.Fatalf("ipmitool after the switch: %q %v", p, err)
 	}
 	t.Logf("%s: released %.2fs after the annotation was removed", victim.Name, released.Sub(switched).Seconds())
+}
+
+// fencectlListWould runs the real fencectl, as the scenario's operator: list --would shows the
+// would-fence record with when it would have fenced and released.
+func fencectlListWould(ctx context.Context, t *testing.T, env *Env, rec *coordv1.NodeFence) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fencectl")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/nodefence/nodefence/coordinator/cmd/fencectl").CombinedOutput(); err != nil {
+		t.Fatalf("build fencectl: %v\n%s", err, out)
+	}
+	files, err := env.PKI.Files(identity.Operator, "scenario")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"list", "--would", "--coordinator", env.Coord.Addr()}, pki.Args("", files)...)
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	t.Logf("fencectl list --would:\n%s", out)
+	for _, want := range []string{"WOULD FENCE", "WOULD RELEASE", rec.Id, "nothing above was switched"} {
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Fatalf("fencectl list --would lacks %q (%v)", want, err)
+		}
+	}
 }
 
 // waitRecord polls the node's newest record until ok holds.

@@ -276,11 +276,19 @@ func nodeTable(n *coordv1.Node, last *coordv1.NodeFence) table {
 	if n.Fenceable {
 		fencing = "configured"
 	}
+	if n.Observed {
+		fencing += "; observe mode (automatic fences are recorded as would fence, nothing is switched)"
+	}
+	if n.ExcludedFromFencing {
+		fencing += "; excluded from automatic fencing"
+	}
 	switch {
 	case n.FenceBlocked != "":
 		fencing += "; automatic fence held back: " + n.FenceBlocked
 	case n.FenceRequested:
 		fencing += "; automatic fence requested"
+	case n.WouldFence:
+		fencing += "; would fence (observe mode; see fencectl list --would)"
 	}
 	t.rows = append(t.rows, []string{"fencing:", fencing})
 	lastFence := "none"

@@ -956,7 +956,16 @@ type Node struct {
 	// unset if never.
 	KubeletLastSeen *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=kubelet_last_seen,json=kubeletLastSeen,proto3" json:"kubelet_last_seen,omitempty"`
 	// ControlPlane is true when the node matches the control-plane selector.
-	ControlPlane  bool `protobuf:"varint,19,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	ControlPlane bool `protobuf:"varint,19,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	// Observed is true when the node's automatic fences are only observed: --fence-mode=observe, or
+	// the node's annotation nodefence.io/fence-mode: observe (docs/observe.md).
+	Observed bool `protobuf:"varint,20,opt,name=observed,proto3" json:"observed,omitempty"`
+	// ExcludedFromFencing is true while the node carries the label nodefence.io/exclude-from-fencing:
+	// it is never fenced automatically (operators still may).
+	ExcludedFromFencing bool `protobuf:"varint,21,opt,name=excluded_from_fencing,json=excludedFromFencing,proto3" json:"excluded_from_fencing,omitempty"`
+	// WouldFence is true once an automatic fence was observed (recorded as would fence, not
+	// executed) for the current not-ready episode.
+	WouldFence    bool `protobuf:"varint,22,opt,name=would_fence,json=wouldFence,proto3" json:"would_fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1129,27 @@ func (x *Node) GetKubeletLastSeen() *timestamppb.Timestamp {
 func (x *Node) GetControlPlane() bool {
 	if x != nil {
 		return x.ControlPlane
+	}
+	return false
+}
+
+func (x *Node) GetObserved() bool {
+	if x != nil {
+		return x.Observed
+	}
+	return false
+}
+
+func (x *Node) GetExcludedFromFencing() bool {
+	if x != nil {
+		return x.ExcludedFromFencing
+	}
+	return false
+}
+
+func (x *Node) GetWouldFence() bool {
+	if x != nil {
+		return x.WouldFence
 	}
 	return false
 }
@@ -1982,7 +2012,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0eafter_revision\x18\x02 \x01(\x03R\rafterRevision\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"S\n" +
 	"\x11ListAuditResponse\x12>\n" +
-	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xeb\x06\n" +
+	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xdc\a\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
 	"\treadiness\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ReadinessR\treadiness\x12\x16\n" +
@@ -2006,7 +2036,11 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"agent_down\x18\x10 \x01(\bR\tagentDown\x12!\n" +
 	"\fkubelet_down\x18\x11 \x01(\bR\vkubeletDown\x12F\n" +
 	"\x11kubelet_last_seen\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x0fkubeletLastSeen\x12#\n" +
-	"\rcontrol_plane\x18\x13 \x01(\bR\fcontrolPlane\x1a:\n" +
+	"\rcontrol_plane\x18\x13 \x01(\bR\fcontrolPlane\x12\x1a\n" +
+	"\bobserved\x18\x14 \x01(\bR\bobserved\x122\n" +
+	"\x15excluded_from_fencing\x18\x15 \x01(\bR\x13excludedFromFencing\x12\x1f\n" +
+	"\vwould_fence\x18\x16 \x01(\bR\n" +
+	"wouldFence\x1a:\n" +
 	"\fSignalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x98\x01\n" +
