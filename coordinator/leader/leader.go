@@ -230,11 +230,8 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				if r.err == nil && r.start.After(lastRead) {
 					lastRead = r.start
 					deadline.Reset(time.Until(lastRead.Add(stepDown)))
-					renewFailed = false
-				} else if r.err != nil && !renewFailed && tctx.Err() == nil {
-					renewFailed = true // said once per spell of failures
-					e.log.Warn("lease renewal failed; stepping down unless one succeeds", "epoch", t.Epoch, "at", lastRead.Add(stepDown), "err", r.err)
 				}
+				renewFailed = e.renewalFailed(tctx, t, r.err, renewFailed, lastRead.Add(stepDown))
 			case r.err == nil && !r.live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
@@ -256,6 +253,18 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 			}
 		}
 	}
+}
+
+// renewalFailed says a failed renewal once per spell of failures (failing: the spell is on) and
+// returns whether the spell is on after err (nil: a renewal was acknowledged).
+func (e *Elector) renewalFailed(ctx context.Context, t *Term, err error, failing bool, stepDownAt time.Time) bool {
+	if err == nil {
+		return false
+	}
+	if !failing && ctx.Err() == nil {
+		e.log.Warn("lease renewal failed; stepping down unless one succeeds", "epoch", t.Epoch, "at", stepDownAt, "err", err)
+	}
+	return true
 }
 
 // renew renews the term's lease once within timeout and answers on reads; start is when it began.
