@@ -174,18 +174,12 @@ const maxRenewals = 4
 func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Session, cancel context.CancelFunc,
 	watch clientv3.WatchChan, ttl time.Duration) {
 	// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
-	// its key and lease up: the session would otherwise keep the lease alive, and with it the
-	// key every later campaign (this replica's next one included) queues behind, so no replica
-	// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
-	// has nothing to give up.
+	// its key and lease up (giveUp); a term ended from outside (Resign, Abandon) or whose session
+	// is gone has nothing to give up.
 	release := true
 	failing := 0 // consecutive ticks with guarded writes failing and none succeeding
-	every := min(time.Second, ttl/4)
-	readTimeout := min(CallTimeout, ttl/2)
-	stepDown := ttl * 4 / 5
-	check := time.NewTicker(every)
-	lastRead := time.Now()
-	deadline := time.NewTimer(stepDown)
+	every, readTimeout, stepDown := min(time.Second, ttl/4), min(CallTimeout, ttl/2), ttl*4/5
+	check, deadline, lastRead := time.NewTicker(every), time.NewTimer(stepDown), time.Now()
 	reads := make(chan keyRead, maxRenewals+1) // checks in flight answer here (buffered: they never block)
 	reading, renewing, renewFailed := false, 0, false
 	defer func() {
@@ -193,9 +187,7 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 		check.Stop()
 		deadline.Stop()
 		if release {
-			rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
-			_ = t.Resign(rctx)
-			rcancel()
+			t.giveUp()
 		}
 	}()
 	for {
@@ -253,6 +245,15 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 			}
 		}
 	}
+}
+
+// giveUp resigns a term that ended itself: its session would otherwise keep the lease alive, and
+// with it the key every later campaign (this replica's next one included) queues behind, so no
+// replica would lead again.
+func (t *Term) giveUp() {
+	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+	defer cancel()
+	_ = t.Resign(ctx)
 }
 
 // renewalFailed says a failed renewal once per spell of failures (failing: the spell is on) and
