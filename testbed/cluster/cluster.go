@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/procs"
@@ -71,6 +72,9 @@ type Cluster struct {
 	pauseTar   string
 	busyboxTar string
 	bmcPass    string
+	// nodefenceCA signs the certificates of nodefence deployed on the cluster (authz.go).
+	nodefenceCA     *certs.CA
+	nodefenceCAFile string
 
 	etcd, apiserver, kcm, scheduler *proc
 	etcdURL                         string
