@@ -362,6 +362,9 @@ func (c *Cluster) startAPIServer(deadline time.Time) error {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
 		"--authorization-config="+authz, "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+		// No kube-proxy: a webhook named by its Service (deploy/webhook-node-agent.yaml) is called
+		// at a ready endpoint of the Service, not at its unrouted ClusterIP.
+		"--enable-aggregator-routing=true",
 		"--service-cluster-ip-range="+c.layout.ServiceCIDR, "--v=1")
 	if err != nil {
 		return err
