@@ -145,13 +145,13 @@ func kdumpCounted(t *testing.T, s *system, result string) string {
 }
 
 func TestAttackSpoofedKdump(t *testing.T) {
-	// The sequence, scaled: grace 6 s, node-a's agent away for 4.5 s, three spoofed
+	// The sequence, scaled: grace 10 s, node-a's agent away for 4.5 s, three spoofed
 	// datagrams meanwhile, the agent back. Before the fix the node became NotReady at the first
 	// datagram, its grace was waived, and it was powered off when the "dump" went idle — after its
 	// agent was back. Now every datagram is dropped for the live witness (counted), the node stays
 	// Ready and is never fenced, and ipmitool reads its BMC on well past that moment.
 	t.Run("agent between two streams", func(t *testing.T) {
-		const grace, idle = 6 * time.Second, 5 * time.Second
+		const grace, idle = 10 * time.Second, 5 * time.Second // a grace well above the outage, even on a loaded machine
 		s, cl, fc, agents := kdumpSystem(t, grace, idle)
 		agents["node-a"]()
 		outage := time.Now()
