@@ -46,15 +46,18 @@ func (c *Cluster) writeAuthorizationConfig() (string, error) {
 	if !strings.Contains(string(raw), shippedAuthzKubeconfig) {
 		return "", fmt.Errorf("%s no longer names %s", shipped, shippedAuthzKubeconfig)
 	}
-	ca, err := certs.NewCA("nodefence testbed cluster CA", nodefenceCAValidity)
-	if err != nil {
-		return "", err
+	if c.nodefenceCA == nil { // once per cluster: deployments' certificates must stay valid
+		ca, err := certs.NewCA("nodefence testbed cluster CA", nodefenceCAValidity)
+		if err != nil {
+			return "", err
+		}
+		caFile, _, err := ca.WriteCA(filepath.Join(c.Config.Dir, "nodefence-pki"))
+		if err != nil {
+			return "", err
+		}
+		c.nodefenceCA, c.nodefenceCAFile = ca, caFile
 	}
-	caFile, _, err := ca.WriteCA(filepath.Join(c.Config.Dir, "nodefence-pki"))
-	if err != nil {
-		return "", err
-	}
-	c.nodefenceCA, c.nodefenceCAFile = ca, caFile
+	caFile := c.nodefenceCAFile
 	kc := filepath.Join(c.Config.Dir, "nodefence-authz.kubeconfig")
 	server := "https://" + net.JoinHostPort(c.HostIP().String(), strconv.Itoa(NodeAgentAuthzPort)) + "/authorize/node-agent"
 	if err := os.WriteFile(kc, []byte(`apiVersion: v1
