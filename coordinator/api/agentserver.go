@@ -65,12 +65,15 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 		return err
 	}
 	name := hello.NodeName
-	if err := l.Loop.StepSync(ctx, engine.Hello{Node: name, Region: hello.Region, Zone: hello.Zone, BootID: hello.BootId, At: s.now()}); err != nil {
+	at := s.now()
+	if err := l.Loop.StepSync(ctx, engine.Hello{Node: name, Region: hello.Region, Zone: hello.Zone, BootID: hello.BootId, At: at}); err != nil {
 		return err
 	}
 	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})
+	// The registration is written at most as often as the node's limit allows (a reconnect loop
+	// with a new boot id each time writes nothing more; counted in RegistrationsHeld).
 	if err := onOwnStack(func() error {
-		return s.Store.PutNodeIfChanged(ctx, l.Term, store.Registration{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region})
+		return s.Store.PutNodeIfChanged(ctx, l.Term, store.Registration{Name: name, BootID: hello.BootId, Zone: hello.Zone, Region: hello.Region}, at)
 	}); err != nil {
 		return err
 	}

@@ -49,14 +49,17 @@ func (c *Config) validateAdmission() []error {
 	return errs
 }
 
-// listenAdmission binds the webhook's address.
+// listenAdmission binds the webhook's address. Its certificate is read again when the files
+// change (cert-manager renews it in place; the apiserver checks it at every connection).
 func (a *App) listenAdmission() error {
 	files := a.cfg.Server.TLS
 	files.CAFile = "" // no client certificate: see admissionServer
-	tc, err := files.Server()
+	tc, certs, err := files.ServerReloading()
 	if err != nil {
 		return fmt.Errorf("--admission-listen: %w", err)
 	}
+	certs.Now = a.now
+	certs.OnError = func(err error) { a.log.Warn("admission webhook certificate not reloaded", "err", err) }
 	tc.MinVersion = tls.VersionTLS12
 	ln, err := net.Listen("tcp", a.cfg.AdmissionListen)
 	if err != nil {

@@ -129,6 +129,9 @@ func (a *App) KdumpAddr() string {
 // Addr is the gRPC address.
 func (a *App) Addr() string { return a.srv.Addr() }
 
+// MetricsAddr is the bound /metrics address ("" when metrics are off).
+func (a *App) MetricsAddr() string { return a.srv.MetricsAddr() }
+
 // EtcdEndpoint is the embedded etcd's client URL ("" with external etcd).
 func (a *App) EtcdEndpoint() string {
 	if a.etcd == nil {

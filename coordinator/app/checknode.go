@@ -15,6 +15,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/api"
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
+	"github.com/nodefence/nodefence/services/identity"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -132,7 +133,8 @@ func (a *App) liveConfig() *coordv1.GetConfigResponse {
 			ms, _ := cfg.Plan(node, step)
 			for _, m := range ms {
 				n.Methods = append(n.Methods, &coordv1.FenceMethodConfig{Step: step, Name: m.Name, Driver: m.Driver, Endpoint: m.Endpoint,
-					Action: m.Action, Required: m.Required, Parameters: redactParameters(m.Parameters)})
+					Action: m.Action, Required: m.Required, Parameters: redactParameters(m.Parameters),
+					PeerIdentity: identity.Identity{Role: identity.Driver, Name: m.Identity}.String()})
 			}
 		}
 		resp.Nodes = append(resp.Nodes, n)

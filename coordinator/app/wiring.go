@@ -182,6 +182,9 @@ func (a *App) bindServer() error {
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},
 		func() float64 { return float64(a.store.CorruptRecords()) }))
+	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_agent_registrations_held_total",
+		Help: "Changed node registrations (agent hellos) not written because their node's limit was spent; the node's next hello writes its newest."},
+		func() float64 { return float64(a.store.RegistrationsHeld()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	a.observeMx = newObserveMetrics(srv.Registry)
 	a.storeG = newStoreGuard(srv.Registry)

@@ -24,7 +24,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +33,7 @@ import (
 	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -58,6 +58,12 @@ type Store struct {
 	nodesMu    sync.Mutex
 	nodesEpoch int64
 	nodes      map[string]string
+
+	// RegistrationLimits bounds the registration writes of each node (registration.go); set it
+	// before the first PutNodeIfChanged. Zero fields take the defaults.
+	RegistrationLimits RegistrationLimits
+	regBuckets         map[string]*rate.Limiter // guarded by nodesMu
+	regHeld            atomic.Int64
 }
 
 // New returns a store under prefix (for example "/nodefence").
@@ -453,60 +459,6 @@ func (s *Store) WatchFence(ctx context.Context, id string) (<-chan Versioned, <-
 		}
 	}()
 	return out, errc
-}
-
-// Registration is what the leader persists about a node when its agent says hello (the engine's
-// own record of the node is engine.NodeRecord, under state/nodes/).
-type Registration struct {
-	Name   string `json:"name"`
-	BootID string `json:"boot_id"`
-	Zone   string `json:"zone"`
-	Region string `json:"region"`
-}
-
-// PutNodeIfChanged writes the node's registration when it differs from what is stored.
-// Registrations are read once per term (one range read) and compared in memory: after a failover
-// every agent says hello again, and a write for each would be thousands of etcd proposals for
-// nothing.
-func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n Registration) error {
-	raw, err := json.Marshal(n)
-	if err != nil {
-		return err
-	}
-	data, k := string(raw), s.nodeKey(n.Name)
-	if same, err := s.storedNode(ctx, t, n.Name, data); err != nil || same {
-		return err
-	}
-	_, err = t.Txn(ctx, nil, clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", data)}, nil,
-		[]clientv3.Op{clientv3.OpPut(k, data)}))
-	if err == nil {
-		s.nodesMu.Lock()
-		if s.nodesEpoch == t.Epoch {
-			s.nodes[n.Name] = data
-		}
-		s.nodesMu.Unlock()
-	}
-	return err
-}
-
-// storedNode reports whether the registration stored for node is data, reading every
-// registration once per term.
-func (s *Store) storedNode(ctx context.Context, t *leader.Term, node, data string) (bool, error) {
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	if s.nodesEpoch != t.Epoch {
-		resp, err := s.cli.Get(ctx, s.prefix+"/nodes/", clientv3.WithPrefix())
-		if err != nil {
-			return false, fmt.Errorf("read node registrations: %w", err)
-		}
-		s.nodes = make(map[string]string, len(resp.Kvs))
-		for _, kv := range resp.Kvs {
-			s.nodes[strings.TrimPrefix(string(kv.Key), s.prefix+"/nodes/")] = string(kv.Value)
-		}
-		s.nodesEpoch = t.Epoch
-	}
-	return s.nodes[node] == data, nil
 }
 
 func decode(data []byte) (*coordv1.NodeFence, error) {

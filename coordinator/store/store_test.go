@@ -304,12 +304,12 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 		return r.RaftIndex
 	}
 	a := store.Registration{Name: "a", BootID: "boot-1", Zone: "z"}
-	if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+	if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
 		t.Fatal(err)
 	}
 	before := rev()
 	for range 3 {
-		if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+		if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -317,7 +317,7 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 		t.Fatalf("raft index %d -> %d: an unchanged registration went to etcd", before, after)
 	}
 	a.BootID = "boot-2"
-	if err := st.PutNodeIfChanged(ctx, term, a); err != nil {
+	if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
 		t.Fatal(err)
 	}
 	if after := rev(); after == before {
@@ -334,7 +334,7 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutNodeIfChanged(ctx, term2, a); err != nil {
+	if err := st.PutNodeIfChanged(ctx, term2, a, base); err != nil {
 		t.Fatal(err)
 	}
 	got, err := cli.Get(ctx, "/reg/nodes/a")

@@ -26,9 +26,10 @@ import (
 type Option func(*settings)
 
 type settings struct {
-	peer *expected
-	log  *slog.Logger
-	grpc []grpc.DialOption
+	peer      *expected
+	log       *slog.Logger
+	onRefused func(error)
+	grpc      []grpc.DialOption
 }
 
 type expected struct {
@@ -55,6 +56,11 @@ func Peer(role identity.Role, name string) Option {
 // presented identity.
 func Log(l *slog.Logger) Option { return func(s *settings) { s.log = l } }
 
+// OnRefused makes New call f with the error of every server Peer refused (it names the address,
+// the expected and the presented identity), so that a caller that sees only "cannot connect" in
+// the connection's state can say why.
+func OnRefused(f func(error)) Option { return func(s *settings) { s.onRefused = f } }
+
 // GRPC adds gRPC dial options.
 func GRPC(o ...grpc.DialOption) Option { return func(s *settings) { s.grpc = append(s.grpc, o...) } }
 
@@ -74,7 +80,7 @@ func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, e
 			return nil, err
 		}
 		if s.peer != nil {
-			cfg.VerifyConnection = verifyPeer(addr, *s.peer, s.log)
+			cfg.VerifyConnection = verifyPeer(addr, *s.peer, s.log, s.onRefused)
 		}
 		creds = credentials.NewTLS(cfg)
 	}
@@ -94,7 +100,7 @@ func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, e
 
 // verifyPeer runs after crypto/tls verified the server's chain and name: it reads the identity of
 // the verified leaf and refuses any other than want.
-func verifyPeer(addr string, want expected, log *slog.Logger) func(tls.ConnectionState) error {
+func verifyPeer(addr string, want expected, log *slog.Logger, onRefused func(error)) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		got, err := identity.FromTLS(&cs)
 		presented := ""
@@ -109,6 +115,10 @@ func verifyPeer(addr string, want expected, log *slog.Logger) func(tls.Connectio
 		if log != nil {
 			log.Error("refused a server presenting the wrong identity", "address", addr, "expected", want.String(), "presented", presented)
 		}
-		return fmt.Errorf("%w: %s presented %s, expected %s", ErrWrongPeer, addr, presented, want)
+		err = fmt.Errorf("%w: %s presented %s, expected %s", ErrWrongPeer, addr, presented, want)
+		if onRefused != nil {
+			onRefused(err)
+		}
+		return err
 	}
 }

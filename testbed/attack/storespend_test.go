@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/app"
+	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/wait"
@@ -20,9 +21,16 @@ import (
 // over a real mTLS stream against a coordinator whose embedded etcd has a 16 MiB quota (before the
 // per-node limit this wrote ~1.4 MB/s of audit and etcd raised NOSPACE within seconds, after which
 // nothing could be fenced). After 30 s of flooding, an operator fences node-b through
-// FenceService/Fence: the record must finish DONE and ipmitool must read node-b's BMC off.
+// FenceService/Fence: the record must finish DONE and ipmitool must read node-b's BMC off. And the
+// flood's share of the store is node-a's own limit: its condition changes reached the audit trail
+// at most at the per-node rate (after the burst), and what was not written is summarised in
+// rate-limit entries of node-a (the store-wide audit rate alone would let one node take all of it).
 func TestOneAgentCannotSpendTheStore(t *testing.T) {
-	s := start(t, "", func(c *app.Config) { c.EtcdQuotaBackendBytes = 16 << 20 })
+	const summary = 10 * time.Second
+	s := start(t, "", func(c *app.Config) {
+		c.EtcdQuotaBackendBytes = 16 << 20
+		c.Engine.AgentEvents.Summary = summary
+	})
 	operator := dialWith(t, s.coord.Addr(), s.files(t, identity.Operator, "alice"))
 	fc := coordv1.NewFenceServiceClient(operator)
 	wait.Until(t, 30*time.Second, "leader elected", func() error {
@@ -48,6 +56,7 @@ func TestOneAgentCannotSpendTheStore(t *testing.T) {
 		}
 	}()
 	var sent atomic.Int64
+	floodStart := time.Now()
 	floodCtx, stopFlood := context.WithCancel(ctx)
 	floodDone := make(chan struct{})
 	go func() {
@@ -90,5 +99,23 @@ func TestOneAgentCannotSpendTheStore(t *testing.T) {
 	}
 	if sent.Load() < 1000 {
 		t.Fatalf("the flood sent only %d messages: not a flood", sent.Load())
+	}
+	flood := time.Since(floodStart)                                // node-a's bucket was full when the flood began
+	entries, err := s.coord.Store().ListAudit(ctx, "node-a", 0, 0) // the whole trail of node-a
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := map[string]int{}
+	for _, e := range entries {
+		written[e.Kind]++
+	}
+	lim := engine.DefaultConfig().AgentEvents
+	bound := lim.Burst + int(flood.Seconds()*lim.Rate) + 2
+	t.Logf("node-a's audit entries in %s of flooding: %v (condition bound %d)", flood.Round(time.Second), written, bound)
+	if written["condition"] > bound {
+		t.Fatalf("%d condition changes of node-a reached the audit trail in %s: more than its limit (burst %d, %g a second) allows", written["condition"], flood.Round(time.Second), lim.Burst, lim.Rate)
+	}
+	if written["rate-limit"] == 0 {
+		t.Fatalf("no rate-limit summary of node-a's dropped changes in %s (summary every %s)", flood.Round(time.Second), summary)
 	}
 }

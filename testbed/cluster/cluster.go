@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nodefence/nodefence/services/identity/certs"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/procs"
@@ -71,6 +72,9 @@ type Cluster struct {
 	pauseTar   string
 	busyboxTar string
 	bmcPass    string
+	// nodefenceCA signs the certificates of nodefence deployed on the cluster (authz.go).
+	nodefenceCA     *certs.CA
+	nodefenceCAFile string
 
 	etcd, apiserver, kcm, scheduler *proc
 	etcdURL                         string
@@ -358,6 +362,9 @@ func (c *Cluster) startAPIServer(deadline time.Time) error {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
 		"--authorization-config="+authz, "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+		// No kube-proxy: a webhook named by its Service (deploy/webhook-node-agent.yaml) is called
+		// at a ready endpoint of the Service, not at its unrouted ClusterIP.
+		"--enable-aggregator-routing=true",
 		"--service-cluster-ip-range="+c.layout.ServiceCIDR, "--v=1")
 	if err != nil {
 		return err

@@ -91,7 +91,9 @@ func TestAgentCredentialsOwnNode(t *testing.T) {
 	if err := patch(unbound, own); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "needs a token bound to its node") {
 		t.Errorf("an unbound token of the agents' ServiceAccount patching a pod's status: got %v, want Forbidden by the node-agent policy", err)
 	}
-	if _, err := unbound.CoreV1().Pods("").List(s.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-1"}); !apierrors.IsForbidden(err) {
+	// The authorizer's own reason: the apiserver reached the coordinator's webhook and verified
+	// its certificate with the nodefence CA (a webhook it cannot reach also denies, without it).
+	if _, err := unbound.CoreV1().Pods("").List(s.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-1"}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "needs a token bound to its node") {
 		t.Errorf("an unbound token of the agents' ServiceAccount listing node-1's pods: got %v, want Forbidden by the node-agent authorizer", err)
 	}
 	if err := evict(s, unbound, own); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "needs a token bound to its node") {
@@ -124,8 +126,8 @@ func (s *scenario) checkAgentReads(agent *kubernetes.Clientset) {
 		"pods not on node-1": {FieldSelector: "spec.nodeName!=node-1"},
 		"pods by label":      {LabelSelector: "nodefence.io/test"},
 	} {
-		if _, err := agent.CoreV1().Pods("").List(s.ctx, opts); !apierrors.IsForbidden(err) {
-			t.Errorf("node-1's agent listing %s: got %v, want Forbidden by the node-agent authorizer", what, err)
+		if _, err := agent.CoreV1().Pods("").List(s.ctx, opts); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may list and watch only the pods of its node") {
+			t.Errorf("node-1's agent listing %s: got %v, want Forbidden by the node-agent authorizer (its reason: the apiserver reached it over verified TLS)", what, err)
 		}
 		if _, err := agent.CoreV1().Pods("default").Watch(s.ctx, opts); !apierrors.IsForbidden(err) {
 			t.Errorf("node-1's agent watching %s in a namespace: got %v, want Forbidden by the node-agent authorizer", what, err)

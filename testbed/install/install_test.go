@@ -251,6 +251,12 @@ func TestInstallCrash(t *testing.T) {
 		t.Logf("the IPMI driver pod answered %d PowerOff call(s) OK", n)
 	}
 	checkLog(t, w, newPod)
+	for _, n := range c.Nodes {
+		if n.Name != driverNode && n.Name != victim.Name {
+			checkWebhookWithoutNode1(t, ctx, c, admin, n.Name)
+			break
+		}
+	}
 	logLeadership(t, c)
 	t.Logf("install and crash scenario done in %s", time.Since(t0).Round(time.Millisecond))
 }

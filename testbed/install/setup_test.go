@@ -85,7 +85,9 @@ func issueCerts(t *testing.T, ctx context.Context, c *cluster.Cluster, fencectl,
 	}
 	p := func(name string) string { return filepath.Join(dir, name) }
 	withCA := []string{"--ca-cert", p("ca.crt"), "--ca-key", p("ca.key")}
-	fc("--hosts", ips, "coordinator/nodefence-coordinator")
+	// The Service name too: the apiserver calls the admission webhook through the Service and
+	// verifies that name (deploy/webhook-node-agent.yaml).
+	fc("--hosts", ips+",nodefence-coordinator.nodefence.svc", "coordinator/nodefence-coordinator")
 	fc(append(withCA, "--hosts", nodeIPs(c)[0], "driver/nodefence-fence-driver")...)
 	agents := []string{"operator/e2e"}
 	for _, n := range c.Nodes {

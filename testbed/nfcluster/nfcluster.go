@@ -273,12 +273,14 @@ func (o Options) check() error {
 	return errors.Join(errs...)
 }
 
-// newCA makes the deployment's certificate authority and the operator's certificate.
+// newCA takes the cluster's nodefence CA as the deployment's certificate authority (the apiserver
+// verifies the authorization webhook's certificate with it) and issues the operator's certificate.
 func (d *Deployment) newCA() error {
-	ca, err := certs.NewCA("nodefence testbed cluster CA", 24*time.Hour)
-	if err != nil {
-		return err
+	ca, _ := d.Cluster.NodefenceCA()
+	if ca == nil {
+		return errors.New("the cluster has no nodefence CA")
 	}
+	var err error
 	dir := filepath.Join(d.Opts.Dir, "pki")
 	if d.caFile, _, err = ca.WriteCA(dir); err != nil {
 		return err

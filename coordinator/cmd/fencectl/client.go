@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -93,15 +94,16 @@ func (c *ctl) try(ctx context.Context, bounded bool, fn callFunc) error {
 			}
 			// Only a coordinator may answer (any coordinator replica): a server of the same CA
 			// presenting another identity fails the handshake before a request is sent.
-			conn, err := dial.New(addr, c.tls, dial.Peer(identity.Coordinator, ""))
+			refused := &refusal{}
+			conn, err := dial.New(addr, c.tls, dial.Peer(identity.Coordinator, ""), dial.OnRefused(refused.set))
 			if err != nil {
 				return err
 			}
-			c.conn, c.addr = conn, addr
+			c.conn, c.addr, c.refused = conn, addr, refused
 		}
 		actx, cancel := context.WithTimeout(ctx, c.perAddr)
 		var trailer metadata.MD
-		err := ready(actx, c.conn)
+		err := ready(actx, c.conn, c.refused)
 		if err == nil {
 			fctx := ctx
 			if bounded {
@@ -125,8 +127,29 @@ func (c *ctl) try(ctx context.Context, bounded bool, fn callFunc) error {
 	return last
 }
 
-// ready waits until conn is connected, or ctx ends.
-func ready(ctx context.Context, conn *grpc.ClientConn) error {
+// refusal is the latest refusal of a connection's server by its identity (dial.OnRefused), set
+// from the TLS handshake's goroutine.
+type refusal struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (r *refusal) set(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.err = err
+}
+
+func (r *refusal) get() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// ready waits until conn is connected, or ctx ends. When the server was refused for the identity
+// its certificate presents, the error says so (the address, the expected and the presented
+// identity): an operator pointed at the wrong server, or at an impostor, sees which.
+func ready(ctx context.Context, conn *grpc.ClientConn, refused *refusal) error {
 	conn.Connect()
 	for {
 		s := conn.GetState()
@@ -134,6 +157,9 @@ func ready(ctx context.Context, conn *grpc.ClientConn) error {
 		case connectivity.Ready:
 			return nil
 		case connectivity.TransientFailure, connectivity.Shutdown:
+			if err := refused.get(); err != nil {
+				return status.Errorf(codes.Unavailable, "cannot connect: %v", err)
+			}
 			return status.Error(codes.Unavailable, "cannot connect")
 		}
 		if !conn.WaitForStateChange(ctx, s) {

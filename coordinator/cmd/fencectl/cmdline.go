@@ -52,6 +52,7 @@ type ctl struct {
 	conn        *grpc.ClientConn
 	addr        string
 	addrList    []string
+	refused     *refusal // why conn's server was refused, for "cannot connect" (client.go)
 }
 
 // globalFlags binds the flags every command accepts, anywhere on the line.

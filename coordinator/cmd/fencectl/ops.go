@@ -434,7 +434,8 @@ func (c *ctl) audit(ctx context.Context, node string, limit int) error {
 }
 
 // configShow prints the coordinator's live configuration: its settings, then each node's fence
-// methods with their parameters, secrets redacted by the coordinator.
+// methods with the identity their driver service must present and their parameters, secrets
+// redacted by the coordinator.
 func (c *ctl) configShow(ctx context.Context) error {
 	return c.call(ctx, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
 		r, err := clusterClient(conn).GetConfig(ctx, &coordv1.GetConfigRequest{}, opts...)
@@ -449,7 +450,7 @@ func (c *ctl) configShow(ctx context.Context) error {
 			}
 			settings.rows = append(settings.rows, []string{flagName, s.Value, s.Name})
 		}
-		fences := table{title: "fence configuration:", header: []string{"NODE", "ZONE", "STEP", "METHOD", "DRIVER", "ENDPOINT", "ACTION", "REQUIRED", "PARAMETERS"}}
+		fences := table{title: "fence configuration:", header: []string{"NODE", "ZONE", "STEP", "METHOD", "DRIVER", "ENDPOINT", "IDENTITY", "ACTION", "REQUIRED", "PARAMETERS"}}
 		for _, n := range r.Nodes {
 			for _, m := range n.Methods {
 				keys := make([]string, 0, len(m.Parameters))
@@ -460,7 +461,7 @@ func (c *ctl) configShow(ctx context.Context) error {
 				for i, k := range keys {
 					keys[i] = k + "=" + m.Parameters[k]
 				}
-				fences.rows = append(fences.rows, []string{n.Node, n.Region + "/" + n.Zone, m.Step, m.Name, m.Driver, m.Endpoint, m.Action,
+				fences.rows = append(fences.rows, []string{n.Node, n.Region + "/" + n.Zone, m.Step, m.Name, m.Driver, m.Endpoint, m.PeerIdentity, m.Action,
 					strconv.FormatBool(m.Required), strings.Join(keys, " ")})
 			}
 		}

@@ -281,13 +281,15 @@ func TestConfigShowRedactsSecrets(t *testing.T) {
 	if res.code != 0 {
 		t.Fatalf("%+v", res)
 	}
-	for _, want := range []string{"FenceOpTimeout", "4s", "password=***", "username=admin", "power_management", "good"} {
+	// Each method names the identity its driver service must present (the coordinator refuses any
+	// other server at the endpoint).
+	for _, want := range []string{"FenceOpTimeout", "4s", "password=***", "username=admin", "power_management", "good", "IDENTITY", "spiffe://nodefence/driver/ipmi"} {
 		if !strings.Contains(res.out, want) {
 			t.Errorf("config show lacks %q:\n%s", want, res.out)
 		}
 	}
 	res = r.run(t, r.viewer, "config", "show", "-o", "yaml")
-	if res.code != 0 || !strings.Contains(res.out, "replicaId:") || !strings.Contains(res.out, "password: '***'") {
+	if res.code != 0 || !strings.Contains(res.out, "replicaId:") || !strings.Contains(res.out, "password: '***'") || !strings.Contains(res.out, "peerIdentity: spiffe://nodefence/driver/ipmi") {
 		t.Fatalf("config show -o yaml: %+v", res)
 	}
 	for _, out := range []string{res.out, r.run(t, r.viewer, "config", "show", "-o", "json").out} {

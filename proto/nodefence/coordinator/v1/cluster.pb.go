@@ -489,7 +489,11 @@ type FenceMethodConfig struct {
 	Required bool `protobuf:"varint,6,opt,name=required,proto3" json:"required,omitempty"`
 	// Parameters are the method's parameters; secret values are "***" and secret references show
 	// only where the secret is kept.
-	Parameters    map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Parameters map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// PeerIdentity is the identity the driver service at endpoint must present
+	// (spiffe://nodefence/driver/<name>); the coordinator refuses any other server there in the TLS
+	// handshake.
+	PeerIdentity  string `protobuf:"bytes,8,opt,name=peer_identity,json=peerIdentity,proto3" json:"peer_identity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +575,13 @@ func (x *FenceMethodConfig) GetParameters() map[string]string {
 		return x.Parameters
 	}
 	return nil
+}
+
+func (x *FenceMethodConfig) GetPeerIdentity() string {
+	if x != nil {
+		return x.PeerIdentity
+	}
+	return ""
 }
 
 // FenceNodeConfig is one node's fence configuration.
@@ -1975,7 +1986,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\aSetting\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x12\n" +
-	"\x04flag\x18\x03 \x01(\tR\x04flag\"\xbf\x02\n" +
+	"\x04flag\x18\x03 \x01(\tR\x04flag\"\xe4\x02\n" +
 	"\x11FenceMethodConfig\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -1985,7 +1996,8 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\brequired\x18\x06 \x01(\bR\brequired\x12[\n" +
 	"\n" +
 	"parameters\x18\a \x03(\v2;.nodefence.coordinator.v1.FenceMethodConfig.ParametersEntryR\n" +
-	"parameters\x1a=\n" +
+	"parameters\x12#\n" +
+	"\rpeer_identity\x18\b \x01(\tR\fpeerIdentity\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
