@@ -209,7 +209,7 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 			}
 			if renewing < maxRenewals {
 				renewing++
-				go t.renew(tctx, session.Lease(), now, readTimeout, reads)
+				go t.renew(tctx, session.Lease(), now, stepDown, reads) // a slow acknowledgement still counts from its start
 			}
 			if !reading {
 				reading = true
