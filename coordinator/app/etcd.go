@@ -147,12 +147,17 @@ func embeddedAccess(f etcdembed.Files) EtcdAccess {
 	return EtcdAccess{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, Username: f.Username, PasswordFile: f.PasswordFile}
 }
 
+// etcdDialTimeout bounds the etcd client's first connection: generous, since a coordinator that
+// starts its embedded etcd on a loaded machine (or an etcd cluster electing a leader) may take
+// several seconds to accept one, and a coordinator that gives up only restarts to try again.
+const etcdDialTimeout = 15 * time.Second
+
 // etcdClientConfig is the etcd client's configuration: keepalive pings find a connection that a
 // partition left dead (etcd refuses pings more often than every 5 s), and every unary call without
 // a deadline of its own gets one, so no etcd read or write can block a coordinator for ever.
 func etcdClientConfig(endpoints []string) clientv3.Config {
 	return clientv3.Config{
-		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Endpoints: endpoints, DialTimeout: etcdDialTimeout, Logger: zap.NewNop(),
 		DialKeepAliveTime: 6 * time.Second, DialKeepAliveTimeout: 3 * time.Second, PermitWithoutStream: true,
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
 			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
