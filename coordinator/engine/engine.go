@@ -210,6 +210,7 @@ type node struct {
 	limit              *agentLimit
 	observeMode        bool                     // the node alone is in observe mode (observe.go)
 	excludeFencing     bool                     // never fenced automatically (observe.go)
+	maintenance        string                   // why the node is in maintenance, "" when it is not (observe.go)
 	modeNote           string                   // what was wrong with the node's fence-mode annotation, said once
 	floor              time.Time                // the node's own grace restart (it left observe mode); see graceFloor
 	wouldFence         bool                     // an automatic fence was observed (not requested) in this not-ready episode

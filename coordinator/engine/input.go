@@ -31,6 +31,9 @@ type Configured struct {
 	Observe bool
 	// ExcludeFencing: never fenced automatically (its nodefence.io/exclude-from-fencing label).
 	ExcludeFencing bool
+	// Maintenance is why the node is in maintenance ("" when it is not; its nodefence.io/maintenance
+	// annotation): never fenced automatically, counted unhealthy by the storm guard.
+	Maintenance string
 	// ModeNote: what was wrong with the node's fence-mode annotation ("" if nothing), said once.
 	ModeNote string
 	// Conditions are the Node's condition statuses by type (Kubernetes mode), for the triggers of

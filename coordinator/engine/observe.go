@@ -85,6 +85,14 @@ func (e *Engine) configureModes(n *node, in Configured) {
 	case !was && now:
 		e.event(in.At, "fence-mode", n.name, "node %s: fence mode enforce -> observe: automatic fences are recorded as would fence, nothing is switched", n.name)
 	}
+	if in.Maintenance != n.maintenance {
+		if in.Maintenance != "" {
+			e.event(in.At, "maintenance", n.name, "node %s: in maintenance (%s): no automatic fence; operators may still fence it", n.name, in.Maintenance)
+		} else {
+			e.event(in.At, "maintenance", n.name, "node %s: maintenance over", n.name)
+		}
+		n.maintenance = in.Maintenance
+	}
 	if excluded != n.excludeFencing {
 		if n.excludeFencing {
 			e.event(in.At, "fence-exclusion", n.name, "node %s: excluded from automatic fencing (%s); operators may still fence it", n.name, LabelExcludeFencing)
@@ -107,8 +115,15 @@ func (e *Engine) graceFloor(n *node) time.Time {
 	return e.floor
 }
 
-// excludedGuard holds back the automatic fence of a node excluded from fencing.
+// AnnotationMaintenance is the Node annotation that puts a node in maintenance (its value says why;
+// read in coordinator/kube; named here for the engine's words).
+const AnnotationMaintenance = "nodefence.io/maintenance"
+
+// excludedGuard holds back the automatic fence of a node in maintenance or excluded from fencing.
 func (e *Engine) excludedGuard(n *node) (string, string) {
+	if n.maintenance != "" {
+		return "maintenance", fmt.Sprintf("node in maintenance (%s: %s); an operator may still fence it", AnnotationMaintenance, n.maintenance)
+	}
 	if !n.excludeFencing {
 		return "", ""
 	}
@@ -131,6 +146,8 @@ func (e *Engine) counted(n *node) string {
 		return "fenced"
 	case n.wouldFence:
 		return "would be fenced (observe mode)"
+	case n.maintenance != "":
+		return "in maintenance"
 	case n.excludeFencing:
 		return "excluded from fencing"
 	}

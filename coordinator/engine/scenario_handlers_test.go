@@ -130,6 +130,7 @@ func (h *harness) handleConfigure(pos []string, args map[string]string) []string
 		c := Configured{Node: n, Region: h.zoneOf[n][0], Zone: h.zoneOf[n][1], Fenceable: true,
 			ExcludeDisruption: args["exclude"] == "true", ControlPlane: args["control-plane"] == "true",
 			Observe: args["observe"] == "true", ExcludeFencing: args["exclude-fencing"] == "true", At: h.now}
+		c.Maintenance = strings.ReplaceAll(args["maintenance"], "_", " ")
 		if typ, status, ok := strings.Cut(args["condition"], "="); ok {
 			c.Conditions = map[string]string{typ: status}
 		}

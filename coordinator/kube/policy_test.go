@@ -50,6 +50,7 @@ func TestKubeletCannotExcludeItsNode(t *testing.T) {
 		observe  = `{"metadata":{"annotations":{"nodefence.io/fence-mode":"observe"}}}`
 		enforce  = `{"metadata":{"annotations":{"nodefence.io/fence-mode":null}}}`
 		ownLabel = `{"metadata":{"labels":{"example.com/rack":"r7"}}}`
+		maintain = `{"metadata":{"annotations":{"nodefence.io/maintenance":"kernel upgrade"}}}`
 	)
 	// The policy takes effect a moment after it is created: until the kubelet's change is refused,
 	// an administrator undoes it and the kubelet tries again.
@@ -71,6 +72,9 @@ func TestKubeletCannotExcludeItsNode(t *testing.T) {
 	if err := patch(kubelet, exclude); !apierrors.IsForbidden(err) {
 		t.Fatalf("kubelet adds the exclusion label: %v, want Forbidden", err)
 	}
+	if err := patch(kubelet, maintain); !apierrors.IsForbidden(err) {
+		t.Fatalf("kubelet puts its node in maintenance: %v, want Forbidden", err)
+	}
 	if err := patch(kubelet, ownLabel); err != nil {
 		t.Fatalf("kubelet's own label: %v", err)
 	}
@@ -85,6 +89,9 @@ func TestKubeletCannotExcludeItsNode(t *testing.T) {
 	}
 	if err := patch(kubelet, `{"metadata":{"annotations":{"nodefence.io/fence-mode":"enforce"}}}`); !apierrors.IsForbidden(err) {
 		t.Fatalf("kubelet changes the fence-mode annotation: %v, want Forbidden", err)
+	}
+	if err := patch(kubelet, maintain); !apierrors.IsForbidden(err) {
+		t.Fatalf("kubelet puts its node in maintenance: %v, want Forbidden", err)
 	}
 	if err := patch(kubelet, ownLabel); err != nil {
 		t.Fatalf("kubelet's own label on an excluded node: %v", err)

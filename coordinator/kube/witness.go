@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -75,9 +76,30 @@ func NodeInput(n *corev1.Node, fenceable bool, controlPlane labels.Selector, at 
 	return engine.Configured{
 		Node: n.Name, Region: firstLabel(n.Labels, regionLabels), Zone: firstLabel(n.Labels, zoneLabels),
 		Fenceable: fenceable, ExcludeDisruption: excluded, ExcludeFencing: noFence, Observe: observe, ModeNote: note, Conditions: conds,
+		Maintenance:  maintenance(n),
 		ControlPlane: controlPlane != nil && !controlPlane.Empty() && controlPlane.Matches(labels.Set(n.Labels)),
 		At:           at,
 	}
+}
+
+// AnnotationMaintenance puts a node in maintenance: its value says why (kubectl annotate node NODE
+// nodefence.io/maintenance="kernel upgrade", then kubectl drain; remove it when done).
+const AnnotationMaintenance = engine.AnnotationMaintenance
+
+// maintenance is why the Node is in maintenance ("" when it is not; an empty value says "yes").
+func maintenance(n *corev1.Node) string {
+	v, ok := n.Annotations[AnnotationMaintenance]
+	if !ok {
+		return ""
+	}
+	v = strings.TrimSpace(v)
+	if len(v) > 200 {
+		v = v[:200]
+	}
+	if v == "" {
+		v = "no reason given"
+	}
+	return v
 }
 
 // maxNodeConditions bounds the conditions read from one Node (a Node carries a handful).
