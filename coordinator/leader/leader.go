@@ -142,52 +142,39 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	// Leadership ends when the lease is gone, the key is deleted by anyone (watched from the
 	// revision of the check above, so a deletion right after it is seen), or etcd cannot be read
 	// for four fifths of the lease: a leader cut from etcd steps down before another replica can
-	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not
-	// (guard).
+	// take over, and one that is merely slow (a loaded machine, an election in etcd) does not.
 	watch := e.cli.Watch(tctx, t.Key, clientv3.WithRev(got.Header.Revision+1))
-	go e.guard(tctx, t, session, cancel, watch, time.Duration(e.ttl)*time.Second)
+	ttl := time.Duration(e.ttl) * time.Second
+	every := min(time.Second, ttl/4)
+	readTimeout := min(CallTimeout, ttl/2)
+	check := time.NewTicker(every)
+	lastRead := time.Now()
+	go e.guard(tctx, t, session, cancel, watch, check, ttl, readTimeout, lastRead)
 	e.log.Info("became leader", "id", e.info.ID, "epoch", t.Epoch)
 	return t, nil
 }
 
-// keyRead is the outcome of one check started at start: a renewal of the lease (renewal set;
-// err nil when acknowledged) or a read of the election key (live: it is still this term's).
-type keyRead struct {
-	start   time.Time
-	renewal bool
-	live    bool
-	err     error
-}
-
-// maxRenewals bounds the renewals in flight: one starts every tick, so that one slow to be
-// acknowledged (a loaded etcd) does not hold the next back.
-const maxRenewals = 4
-
 // guard ends term t when its leadership is lost: session gone, tctx (the term's context, cancel its
-// cancel) done, the key gone from etcd or deleted (seen on watch), or its lease not renewed for four
-// fifths of ttl. Every tick, on a goroutine of its own (one check at a time), the lease is renewed
-// once and the key read. etcd expires the lease ttl after the last renewal it received, which is no
-// earlier than the start of the latest renewal it acknowledged, so the four fifths are a timer from
-// that start: a check that hangs (etcd cut off: each attempt waits for its timeout) never delays the
-// step-down, and a cut-off leader ends its term before its lease can expire and another replica be
-// elected.
+// cancel) done, the key gone from etcd (read on every tick of check, each read bounded by
+// readTimeout; lastRead is the latest successful one) or deleted (seen on watch), or etcd unreadable
+// for four fifths of ttl.
 func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Session, cancel context.CancelFunc,
-	watch clientv3.WatchChan, ttl time.Duration) {
+	watch clientv3.WatchChan, check *time.Ticker, ttl, readTimeout time.Duration, lastRead time.Time) {
 	// A term that ends itself (its key gone or deleted, its watch ended, etcd unreachable) gives
-	// its key and lease up (giveUp); a term ended from outside (Resign, Abandon) or whose session
-	// is gone has nothing to give up.
+	// its key and lease up: the session would otherwise keep the lease alive, and with it the
+	// key every later campaign (this replica's next one included) queues behind, so no replica
+	// would lead again. A term ended from outside (Resign, Abandon) or whose session is gone
+	// has nothing to give up.
 	release := true
-	failing := 0 // consecutive ticks with guarded writes failing and none succeeding
-	every, readTimeout, stepDown := min(time.Second, ttl/4), min(CallTimeout, ttl/2), ttl*4/5
-	check, deadline, lastRead := time.NewTicker(every), time.NewTimer(stepDown), time.Now()
-	reads := make(chan keyRead, maxRenewals+1) // checks in flight answer here (buffered: they never block)
-	reading, renewing, renewFailed := false, 0, false
+	failing := 0                     // consecutive ticks with guarded writes failing and none succeeding
+	every := min(time.Second, ttl/4) // check's period, as Campaign made it
 	defer func() {
 		cancel()
 		check.Stop()
-		deadline.Stop()
 		if release {
-			t.giveUp()
+			rctx, rcancel := context.WithTimeout(context.Background(), CallTimeout)
+			_ = t.Resign(rctx)
+			rcancel()
 		}
 	}()
 	for {
@@ -207,99 +194,37 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				e.unwritable(t, UnwritableFailing)
 				return
 			}
-			if renewing < maxRenewals {
-				renewing++
-				go t.renew(tctx, session.Lease(), now, stepDown, reads) // a slow acknowledgement still counts from its start
-			}
-			if !reading {
-				reading = true
-				go t.read(tctx, now, readTimeout, reads)
-			}
-		case r := <-reads:
-			switch {
-			case r.renewal:
-				renewing--
-				if r.err == nil && r.start.After(lastRead) {
-					lastRead = r.start
-					deadline.Reset(time.Until(lastRead.Add(stepDown)))
-				}
-				renewFailed = e.renewalFailed(tctx, t, r.err, renewFailed, lastRead.Add(stepDown))
-			case r.err == nil && !r.live:
+			switch live, err := t.keyLive(tctx, readTimeout); {
+			case err == nil && !live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
-			default:
-				reading = false
+			case err == nil:
+				lastRead = now
+			case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
+				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
+				return
 			}
-		case <-deadline.C:
-			if tctx.Err() == nil {
-				e.log.Error("stepping down: this coordinator cannot reach etcd (its lease not renewed)", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond))
-			}
-			return
 		case wr, ok := <-watch:
 			if tctx.Err() != nil {
 				release = false // the watch ended with the term
 				return
 			}
-			if e.watchEnds(t, wr, ok) {
+			if !ok {
+				e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
 				return
+			}
+			if err := wr.Err(); err != nil {
+				e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
+				return
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
+					return
+				}
 			}
 		}
 	}
-}
-
-// giveUp resigns a term that ended itself: its session would otherwise keep the lease alive, and
-// with it the key every later campaign (this replica's next one included) queues behind, so no
-// replica would lead again.
-func (t *Term) giveUp() {
-	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
-	defer cancel()
-	_ = t.Resign(ctx)
-}
-
-// renewalFailed says a failed renewal once per spell of failures (failing: the spell is on) and
-// returns whether the spell is on after err (nil: a renewal was acknowledged).
-func (e *Elector) renewalFailed(ctx context.Context, t *Term, err error, failing bool, stepDownAt time.Time) bool {
-	if err == nil {
-		return false
-	}
-	if !failing && ctx.Err() == nil {
-		e.log.Warn("lease renewal failed; stepping down unless one succeeds", "epoch", t.Epoch, "at", stepDownAt, "err", err)
-	}
-	return true
-}
-
-// renew renews the term's lease once within timeout and answers on reads; start is when it began.
-func (t *Term) renew(ctx context.Context, lease clientv3.LeaseID, start time.Time, timeout time.Duration, reads chan<- keyRead) {
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	_, err := t.cli.KeepAliveOnce(rctx, lease)
-	reads <- keyRead{start: start, renewal: true, err: err}
-}
-
-// read reads the term's election key within timeout and answers on reads.
-func (t *Term) read(ctx context.Context, start time.Time, timeout time.Duration, reads chan<- keyRead) {
-	live, err := t.keyLive(ctx, timeout)
-	reads <- keyRead{start: start, live: live, err: err}
-}
-
-// watchEnds reports whether a response of the election key's watch (ok false: the watch ended)
-// ends term t: the watch ended or failed, or the key was deleted.
-func (e *Elector) watchEnds(t *Term, wr clientv3.WatchResponse, ok bool) bool {
-	if !ok {
-		e.log.Warn("leadership lost: the watch of the election key ended", "epoch", t.Epoch)
-		return true
-	}
-	if err := wr.Err(); err != nil {
-		e.log.Warn("leadership lost: the watch of the election key failed", "epoch", t.Epoch, "err", err)
-		return true
-	}
-	for _, ev := range wr.Events {
-		if ev.Type == clientv3.EventTypeDelete {
-			e.log.Warn("leadership lost: election key deleted", "epoch", t.Epoch)
-			return true
-		}
-	}
-	return false
 }
 
 // keyLive reads the election key within timeout: is it still this term's? Reachability is judged by
