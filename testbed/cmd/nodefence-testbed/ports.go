@@ -77,15 +77,23 @@ func planPorts(base, simulated int) (portPlan, error) {
 		wants = append(wants, want{&p.simBMC[i], 11 + i, true, fmt.Sprintf("BMC of sim-%d", i+1)},
 			want{&p.simMetrics[i], 40 + i, false, fmt.Sprintf("metrics of sim-%d's agent", i+1)})
 	}
+	// A testbed killed just before leaves children that die with it a moment later (their
+	// Pdeathsig): a port still taken is looked at again for a few seconds.
 	var taken []string
-	for _, w := range wants {
-		*w.port = base + w.offset
-		if err := portFree(*w.port, w.udp); err != nil {
-			proto := "tcp"
-			if w.udp {
-				proto = "udp"
+	for deadline := time.Now().Add(portWait); ; time.Sleep(100 * time.Millisecond) {
+		taken = taken[:0]
+		for _, w := range wants {
+			*w.port = base + w.offset
+			if err := portFree(*w.port, w.udp); err != nil {
+				proto := "tcp"
+				if w.udp {
+					proto = "udp"
+				}
+				taken = append(taken, fmt.Sprintf("port %d/%s (%s) is taken on 127.0.0.1: %v", *w.port, proto, w.what, err))
 			}
-			taken = append(taken, fmt.Sprintf("port %d/%s (%s) is taken on 127.0.0.1: %v", *w.port, proto, w.what, err))
+		}
+		if len(taken) == 0 || time.Now().After(deadline) {
+			break
 		}
 	}
 	if len(taken) > 0 {
@@ -94,6 +102,9 @@ func planPorts(base, simulated int) (portPlan, error) {
 	}
 	return p, nil
 }
+
+// portWait is how long a taken port is looked at again before the testbed gives up on it.
+const portWait = 5 * time.Second
 
 func portFree(port int, udp bool) error {
 	addr := loopback(port)
