@@ -159,17 +159,9 @@ func (a *App) Store() *store.Store { return a.store }
 // after the request was persisted.
 func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
 	reboot := req.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT
-	if a.kube != nil && !reboot { // a power cycle repairs the node: the stateful-pods policy is about releases
-		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
-		ok, why := a.kube.needsFencing(ctx, req.Node)
-		cancel()
-		if !ok {
-			a.audit(term, req.Node, "fence-held-back", "automatic fencing not needed: "+why)
-			return
-		}
-		if why != "" {
-			req.Evidence = append(req.Evidence, why)
-		}
+	// A power cycle repairs the node: the stateful-pods policy is about releases.
+	if !reboot && !a.policyAllows(term, &req, "automatic fencing not needed: ") {
+		return
 	}
 	nc := a.fences().Nodes[req.Node]
 	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot},
@@ -190,6 +182,26 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		a.metrics.ObserveStage("decide", req.At.Sub(req.NotReadySince))
 	}
 	runner.Start(got.Id)
+}
+
+// policyAllows applies Kubernetes mode's fencing policy (--fence-policy) to an automatic request:
+// false, audited with the reason after held, when the node is not worth fencing; otherwise what the
+// policy found (the node's stateful pods) joins the request's evidence.
+func (a *App) policyAllows(term *leader.Term, req *engine.FenceRequest, held string) bool {
+	if a.kube == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
+	ok, why := a.kube.needsFencing(ctx, req.Node)
+	cancel()
+	if !ok {
+		a.audit(term, req.Node, "fence-held-back", held+why)
+		return false
+	}
+	if why != "" {
+		req.Evidence = append(req.Evidence, why)
+	}
+	return true
 }
 
 // Close stops the server, the drivers' connections, the etcd client and the embedded etcd.

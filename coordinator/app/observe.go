@@ -55,17 +55,8 @@ func newObserveMetrics(reg prometheus.Registerer) *observeMetrics {
 // on a goroutine of its own, started from the loop's OnReady after the decision was persisted.
 func (t *termParts) observeFence(req engine.FenceRequest) {
 	a, term := t.a, t.term
-	if a.kube != nil {
-		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
-		ok, why := a.kube.needsFencing(ctx, req.Node)
-		cancel()
-		if !ok {
-			a.audit(term, req.Node, "fence-held-back", "observe mode: would not fence: "+why)
-			return
-		}
-		if why != "" {
-			req.Evidence = append(req.Evidence, why)
-		}
+	if !a.policyAllows(term, &req, "observe mode: would not fence: ") {
+		return
 	}
 	rec := fencing.ObservedRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
 		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, term.Epoch, a.now())

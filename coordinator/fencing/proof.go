@@ -122,15 +122,11 @@ func (r ProofRule) AgentSlack() time.Duration { return min(r.Heartbeat, time.Sec
 // AgentWindow is how long an agent that reports is never silent: three heartbeats and a second.
 func (r ProofRule) AgentWindow() time.Duration { return 3*r.Heartbeat + time.Second }
 
-// KubeletWindow is how long a kubelet that renews its Lease every renew is never silent
-// (nodes.KubeletWindow: the one definition).
-func KubeletWindow(renew time.Duration) time.Duration { return nodes.KubeletWindow(renew) }
-
 // Window is how long a term that started after the power-off must hear nothing from any witness of
 // the node: a full grace period (its agents reconnect to it within one), and at least each
 // witness's own window.
 func (r ProofRule) Window(kubeletRenew time.Duration) time.Duration {
-	return max(r.Grace, r.AgentWindow(), KubeletWindow(kubeletRenew))
+	return max(r.Grace, r.AgentWindow(), nodes.KubeletWindow(kubeletRenew))
 }
 
 // Spoke says which witness of the node was heard after the record's confirmed power-off (and before
@@ -161,7 +157,7 @@ func Spoke(f *coordv1.NodeFence, w Witnessed, r ProofRule) string {
 // its own cadence; pending otherwise. The text says why.
 //
 // Dark means: the messages sent before the power-off have had time to arrive (the slack), and every
-// witness has been silent for its own window (AgentWindow, KubeletWindow), counted from the last
+// witness has been silent for its own window (AgentWindow, nodes.KubeletWindow), counted from the last
 // time this term heard it or from the term's start. A live node's witness speaks within its window,
 // so a witness that was still reporting shortly before the power-off is waited for; one already
 // silent for its window when the device went off adds nothing by waiting longer. A term that began
@@ -203,7 +199,7 @@ func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Pro
 	if at := silentFrom(w.Agent).Add(r.AgentWindow()); at.After(dark) {
 		dark, why = at, fmt.Sprintf("the agent (silent since %s, window %s)", stamp(silentFrom(w.Agent)), r.AgentWindow())
 	}
-	if kw := KubeletWindow(w.KubeletRenew); kw > 0 {
+	if kw := nodes.KubeletWindow(w.KubeletRenew); kw > 0 {
 		if at := silentFrom(w.Kubelet).Add(kw); at.After(dark) {
 			dark, why = at, fmt.Sprintf("the kubelet (silent since %s, window %s)", stamp(silentFrom(w.Kubelet)), kw)
 		}
