@@ -60,6 +60,9 @@ type Deps struct {
 	// LiveConfig returns the configuration GetConfig shows, secrets redacted; nil makes GetConfig
 	// unimplemented.
 	LiveConfig func() *coordv1.GetConfigResponse
+	// Maintenance starts, stops and reports nodes' maintenance (Kubernetes mode); nil makes the
+	// maintenance calls fail with FAILED_PRECONDITION.
+	Maintenance Maintainer
 
 	checkOnce  sync.Once
 	checkSlots chan struct{} // maxConcurrentChecks; see ClusterServer.CheckNode
@@ -310,7 +313,7 @@ func (s *FenceServer) witnesses(ctx context.Context, l *Leading, node string) (s
 }
 
 // audit appends an entry to the audit trail under the term's epoch.
-func (s *FenceServer) audit(ctx context.Context, l *Leading, node, kind, text string) {
+func (s *Deps) audit(ctx context.Context, l *Leading, node, kind, text string) {
 	_, _ = l.Term.Txn(ctx, nil, s.Store.AuditOp(s.now(), l.Term.Epoch, node, kind, text))
 }
 

@@ -81,10 +81,11 @@ func (s *ClusterServer) setPaused(ctx context.Context, paused bool, reason strin
 	if err != nil {
 		return err
 	}
-	if err := s.Store.SetPaused(ctx, l.Term, paused, "paused by "+identity.Name(ctx)+": "+reason); err != nil {
+	note := "paused by " + identity.Name(ctx) + ": " + reason
+	if err := s.Store.SetPaused(ctx, l.Term, paused, note); err != nil {
 		return err
 	}
-	return l.Loop.StepSync(ctx, engine.Paused{Paused: paused})
+	return l.Loop.StepSync(ctx, engine.Paused{Paused: paused, Note: note})
 }
 
 // ListAudit returns the audit trail, oldest first; any replica answers.

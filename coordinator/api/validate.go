@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 
@@ -78,6 +79,16 @@ func Validate(req proto.Message) error {
 		checkName(&v, "node", r.GetNode())
 	case *coordv1.PauseEvictionsRequest:
 		checkText(&v, "reason", r.GetReason())
+	case *coordv1.StartMaintenanceRequest:
+		checkName(&v, "node", r.GetNode())
+		if strings.TrimSpace(r.GetReason()) == "" {
+			v.Add("reason", "required: it is the value of the node's %s annotation", engine.AnnotationMaintenance)
+		}
+		checkText(&v, "reason", r.GetReason())
+	case *coordv1.StopMaintenanceRequest:
+		checkName(&v, "node", r.GetNode())
+	case *coordv1.GetMaintenanceRequest:
+		checkName(&v, "node", r.GetNode())
 	case *coordv1.ListAuditRequest:
 		if r.GetLimit() < 0 || r.GetLimit() > maxListAudit {
 			v.Add("limit", "must be between 0 and %d", maxListAudit)

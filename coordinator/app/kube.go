@@ -46,6 +46,7 @@ type kubeMode struct {
 	recorder record.EventRecorder
 	rec      atomic.Pointer[kube.Reconciler]            // the current term's, nil when not leading
 	rem      atomic.Pointer[kube.RemediationController] // the current term's, nil when not leading
+	maint    atomic.Pointer[kube.MaintenanceController] // the current term's, nil when not leading
 
 	// secrets keeps the last value read of every Secret key a fence method refers to, so that a
 	// fence still has its device credentials while the apiserver is away (a node failure and an
@@ -221,6 +222,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		k.rem.CompareAndSwap(rc, nil)
 	}()
 	go rc.Run(ctx, remediationEvery)
+	k.startMaintenance(ctx)
 	go func() {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous
 		// leader left undone (a release, a restore, a mirror) is finished.
@@ -292,6 +294,7 @@ var eventReasons = map[string]struct{ reason, kind string }{
 	"proof":           {"FenceProvenDark", corev1.EventTypeNormal},
 	"fence-mode":      {"FenceMode", corev1.EventTypeNormal},
 	"fence-exclusion": {"FenceExclusion", corev1.EventTypeNormal},
+	"maintenance":     {"Maintenance", corev1.EventTypeNormal},
 }
 
 // onReady turns the engine's decisions about nodes into Events on their Nodes and a reconciler
@@ -300,6 +303,9 @@ var eventReasons = map[string]struct{ reason, kind string }{
 func (k *kubeMode) onReady(rd engine.Ready) {
 	r := k.rec.Load()
 	for _, ev := range rd.Events {
+		if ev.Kind == "pause" {
+			k.eventEveryNode(ev)
+		}
 		if ev.Node == "" {
 			continue
 		}
@@ -313,6 +319,22 @@ func (k *kubeMode) onReady(rd engine.Ready) {
 		if r != nil {
 			r.Enqueue(ev.Node)
 		}
+	}
+}
+
+// eventEveryNode records a cluster-wide pause or resume on every Node, so that whoever looks at a
+// node sees that nodefence will not fence or evict anything automatically, and who said so.
+func (k *kubeMode) eventEveryNode(ev engine.Event) {
+	nodes, err := k.witness.Nodes.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	reason, kind := "NodefencePaused", corev1.EventTypeWarning
+	if strings.Contains(ev.Text, "resumed") {
+		reason, kind = "NodefenceResumed", corev1.EventTypeNormal
+	}
+	for _, n := range nodes {
+		k.recorder.Event(kube.NodeRef(n.Name), kind, reason, ev.Text+" (cluster-wide)")
 	}
 }
 

@@ -211,6 +211,7 @@ func (a *App) registerAPI() {
 	}
 	if a.kube != nil {
 		deps.KubeletReporting = a.kubeletReporting
+		deps.Maintenance = a.kube
 	}
 	a.fenceSrv = &api.FenceServer{Deps: deps}
 	coordv1.RegisterFenceServiceServer(a.srv.GRPC, a.fenceSrv)

@@ -148,14 +148,15 @@ func (t Taint) String() string {
 
 // Engine is the state machine. It is not safe for concurrent use: one goroutine owns it.
 type Engine struct {
-	cfg    Config
-	floor  time.Time // start of the current leadership term: no silence before it counts
-	now    time.Time // latest Tick
-	nodes  map[string]*node
-	order  []*node // the nodes in natural order of their names, kept sorted as nodes are added
-	zones  map[string]*zone
-	paused bool
-	halted bool
+	cfg       Config
+	floor     time.Time // start of the current leadership term: no silence before it counts
+	now       time.Time // latest Tick
+	nodes     map[string]*node
+	order     []*node // the nodes in natural order of their names, kept sorted as nodes are added
+	zones     map[string]*zone
+	paused    bool
+	pauseNote string // who paused and why (Paused.Note)
+	halted    bool
 	// blind is set in Kubernetes mode while the apiserver cannot be read: nothing is re-judged.
 	blind bool
 	ready Ready

@@ -180,7 +180,7 @@ func (e *Engine) guard(z *zone, u unhealthy, now time.Time) (string, string) {
 	case e.halted:
 		kind, reason = "halted", "every zone is fully disrupted: this coordinator may be the one cut off"
 	case e.paused:
-		return "paused", "evictions paused by an operator"
+		return "paused", e.pausedWhy()
 	case z.state == coordv1.ZoneState_ZONE_STATE_PARTIAL_DISRUPTION || z.state == coordv1.ZoneState_ZONE_STATE_FULL_DISRUPTION:
 		kind, reason = "zone-disrupted", fmt.Sprintf("zone %s is in %s", z.key, word(z.state))
 	case fc.MaxUnresponsivePercent > 0 && 100*float64(u.bad) > fc.MaxUnresponsivePercent*float64(u.total):

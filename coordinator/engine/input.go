@@ -110,6 +110,9 @@ type PoweredOff struct {
 // Paused pauses or resumes evictions cluster-wide.
 type Paused struct {
 	Paused bool
+	// Note says who paused and why ("paused by operator/alice: storage upgrade"); it is in every
+	// fence held back and in the pause's event.
+	Note string
 }
 
 // Restored replays the persisted state at the start of a term (nodes' readiness, taints, queue).
@@ -247,9 +250,9 @@ func (e *Engine) apiServer(in APIServer) {
 // pause records an operator pausing or resuming evictions.
 func (e *Engine) pause(in Paused) {
 	if in.Paused != e.paused {
-		e.paused = in.Paused
+		e.paused, e.pauseNote = in.Paused, in.Note
 		if in.Paused {
-			e.event(e.now, "pause", "", "evictions paused by an operator")
+			e.event(e.now, "pause", "", "%s", e.pausedWhy())
 		} else {
 			e.event(e.now, "pause", "", "evictions resumed by an operator")
 		}
@@ -578,4 +581,12 @@ func (e *Engine) ZoneOf(name string) (string, coordv1.ZoneState, bool) {
 	}
 	k := n.zoneKey
 	return k, e.zones[k].state, true
+}
+
+// pausedWhy says that evictions are paused, by whom and why when the pause says so.
+func (e *Engine) pausedWhy() string {
+	if e.pauseNote == "" {
+		return "evictions paused by an operator"
+	}
+	return "evictions paused by an operator (" + e.pauseNote + ")"
 }

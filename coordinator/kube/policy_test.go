@@ -75,6 +75,9 @@ func TestKubeletCannotExcludeItsNode(t *testing.T) {
 	if err := patch(kubelet, maintain); !apierrors.IsForbidden(err) {
 		t.Fatalf("kubelet puts its node in maintenance: %v, want Forbidden", err)
 	}
+	if err := patch(kubelet, `{"metadata":{"annotations":{"nodefence.io/maintenance-state":"{\"cordoned\":true}"}}}`); !apierrors.IsForbidden(err) {
+		t.Fatalf("kubelet writes nodefence's maintenance record: %v, want Forbidden", err)
+	}
 	if err := patch(kubelet, ownLabel); err != nil {
 		t.Fatalf("kubelet's own label: %v", err)
 	}

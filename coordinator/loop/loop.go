@@ -274,7 +274,7 @@ func (l *Loop) start(ctx context.Context) (*engine.Engine, error) {
 		return nil, err
 	}
 	e.Step(engine.Restored{Nodes: l.nodeRecords(st.Nodes)})
-	e.Step(engine.Paused{Paused: st.Paused})
+	e.Step(engine.Paused{Paused: st.Paused, Note: st.PauseNote})
 	for _, in := range l.cfg.Initial {
 		e.Step(in)
 	}

@@ -72,8 +72,9 @@ type EngineState struct {
 	// Nodes are the persisted node records (JSON); records that are not JSON are skipped and
 	// logged.
 	Nodes []json.RawMessage
-	// Paused says the operator paused evictions.
-	Paused bool
+	// Paused says the operator paused evictions; PauseNote says who and why.
+	Paused    bool
+	PauseNote string
 }
 
 // LoadEngineState reads the persisted node records and the pause flag.
@@ -92,11 +93,13 @@ func (s *Store) LoadEngineState(ctx context.Context) (EngineState, error) {
 		}
 		st.Nodes = append(st.Nodes, json.RawMessage(kv.Value))
 	}
-	p, err := s.cli.Get(ctx, s.pausedKey(), clientv3.WithCountOnly())
+	p, err := s.cli.Get(ctx, s.pausedKey())
 	if err != nil {
 		return EngineState{}, fmt.Errorf("load pause flag: %w", err)
 	}
-	st.Paused = p.Count > 0
+	if st.Paused = len(p.Kvs) > 0; st.Paused {
+		st.PauseNote = string(p.Kvs[0].Value)
+	}
 	return st, nil
 }
 

@@ -50,7 +50,7 @@ func TestPauseFlag(t *testing.T) {
 	if err := st.SetPaused(ctx, term, true, "paused by ops: maintenance"); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := st.LoadEngineState(ctx); err != nil || !got.Paused {
+	if got, err := st.LoadEngineState(ctx); err != nil || !got.Paused || got.PauseNote != "paused by ops: maintenance" {
 		t.Fatalf("after pause: %+v, %v", got, err)
 	}
 	if err := st.SetPaused(ctx, term, false, ""); err != nil {

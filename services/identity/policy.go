@@ -45,11 +45,15 @@ var Default = Policy{
 
 	coordv1.ClusterService_PauseEvictions_FullMethodName:  operators,
 	coordv1.ClusterService_ResumeEvictions_FullMethodName: operators,
-	coordv1.ClusterService_ListNodes_FullMethodName:       readers,
-	coordv1.ClusterService_GetNode_FullMethodName:         readers,
-	coordv1.ClusterService_ListZones_FullMethodName:       readers,
-	coordv1.ClusterService_GetLeader_FullMethodName:       readers,
-	coordv1.ClusterService_ListAudit_FullMethodName:       readers,
+	// Maintenance cordons and drains a node: operators change it, everyone who reads may follow it.
+	coordv1.ClusterService_StartMaintenance_FullMethodName: operators,
+	coordv1.ClusterService_StopMaintenance_FullMethodName:  operators,
+	coordv1.ClusterService_GetMaintenance_FullMethodName:   readers,
+	coordv1.ClusterService_ListNodes_FullMethodName:        readers,
+	coordv1.ClusterService_GetNode_FullMethodName:          readers,
+	coordv1.ClusterService_ListZones_FullMethodName:        readers,
+	coordv1.ClusterService_GetLeader_FullMethodName:        readers,
+	coordv1.ClusterService_ListAudit_FullMethodName:        readers,
 	// A device check changes nothing, but it is a login on the node's BMC or PDU: operators only.
 	coordv1.ClusterService_CheckNode_FullMethodName: operators,
 	// The live configuration, secrets redacted.

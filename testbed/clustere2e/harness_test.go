@@ -118,8 +118,12 @@ func (s *scenario) restore() {
 				keep = append(keep, tn)
 			}
 		}
-		if len(keep) != len(node.Spec.Taints) {
-			node.Spec.Taints = keep
+		_, maint := node.Annotations[kube.AnnotationMaintenance]
+		_, maintState := node.Annotations[kube.AnnotationMaintenanceState]
+		if len(keep) != len(node.Spec.Taints) || node.Spec.Unschedulable || maint || maintState {
+			node.Spec.Taints, node.Spec.Unschedulable = keep, false
+			delete(node.Annotations, kube.AnnotationMaintenance)
+			delete(node.Annotations, kube.AnnotationMaintenanceState)
 			if _, err := s.admin.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 				t.Errorf("restore %s taints: %v", n.Name, err)
 			}

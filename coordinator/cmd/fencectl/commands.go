@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/nodefence/nodefence/services/buildinfo"
@@ -171,8 +172,11 @@ when every device passed, 1 when any did not.`,
 		}},
 }
 
-// help is the last row of the table; it lists the table, so it joins it at init.
+// help is the last row of the table; it lists the table, so it joins it at init. The maintenance
+// group (maintenance.go) follows resume.
 func init() {
+	at := slices.IndexFunc(commands, func(c *command) bool { return c.name == "resume" }) + 1
+	commands = slices.Insert(commands, at, maintenanceCommands...)
 	commands = append(commands, &command{name: "help", args: "[COMMAND]", maxArgs: 2, offline: true, textOnly: true, summary: "this help, or a command's",
 		setup: func(*flag.FlagSet) runFunc {
 			return func(_ context.Context, c *ctl, a []string) error { return c.help(a) }

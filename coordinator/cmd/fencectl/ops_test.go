@@ -238,11 +238,25 @@ func TestNewRPCsAuthorizationAndBounds(t *testing.T) {
 		{r.agentC, []string{"reboot", "good"}, codes.PermissionDenied},
 		{r.operator, []string{"reboot", "nosuchnode"}, codes.NotFound},
 		{r.operator, []string{"reboot", "Bad_Name"}, codes.InvalidArgument},
+		// Maintenance: operators change it, viewers read it, agents neither; Kubernetes mode only.
+		{r.viewer, []string{"maintenance", "start", "good", "--reason", "x"}, codes.PermissionDenied},
+		{r.viewer, []string{"maintenance", "stop", "good"}, codes.PermissionDenied},
+		{r.agentC, []string{"maintenance", "status", "good"}, codes.PermissionDenied},
+		{r.operator, []string{"maintenance", "start", "Bad_Name", "--reason", "x"}, codes.InvalidArgument},
+		{r.operator, []string{"maintenance", "start", "good", "--reason", strings.Repeat("x", 5000)}, codes.InvalidArgument},
+		{r.operator, []string{"maintenance", "start", "good", "--reason", "x"}, codes.FailedPrecondition},
+		{r.viewer, []string{"maintenance", "status", "good"}, codes.FailedPrecondition},
 	} {
 		res := r.run(t, tc.who, tc.args...)
 		if res.code != 1 || !strings.Contains(res.errOut, tc.want.String()) {
 			t.Errorf("%q: exit %d, stderr %q, want %s", tc.args, res.code, res.errOut, tc.want)
 		}
+	}
+	if res := r.run(t, r.operator, "maintenance", "start", "good"); res.code != 2 || !strings.Contains(res.errOut, "--reason is required") {
+		t.Errorf("maintenance start without --reason: %+v", res)
+	}
+	if res := r.run(t, r.operator, "maintenance", "start", "good", "--reason", "x"); !strings.Contains(res.errOut, "Kubernetes mode") {
+		t.Errorf("maintenance outside Kubernetes mode does not say why: %+v", res)
 	}
 	if res := r.run(t, r.viewer, "config", "show"); res.code != 0 {
 		t.Errorf("viewer config show: %+v", res)

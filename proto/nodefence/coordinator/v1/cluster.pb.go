@@ -142,6 +142,66 @@ func (ZoneState) EnumDescriptor() ([]byte, []int) {
 	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{1}
 }
 
+// MaintenancePodState is where a pod stands in a drain.
+type MaintenancePodState int32
+
+const (
+	MaintenancePodState_MAINTENANCE_POD_STATE_UNSPECIFIED MaintenancePodState = 0
+	// PENDING: not evicted yet.
+	MaintenancePodState_MAINTENANCE_POD_STATE_PENDING MaintenancePodState = 1
+	// TERMINATING: evicted; the kubelet is stopping it.
+	MaintenancePodState_MAINTENANCE_POD_STATE_TERMINATING MaintenancePodState = 2
+	// BLOCKED: a PodDisruptionBudget refused the eviction; it is retried.
+	MaintenancePodState_MAINTENANCE_POD_STATE_BLOCKED MaintenancePodState = 3
+	// FAILED: the eviction failed otherwise; it is retried.
+	MaintenancePodState_MAINTENANCE_POD_STATE_FAILED MaintenancePodState = 4
+)
+
+// Enum value maps for MaintenancePodState.
+var (
+	MaintenancePodState_name = map[int32]string{
+		0: "MAINTENANCE_POD_STATE_UNSPECIFIED",
+		1: "MAINTENANCE_POD_STATE_PENDING",
+		2: "MAINTENANCE_POD_STATE_TERMINATING",
+		3: "MAINTENANCE_POD_STATE_BLOCKED",
+		4: "MAINTENANCE_POD_STATE_FAILED",
+	}
+	MaintenancePodState_value = map[string]int32{
+		"MAINTENANCE_POD_STATE_UNSPECIFIED": 0,
+		"MAINTENANCE_POD_STATE_PENDING":     1,
+		"MAINTENANCE_POD_STATE_TERMINATING": 2,
+		"MAINTENANCE_POD_STATE_BLOCKED":     3,
+		"MAINTENANCE_POD_STATE_FAILED":      4,
+	}
+)
+
+func (x MaintenancePodState) Enum() *MaintenancePodState {
+	p := new(MaintenancePodState)
+	*p = x
+	return p
+}
+
+func (x MaintenancePodState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MaintenancePodState) Descriptor() protoreflect.EnumDescriptor {
+	return file_nodefence_coordinator_v1_cluster_proto_enumTypes[2].Descriptor()
+}
+
+func (MaintenancePodState) Type() protoreflect.EnumType {
+	return &file_nodefence_coordinator_v1_cluster_proto_enumTypes[2]
+}
+
+func (x MaintenancePodState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MaintenancePodState.Descriptor instead.
+func (MaintenancePodState) EnumDescriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
 // CheckNodeRequest names the node whose fence devices to check.
 type CheckNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1850,6 +1910,495 @@ func (*ResumeEvictionsResponse) Descriptor() ([]byte, []int) {
 	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{23}
 }
 
+// StartMaintenanceRequest names the node to put in maintenance.
+type StartMaintenanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the Node's name.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Reason says why; it is the value of the node's nodefence.io/maintenance annotation.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// NoDrain cordons the node and holds its automatic fence back without evicting its pods.
+	NoDrain       bool `protobuf:"varint,3,opt,name=no_drain,json=noDrain,proto3" json:"no_drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartMaintenanceRequest) Reset() {
+	*x = StartMaintenanceRequest{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartMaintenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartMaintenanceRequest) ProtoMessage() {}
+
+func (x *StartMaintenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartMaintenanceRequest.ProtoReflect.Descriptor instead.
+func (*StartMaintenanceRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *StartMaintenanceRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StartMaintenanceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StartMaintenanceRequest) GetNoDrain() bool {
+	if x != nil {
+		return x.NoDrain
+	}
+	return false
+}
+
+// StartMaintenanceResponse is the node's maintenance right after the request.
+type StartMaintenanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Maintenance   *Maintenance           `protobuf:"bytes,1,opt,name=maintenance,proto3" json:"maintenance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartMaintenanceResponse) Reset() {
+	*x = StartMaintenanceResponse{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartMaintenanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartMaintenanceResponse) ProtoMessage() {}
+
+func (x *StartMaintenanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartMaintenanceResponse.ProtoReflect.Descriptor instead.
+func (*StartMaintenanceResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *StartMaintenanceResponse) GetMaintenance() *Maintenance {
+	if x != nil {
+		return x.Maintenance
+	}
+	return nil
+}
+
+// StopMaintenanceRequest names the node whose maintenance ends.
+type StopMaintenanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the Node's name.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopMaintenanceRequest) Reset() {
+	*x = StopMaintenanceRequest{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopMaintenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopMaintenanceRequest) ProtoMessage() {}
+
+func (x *StopMaintenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopMaintenanceRequest.ProtoReflect.Descriptor instead.
+func (*StopMaintenanceRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StopMaintenanceRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// StopMaintenanceResponse is the node's state after the maintenance ended.
+type StopMaintenanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Maintenance   *Maintenance           `protobuf:"bytes,1,opt,name=maintenance,proto3" json:"maintenance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopMaintenanceResponse) Reset() {
+	*x = StopMaintenanceResponse{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopMaintenanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopMaintenanceResponse) ProtoMessage() {}
+
+func (x *StopMaintenanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopMaintenanceResponse.ProtoReflect.Descriptor instead.
+func (*StopMaintenanceResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StopMaintenanceResponse) GetMaintenance() *Maintenance {
+	if x != nil {
+		return x.Maintenance
+	}
+	return nil
+}
+
+// GetMaintenanceRequest names a node.
+type GetMaintenanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the Node's name.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMaintenanceRequest) Reset() {
+	*x = GetMaintenanceRequest{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMaintenanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMaintenanceRequest) ProtoMessage() {}
+
+func (x *GetMaintenanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMaintenanceRequest.ProtoReflect.Descriptor instead.
+func (*GetMaintenanceRequest) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *GetMaintenanceRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// GetMaintenanceResponse is the node's maintenance.
+type GetMaintenanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Maintenance   *Maintenance           `protobuf:"bytes,1,opt,name=maintenance,proto3" json:"maintenance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMaintenanceResponse) Reset() {
+	*x = GetMaintenanceResponse{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMaintenanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMaintenanceResponse) ProtoMessage() {}
+
+func (x *GetMaintenanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMaintenanceResponse.ProtoReflect.Descriptor instead.
+func (*GetMaintenanceResponse) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetMaintenanceResponse) GetMaintenance() *Maintenance {
+	if x != nil {
+		return x.Maintenance
+	}
+	return nil
+}
+
+// Maintenance is one node's maintenance and the progress of its drain.
+type Maintenance struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node is the Node's name.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Active is true while the node carries the nodefence.io/maintenance annotation.
+	Active bool `protobuf:"varint,2,opt,name=active,proto3" json:"active,omitempty"`
+	// Reason is the annotation's value.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Requester is the identity that started it through nodefence; empty when set by hand.
+	Requester string `protobuf:"bytes,4,opt,name=requester,proto3" json:"requester,omitempty"`
+	// StartedAt is when nodefence started it; unset when set by hand.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// Drain is true when nodefence evicts the node's pods.
+	Drain bool `protobuf:"varint,6,opt,name=drain,proto3" json:"drain,omitempty"`
+	// Cordoned is true when the Node is unschedulable.
+	Cordoned bool `protobuf:"varint,7,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	// Pods are the pods the drain still has to move, sorted by namespace and name.
+	Pods []*MaintenancePod `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
+	// Kept counts the pods a drain leaves in place: DaemonSet pods, mirror (static) pods and
+	// pods that already ended.
+	Kept int32 `protobuf:"varint,9,opt,name=kept,proto3" json:"kept,omitempty"`
+	// Drained is true when the drain has nothing left to move.
+	Drained       bool `protobuf:"varint,10,opt,name=drained,proto3" json:"drained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Maintenance) Reset() {
+	*x = Maintenance{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Maintenance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Maintenance) ProtoMessage() {}
+
+func (x *Maintenance) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Maintenance.ProtoReflect.Descriptor instead.
+func (*Maintenance) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Maintenance) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Maintenance) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *Maintenance) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Maintenance) GetRequester() string {
+	if x != nil {
+		return x.Requester
+	}
+	return ""
+}
+
+func (x *Maintenance) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Maintenance) GetDrain() bool {
+	if x != nil {
+		return x.Drain
+	}
+	return false
+}
+
+func (x *Maintenance) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+func (x *Maintenance) GetPods() []*MaintenancePod {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+func (x *Maintenance) GetKept() int32 {
+	if x != nil {
+		return x.Kept
+	}
+	return 0
+}
+
+func (x *Maintenance) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
+// MaintenancePod is one pod a drain has to move.
+type MaintenancePod struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	State     MaintenancePodState    `protobuf:"varint,3,opt,name=state,proto3,enum=nodefence.coordinator.v1.MaintenancePodState" json:"state,omitempty"`
+	// Detail is the last eviction's refusal or error, if any.
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaintenancePod) Reset() {
+	*x = MaintenancePod{}
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenancePod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenancePod) ProtoMessage() {}
+
+func (x *MaintenancePod) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenancePod.ProtoReflect.Descriptor instead.
+func (*MaintenancePod) Descriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *MaintenancePod) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *MaintenancePod) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MaintenancePod) GetState() MaintenancePodState {
+	if x != nil {
+		return x.State
+	}
+	return MaintenancePodState_MAINTENANCE_POD_STATE_UNSPECIFIED
+}
+
+func (x *MaintenancePod) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // GetLeaderRequest asks who leads.
 type GetLeaderRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1859,7 +2408,7 @@ type GetLeaderRequest struct {
 
 func (x *GetLeaderRequest) Reset() {
 	*x = GetLeaderRequest{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2420,7 @@ func (x *GetLeaderRequest) String() string {
 func (*GetLeaderRequest) ProtoMessage() {}
 
 func (x *GetLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[24]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2433,7 @@ func (x *GetLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaderRequest.ProtoReflect.Descriptor instead.
 func (*GetLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{24}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{32}
 }
 
 // GetLeaderResponse names the leader.
@@ -1904,7 +2453,7 @@ type GetLeaderResponse struct {
 
 func (x *GetLeaderResponse) Reset() {
 	*x = GetLeaderResponse{}
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2465,7 @@ func (x *GetLeaderResponse) String() string {
 func (*GetLeaderResponse) ProtoMessage() {}
 
 func (x *GetLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[25]
+	mi := &file_nodefence_coordinator_v1_cluster_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2478,7 @@ func (x *GetLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaderResponse.ProtoReflect.Descriptor instead.
 func (*GetLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{25}
+	return file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetLeaderResponse) GetId() string {
@@ -2094,7 +2643,39 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x18\n" +
 	"\x16PauseEvictionsResponse\"\x18\n" +
 	"\x16ResumeEvictionsRequest\"\x19\n" +
-	"\x17ResumeEvictionsResponse\"\x12\n" +
+	"\x17ResumeEvictionsResponse\"`\n" +
+	"\x17StartMaintenanceRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x19\n" +
+	"\bno_drain\x18\x03 \x01(\bR\anoDrain\"c\n" +
+	"\x18StartMaintenanceResponse\x12G\n" +
+	"\vmaintenance\x18\x01 \x01(\v2%.nodefence.coordinator.v1.MaintenanceR\vmaintenance\",\n" +
+	"\x16StopMaintenanceRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"b\n" +
+	"\x17StopMaintenanceResponse\x12G\n" +
+	"\vmaintenance\x18\x01 \x01(\v2%.nodefence.coordinator.v1.MaintenanceR\vmaintenance\"+\n" +
+	"\x15GetMaintenanceRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"a\n" +
+	"\x16GetMaintenanceResponse\x12G\n" +
+	"\vmaintenance\x18\x01 \x01(\v2%.nodefence.coordinator.v1.MaintenanceR\vmaintenance\"\xc8\x02\n" +
+	"\vMaintenance\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06active\x18\x02 \x01(\bR\x06active\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1c\n" +
+	"\trequester\x18\x04 \x01(\tR\trequester\x129\n" +
+	"\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x14\n" +
+	"\x05drain\x18\x06 \x01(\bR\x05drain\x12\x1a\n" +
+	"\bcordoned\x18\a \x01(\bR\bcordoned\x12<\n" +
+	"\x04pods\x18\b \x03(\v2(.nodefence.coordinator.v1.MaintenancePodR\x04pods\x12\x12\n" +
+	"\x04kept\x18\t \x01(\x05R\x04kept\x12\x18\n" +
+	"\adrained\x18\n" +
+	" \x01(\bR\adrained\"\x9f\x01\n" +
+	"\x0eMaintenancePod\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12C\n" +
+	"\x05state\x18\x03 \x01(\x0e2-.nodefence.coordinator.v1.MaintenancePodStateR\x05state\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\"\x12\n" +
 	"\x10GetLeaderRequest\"l\n" +
 	"\x11GetLeaderResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
@@ -2111,7 +2692,14 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x12ZONE_STATE_INITIAL\x10\x01\x12\x15\n" +
 	"\x11ZONE_STATE_NORMAL\x10\x02\x12!\n" +
 	"\x1dZONE_STATE_PARTIAL_DISRUPTION\x10\x03\x12\x1e\n" +
-	"\x1aZONE_STATE_FULL_DISRUPTION\x10\x042\xc1\a\n" +
+	"\x1aZONE_STATE_FULL_DISRUPTION\x10\x04*\xcb\x01\n" +
+	"\x13MaintenancePodState\x12%\n" +
+	"!MAINTENANCE_POD_STATE_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dMAINTENANCE_POD_STATE_PENDING\x10\x01\x12%\n" +
+	"!MAINTENANCE_POD_STATE_TERMINATING\x10\x02\x12!\n" +
+	"\x1dMAINTENANCE_POD_STATE_BLOCKED\x10\x03\x12 \n" +
+	"\x1cMAINTENANCE_POD_STATE_FAILED\x10\x042\xa9\n" +
+	"\n" +
 	"\x0eClusterService\x12d\n" +
 	"\tListNodes\x12*.nodefence.coordinator.v1.ListNodesRequest\x1a+.nodefence.coordinator.v1.ListNodesResponse\x12^\n" +
 	"\aGetNode\x12(.nodefence.coordinator.v1.GetNodeRequest\x1a).nodefence.coordinator.v1.GetNodeResponse\x12d\n" +
@@ -2121,7 +2709,10 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\tGetLeader\x12*.nodefence.coordinator.v1.GetLeaderRequest\x1a+.nodefence.coordinator.v1.GetLeaderResponse\x12d\n" +
 	"\tListAudit\x12*.nodefence.coordinator.v1.ListAuditRequest\x1a+.nodefence.coordinator.v1.ListAuditResponse\x12d\n" +
 	"\tCheckNode\x12*.nodefence.coordinator.v1.CheckNodeRequest\x1a+.nodefence.coordinator.v1.CheckNodeResponse\x12d\n" +
-	"\tGetConfig\x12*.nodefence.coordinator.v1.GetConfigRequest\x1a+.nodefence.coordinator.v1.GetConfigResponseB\xfb\x01\n" +
+	"\tGetConfig\x12*.nodefence.coordinator.v1.GetConfigRequest\x1a+.nodefence.coordinator.v1.GetConfigResponse\x12y\n" +
+	"\x10StartMaintenance\x121.nodefence.coordinator.v1.StartMaintenanceRequest\x1a2.nodefence.coordinator.v1.StartMaintenanceResponse\x12v\n" +
+	"\x0fStopMaintenance\x120.nodefence.coordinator.v1.StopMaintenanceRequest\x1a1.nodefence.coordinator.v1.StopMaintenanceResponse\x12s\n" +
+	"\x0eGetMaintenance\x12/.nodefence.coordinator.v1.GetMaintenanceRequest\x1a0.nodefence.coordinator.v1.GetMaintenanceResponseB\xfb\x01\n" +
 	"\x1ccom.nodefence.coordinator.v1B\fClusterProtoP\x01ZKgithub.com/nodefence/nodefence/proto/nodefence/coordinator/v1;coordinatorv1\xa2\x02\x03NCX\xaa\x02\x18Nodefence.Coordinator.V1\xca\x02\x18Nodefence\\Coordinator\\V1\xe2\x02$Nodefence\\Coordinator\\V1\\GPBMetadata\xea\x02\x1aNodefence::Coordinator::V1b\x06proto3"
 
 var (
@@ -2136,88 +2727,109 @@ func file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_nodefence_coordinator_v1_cluster_proto_rawDescData
 }
 
-var file_nodefence_coordinator_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_nodefence_coordinator_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_nodefence_coordinator_v1_cluster_proto_goTypes = []any{
-	(Readiness)(0),                  // 0: nodefence.coordinator.v1.Readiness
-	(ZoneState)(0),                  // 1: nodefence.coordinator.v1.ZoneState
-	(*CheckNodeRequest)(nil),        // 2: nodefence.coordinator.v1.CheckNodeRequest
-	(*DeviceCheck)(nil),             // 3: nodefence.coordinator.v1.DeviceCheck
-	(*CheckNodeResponse)(nil),       // 4: nodefence.coordinator.v1.CheckNodeResponse
-	(*GetConfigRequest)(nil),        // 5: nodefence.coordinator.v1.GetConfigRequest
-	(*Setting)(nil),                 // 6: nodefence.coordinator.v1.Setting
-	(*FenceMethodConfig)(nil),       // 7: nodefence.coordinator.v1.FenceMethodConfig
-	(*FenceNodeConfig)(nil),         // 8: nodefence.coordinator.v1.FenceNodeConfig
-	(*GetConfigResponse)(nil),       // 9: nodefence.coordinator.v1.GetConfigResponse
-	(*AuditEntry)(nil),              // 10: nodefence.coordinator.v1.AuditEntry
-	(*ListAuditRequest)(nil),        // 11: nodefence.coordinator.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),       // 12: nodefence.coordinator.v1.ListAuditResponse
-	(*Node)(nil),                    // 13: nodefence.coordinator.v1.Node
-	(*NodeCondition)(nil),           // 14: nodefence.coordinator.v1.NodeCondition
-	(*Zone)(nil),                    // 15: nodefence.coordinator.v1.Zone
-	(*ListNodesRequest)(nil),        // 16: nodefence.coordinator.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 17: nodefence.coordinator.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),          // 18: nodefence.coordinator.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),         // 19: nodefence.coordinator.v1.GetNodeResponse
-	(*ListZonesRequest)(nil),        // 20: nodefence.coordinator.v1.ListZonesRequest
-	(*ListZonesResponse)(nil),       // 21: nodefence.coordinator.v1.ListZonesResponse
-	(*PauseEvictionsRequest)(nil),   // 22: nodefence.coordinator.v1.PauseEvictionsRequest
-	(*PauseEvictionsResponse)(nil),  // 23: nodefence.coordinator.v1.PauseEvictionsResponse
-	(*ResumeEvictionsRequest)(nil),  // 24: nodefence.coordinator.v1.ResumeEvictionsRequest
-	(*ResumeEvictionsResponse)(nil), // 25: nodefence.coordinator.v1.ResumeEvictionsResponse
-	(*GetLeaderRequest)(nil),        // 26: nodefence.coordinator.v1.GetLeaderRequest
-	(*GetLeaderResponse)(nil),       // 27: nodefence.coordinator.v1.GetLeaderResponse
-	nil,                             // 28: nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
-	nil,                             // 29: nodefence.coordinator.v1.Node.SignalsEntry
-	(v1.PowerState)(0),              // 30: nodefence.driver.v1.PowerState
-	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
+	(Readiness)(0),                   // 0: nodefence.coordinator.v1.Readiness
+	(ZoneState)(0),                   // 1: nodefence.coordinator.v1.ZoneState
+	(MaintenancePodState)(0),         // 2: nodefence.coordinator.v1.MaintenancePodState
+	(*CheckNodeRequest)(nil),         // 3: nodefence.coordinator.v1.CheckNodeRequest
+	(*DeviceCheck)(nil),              // 4: nodefence.coordinator.v1.DeviceCheck
+	(*CheckNodeResponse)(nil),        // 5: nodefence.coordinator.v1.CheckNodeResponse
+	(*GetConfigRequest)(nil),         // 6: nodefence.coordinator.v1.GetConfigRequest
+	(*Setting)(nil),                  // 7: nodefence.coordinator.v1.Setting
+	(*FenceMethodConfig)(nil),        // 8: nodefence.coordinator.v1.FenceMethodConfig
+	(*FenceNodeConfig)(nil),          // 9: nodefence.coordinator.v1.FenceNodeConfig
+	(*GetConfigResponse)(nil),        // 10: nodefence.coordinator.v1.GetConfigResponse
+	(*AuditEntry)(nil),               // 11: nodefence.coordinator.v1.AuditEntry
+	(*ListAuditRequest)(nil),         // 12: nodefence.coordinator.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 13: nodefence.coordinator.v1.ListAuditResponse
+	(*Node)(nil),                     // 14: nodefence.coordinator.v1.Node
+	(*NodeCondition)(nil),            // 15: nodefence.coordinator.v1.NodeCondition
+	(*Zone)(nil),                     // 16: nodefence.coordinator.v1.Zone
+	(*ListNodesRequest)(nil),         // 17: nodefence.coordinator.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),        // 18: nodefence.coordinator.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),           // 19: nodefence.coordinator.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),          // 20: nodefence.coordinator.v1.GetNodeResponse
+	(*ListZonesRequest)(nil),         // 21: nodefence.coordinator.v1.ListZonesRequest
+	(*ListZonesResponse)(nil),        // 22: nodefence.coordinator.v1.ListZonesResponse
+	(*PauseEvictionsRequest)(nil),    // 23: nodefence.coordinator.v1.PauseEvictionsRequest
+	(*PauseEvictionsResponse)(nil),   // 24: nodefence.coordinator.v1.PauseEvictionsResponse
+	(*ResumeEvictionsRequest)(nil),   // 25: nodefence.coordinator.v1.ResumeEvictionsRequest
+	(*ResumeEvictionsResponse)(nil),  // 26: nodefence.coordinator.v1.ResumeEvictionsResponse
+	(*StartMaintenanceRequest)(nil),  // 27: nodefence.coordinator.v1.StartMaintenanceRequest
+	(*StartMaintenanceResponse)(nil), // 28: nodefence.coordinator.v1.StartMaintenanceResponse
+	(*StopMaintenanceRequest)(nil),   // 29: nodefence.coordinator.v1.StopMaintenanceRequest
+	(*StopMaintenanceResponse)(nil),  // 30: nodefence.coordinator.v1.StopMaintenanceResponse
+	(*GetMaintenanceRequest)(nil),    // 31: nodefence.coordinator.v1.GetMaintenanceRequest
+	(*GetMaintenanceResponse)(nil),   // 32: nodefence.coordinator.v1.GetMaintenanceResponse
+	(*Maintenance)(nil),              // 33: nodefence.coordinator.v1.Maintenance
+	(*MaintenancePod)(nil),           // 34: nodefence.coordinator.v1.MaintenancePod
+	(*GetLeaderRequest)(nil),         // 35: nodefence.coordinator.v1.GetLeaderRequest
+	(*GetLeaderResponse)(nil),        // 36: nodefence.coordinator.v1.GetLeaderResponse
+	nil,                              // 37: nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
+	nil,                              // 38: nodefence.coordinator.v1.Node.SignalsEntry
+	(v1.PowerState)(0),               // 39: nodefence.driver.v1.PowerState
+	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
 }
 var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
-	30, // 0: nodefence.coordinator.v1.DeviceCheck.state:type_name -> nodefence.driver.v1.PowerState
-	31, // 1: nodefence.coordinator.v1.DeviceCheck.latency:type_name -> google.protobuf.Duration
-	32, // 2: nodefence.coordinator.v1.DeviceCheck.checked_at:type_name -> google.protobuf.Timestamp
-	3,  // 3: nodefence.coordinator.v1.CheckNodeResponse.checks:type_name -> nodefence.coordinator.v1.DeviceCheck
-	28, // 4: nodefence.coordinator.v1.FenceMethodConfig.parameters:type_name -> nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
-	7,  // 5: nodefence.coordinator.v1.FenceNodeConfig.methods:type_name -> nodefence.coordinator.v1.FenceMethodConfig
-	6,  // 6: nodefence.coordinator.v1.GetConfigResponse.settings:type_name -> nodefence.coordinator.v1.Setting
-	8,  // 7: nodefence.coordinator.v1.GetConfigResponse.nodes:type_name -> nodefence.coordinator.v1.FenceNodeConfig
-	32, // 8: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	10, // 9: nodefence.coordinator.v1.ListAuditResponse.entries:type_name -> nodefence.coordinator.v1.AuditEntry
+	39, // 0: nodefence.coordinator.v1.DeviceCheck.state:type_name -> nodefence.driver.v1.PowerState
+	40, // 1: nodefence.coordinator.v1.DeviceCheck.latency:type_name -> google.protobuf.Duration
+	41, // 2: nodefence.coordinator.v1.DeviceCheck.checked_at:type_name -> google.protobuf.Timestamp
+	4,  // 3: nodefence.coordinator.v1.CheckNodeResponse.checks:type_name -> nodefence.coordinator.v1.DeviceCheck
+	37, // 4: nodefence.coordinator.v1.FenceMethodConfig.parameters:type_name -> nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
+	8,  // 5: nodefence.coordinator.v1.FenceNodeConfig.methods:type_name -> nodefence.coordinator.v1.FenceMethodConfig
+	7,  // 6: nodefence.coordinator.v1.GetConfigResponse.settings:type_name -> nodefence.coordinator.v1.Setting
+	9,  // 7: nodefence.coordinator.v1.GetConfigResponse.nodes:type_name -> nodefence.coordinator.v1.FenceNodeConfig
+	41, // 8: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	11, // 9: nodefence.coordinator.v1.ListAuditResponse.entries:type_name -> nodefence.coordinator.v1.AuditEntry
 	0,  // 10: nodefence.coordinator.v1.Node.readiness:type_name -> nodefence.coordinator.v1.Readiness
-	32, // 11: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	29, // 12: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
-	14, // 13: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
-	32, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
-	32, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
-	32, // 16: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	41, // 11: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	38, // 12: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
+	15, // 13: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
+	41, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
+	41, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
+	41, // 16: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
 	1,  // 17: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	13, // 18: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	13, // 19: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	15, // 20: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	16, // 21: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	18, // 22: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	20, // 23: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	22, // 24: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	24, // 25: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	26, // 26: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	11, // 27: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	2,  // 28: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
-	5,  // 29: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
-	17, // 30: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	19, // 31: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	21, // 32: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	23, // 33: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	25, // 34: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	27, // 35: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	12, // 36: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	4,  // 37: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
-	9,  // 38: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
-	30, // [30:39] is the sub-list for method output_type
-	21, // [21:30] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	14, // 18: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	14, // 19: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	16, // 20: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	33, // 21: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 22: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 23: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	41, // 24: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
+	34, // 25: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
+	2,  // 26: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
+	17, // 27: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	19, // 28: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	21, // 29: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	23, // 30: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	25, // 31: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	35, // 32: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	12, // 33: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	3,  // 34: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
+	6,  // 35: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
+	27, // 36: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
+	29, // 37: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
+	31, // 38: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
+	18, // 39: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	20, // 40: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	22, // 41: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	24, // 42: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	26, // 43: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	36, // 44: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	13, // 45: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	5,  // 46: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
+	10, // 47: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
+	28, // 48: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
+	30, // 49: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
+	32, // 50: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
+	39, // [39:51] is the sub-list for method output_type
+	27, // [27:39] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }
@@ -2230,8 +2842,8 @@ func file_nodefence_coordinator_v1_cluster_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_coordinator_v1_cluster_proto_rawDesc), len(file_nodefence_coordinator_v1_cluster_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   28,
+			NumEnums:      3,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

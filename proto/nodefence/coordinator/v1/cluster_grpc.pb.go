@@ -19,15 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ClusterService_ListNodes_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/ListNodes"
-	ClusterService_GetNode_FullMethodName         = "/nodefence.coordinator.v1.ClusterService/GetNode"
-	ClusterService_ListZones_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/ListZones"
-	ClusterService_PauseEvictions_FullMethodName  = "/nodefence.coordinator.v1.ClusterService/PauseEvictions"
-	ClusterService_ResumeEvictions_FullMethodName = "/nodefence.coordinator.v1.ClusterService/ResumeEvictions"
-	ClusterService_GetLeader_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/GetLeader"
-	ClusterService_ListAudit_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/ListAudit"
-	ClusterService_CheckNode_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/CheckNode"
-	ClusterService_GetConfig_FullMethodName       = "/nodefence.coordinator.v1.ClusterService/GetConfig"
+	ClusterService_ListNodes_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/ListNodes"
+	ClusterService_GetNode_FullMethodName          = "/nodefence.coordinator.v1.ClusterService/GetNode"
+	ClusterService_ListZones_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/ListZones"
+	ClusterService_PauseEvictions_FullMethodName   = "/nodefence.coordinator.v1.ClusterService/PauseEvictions"
+	ClusterService_ResumeEvictions_FullMethodName  = "/nodefence.coordinator.v1.ClusterService/ResumeEvictions"
+	ClusterService_GetLeader_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/GetLeader"
+	ClusterService_ListAudit_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/ListAudit"
+	ClusterService_CheckNode_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/CheckNode"
+	ClusterService_GetConfig_FullMethodName        = "/nodefence.coordinator.v1.ClusterService/GetConfig"
+	ClusterService_StartMaintenance_FullMethodName = "/nodefence.coordinator.v1.ClusterService/StartMaintenance"
+	ClusterService_StopMaintenance_FullMethodName  = "/nodefence.coordinator.v1.ClusterService/StopMaintenance"
+	ClusterService_GetMaintenance_FullMethodName   = "/nodefence.coordinator.v1.ClusterService/GetMaintenance"
 )
 
 // ClusterServiceClient is the client API for ClusterService service.
@@ -58,6 +61,16 @@ type ClusterServiceClient interface {
 	// GetConfig returns the coordinator's live configuration: its settings and the fence configuration
 	// it acts on, every secret redacted. Any replica answers with its own.
 	GetConfig(ctx context.Context, in *GetConfigRequest, opts ...grpc.CallOption) (*GetConfigResponse, error)
+	// StartMaintenance puts a node in maintenance (Kubernetes mode): it is cordoned and, unless
+	// no_drain is set, its pods are evicted through the Eviction API, PodDisruptionBudgets respected;
+	// the node is not fenced automatically until StopMaintenance (an operator may still fence it).
+	// Idempotent; audited with the caller's identity. The leader answers.
+	StartMaintenance(ctx context.Context, in *StartMaintenanceRequest, opts ...grpc.CallOption) (*StartMaintenanceResponse, error)
+	// StopMaintenance ends a node's maintenance: the drain stops and the node is uncordoned if
+	// StartMaintenance cordoned it. Idempotent; audited. The leader answers.
+	StopMaintenance(ctx context.Context, in *StopMaintenanceRequest, opts ...grpc.CallOption) (*StopMaintenanceResponse, error)
+	// GetMaintenance reports a node's maintenance and the drain's progress. The leader answers.
+	GetMaintenance(ctx context.Context, in *GetMaintenanceRequest, opts ...grpc.CallOption) (*GetMaintenanceResponse, error)
 }
 
 type clusterServiceClient struct {
@@ -158,6 +171,36 @@ func (c *clusterServiceClient) GetConfig(ctx context.Context, in *GetConfigReque
 	return out, nil
 }
 
+func (c *clusterServiceClient) StartMaintenance(ctx context.Context, in *StartMaintenanceRequest, opts ...grpc.CallOption) (*StartMaintenanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartMaintenanceResponse)
+	err := c.cc.Invoke(ctx, ClusterService_StartMaintenance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) StopMaintenance(ctx context.Context, in *StopMaintenanceRequest, opts ...grpc.CallOption) (*StopMaintenanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StopMaintenanceResponse)
+	err := c.cc.Invoke(ctx, ClusterService_StopMaintenance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) GetMaintenance(ctx context.Context, in *GetMaintenanceRequest, opts ...grpc.CallOption) (*GetMaintenanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMaintenanceResponse)
+	err := c.cc.Invoke(ctx, ClusterService_GetMaintenance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServiceServer is the server API for ClusterService service.
 // All implementations must embed UnimplementedClusterServiceServer
 // for forward compatibility.
@@ -186,6 +229,16 @@ type ClusterServiceServer interface {
 	// GetConfig returns the coordinator's live configuration: its settings and the fence configuration
 	// it acts on, every secret redacted. Any replica answers with its own.
 	GetConfig(context.Context, *GetConfigRequest) (*GetConfigResponse, error)
+	// StartMaintenance puts a node in maintenance (Kubernetes mode): it is cordoned and, unless
+	// no_drain is set, its pods are evicted through the Eviction API, PodDisruptionBudgets respected;
+	// the node is not fenced automatically until StopMaintenance (an operator may still fence it).
+	// Idempotent; audited with the caller's identity. The leader answers.
+	StartMaintenance(context.Context, *StartMaintenanceRequest) (*StartMaintenanceResponse, error)
+	// StopMaintenance ends a node's maintenance: the drain stops and the node is uncordoned if
+	// StartMaintenance cordoned it. Idempotent; audited. The leader answers.
+	StopMaintenance(context.Context, *StopMaintenanceRequest) (*StopMaintenanceResponse, error)
+	// GetMaintenance reports a node's maintenance and the drain's progress. The leader answers.
+	GetMaintenance(context.Context, *GetMaintenanceRequest) (*GetMaintenanceResponse, error)
 	mustEmbedUnimplementedClusterServiceServer()
 }
 
@@ -222,6 +275,15 @@ func (UnimplementedClusterServiceServer) CheckNode(context.Context, *CheckNodeRe
 }
 func (UnimplementedClusterServiceServer) GetConfig(context.Context, *GetConfigRequest) (*GetConfigResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetConfig not implemented")
+}
+func (UnimplementedClusterServiceServer) StartMaintenance(context.Context, *StartMaintenanceRequest) (*StartMaintenanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartMaintenance not implemented")
+}
+func (UnimplementedClusterServiceServer) StopMaintenance(context.Context, *StopMaintenanceRequest) (*StopMaintenanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StopMaintenance not implemented")
+}
+func (UnimplementedClusterServiceServer) GetMaintenance(context.Context, *GetMaintenanceRequest) (*GetMaintenanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMaintenance not implemented")
 }
 func (UnimplementedClusterServiceServer) mustEmbedUnimplementedClusterServiceServer() {}
 func (UnimplementedClusterServiceServer) testEmbeddedByValue()                        {}
@@ -406,6 +468,60 @@ func _ClusterService_GetConfig_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterService_StartMaintenance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartMaintenanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).StartMaintenance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_StartMaintenance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).StartMaintenance(ctx, req.(*StartMaintenanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_StopMaintenance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StopMaintenanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).StopMaintenance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_StopMaintenance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).StopMaintenance(ctx, req.(*StopMaintenanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_GetMaintenance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMaintenanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).GetMaintenance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_GetMaintenance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).GetMaintenance(ctx, req.(*GetMaintenanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ClusterService_ServiceDesc is the grpc.ServiceDesc for ClusterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -448,6 +564,18 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetConfig",
 			Handler:    _ClusterService_GetConfig_Handler,
+		},
+		{
+			MethodName: "StartMaintenance",
+			Handler:    _ClusterService_StartMaintenance_Handler,
+		},
+		{
+			MethodName: "StopMaintenance",
+			Handler:    _ClusterService_StopMaintenance_Handler,
+		},
+		{
+			MethodName: "GetMaintenance",
+			Handler:    _ClusterService_GetMaintenance_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
