@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: promtool run-tools chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
+.PHONY: promtool run-tools run-deps chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -65,14 +65,23 @@ tools:
 	$(call tool,grpcurl,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION))
 	$(call tool,staticcheck,honnef.co/go/tools/cmd/staticcheck,$(STATICCHECK_VERSION))
 
-# deps: the Debian packages the tests and `make run` drive (ipmi_sim, ipmitool, fence_ipmilan).
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# deps: the Debian packages the tests and `make run` drive (ipmi_sim, ipmitool, fence_ipmilan, and
+# for the real cluster containerd, runc, the CNI plugins). run-deps: the few `make run` needs. Each
+# says what it installs and why before apt-get runs, and installs only what is missing.
+RUN_APT_PACKAGES := openipmi ipmitool curl
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "make $@: $(2) needs Debian packages that are not installed:$$missing"; \
+		echo "make $@: installing them now with $${SUDO:+sudo }apt-get install (Ctrl-C to stop; nothing else is changed)"; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+deps:
+	$(call apt_install,$(APT_PACKAGES),the test suite (simulated BMCs and PDUs; fence agents; a real Kubernetes))
+run-deps:
+	$(call apt_install,$(RUN_APT_PACKAGES),make run (ipmi_sim for the simulated BMCs; ipmitool; curl))
 
 generate: tools
 	cd proto && buf format -w
@@ -135,10 +144,10 @@ run-tools:
 # run: fixed ports from 7400 (RUN_FLAGS="--port-base N" or NODEFENCE_TESTBED_PORT_BASE=N moves them),
 # state in bin/run, and bin/run/env for a second terminal to source; everything stops on Ctrl-C.
 RUN_FLAGS ?=
-run: deps build run-tools
+run: run-deps build run-tools
 	$(BIN)/nodefence-testbed $(RUN_FLAGS) run
 
-demo: deps build
+demo: run-deps build
 	$(BIN)/nodefence-testbed demo
 
 # bench-ingest: N agents over real gRPC streams into a real coordinator (embedded etcd); the last line

@@ -286,6 +286,7 @@ func (c *Config) registerFenceFlags(fs *flag.FlagSet, d Config) {
 	fs.DurationVar(&c.Fencing.IsolationWait, "isolation-wait", p.IsolationWait, "after isolation, how long the node may recover before power management")
 	fs.IntVar(&c.Fencing.Polls, "power-management-polls", p.Polls, "readiness polls after a power cycle before the record is an error")
 	fs.DurationVar(&c.Fencing.PollInterval, "power-management-poll-interval", p.PollInterval, "interval of those polls")
+	fs.DurationVar(&c.Fencing.PowerWait, "reboot-power-wait", p.PowerWait, "a reboot's wait between its confirmed power-off and its power-on (fence-agents' power_wait)")
 	c.DriverTLS.RegisterFlags(fs, "driver-", "fence-driver connections")
 }
 
@@ -442,6 +443,7 @@ func (c *Config) validateFencing() []error {
 	}
 	errs = appendNotPositive(errs, "fence-retry-backoff", p.Backoff <= 0)
 	errs = appendNegative(errs, "isolation-wait", p.IsolationWait < 0)
+	errs = appendNegative(errs, "reboot-power-wait", p.PowerWait < 0)
 	errs = appendNegative(errs, "power-management-polls", p.Polls < 0)
 	return appendNotPositive(errs, "power-management-poll-interval", p.PollInterval <= 0)
 }

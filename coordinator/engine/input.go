@@ -302,7 +302,7 @@ func (n *node) contact(at time.Time) {
 
 func (n *node) observe(s *agentv1.SignalSample) {
 	for _, sig := range s.Signals {
-		n.signals.set(sig.Name, sig.Available)
+		n.signals.set(sig.Name, sig.Available, sig.Capacity)
 	}
 }
 
@@ -534,6 +534,12 @@ func (e *Engine) view(n *node) *coordv1.Node {
 	}
 	for _, s := range n.signals {
 		v.Signals[s.name] = s.value
+		if p, ok := s.stalledPercent(); ok {
+			if v.StalledPercent == nil {
+				v.StalledPercent = map[string]float64{}
+			}
+			v.StalledPercent[s.name] = p
+		}
 	}
 	for _, c := range n.conditions {
 		v.Conditions = append(v.Conditions, c)

@@ -28,11 +28,15 @@ type Policy struct {
 	// the record is an error (the seed's "N pollings").
 	Polls        int
 	PollInterval time.Duration
+	// PowerWait is how long a reboot waits between its confirmed power-off and its power-on, so that
+	// the machine really loses power (fence-agents' power_wait; fence_ipmilan waits 2 s).
+	PowerWait time.Duration
 }
 
 // DefaultPolicy is the seed's flow with conservative retries.
 func DefaultPolicy() Policy {
-	return Policy{Retries: 3, Backoff: 10 * time.Second, IsolationWait: 5 * time.Minute, Polls: 30, PollInterval: 10 * time.Second}
+	return Policy{Retries: 3, Backoff: 10 * time.Second, IsolationWait: 5 * time.Minute, Polls: 30, PollInterval: 10 * time.Second,
+		PowerWait: 2 * time.Second}
 }
 
 // Facts are what the machine may know besides the record.
@@ -124,6 +128,21 @@ func powerMethods(plan func(string) ([]fenceconfig.Resolved, error)) (on, off []
 		}
 	}
 	return on, off, nil
+}
+
+// offSettled is how much longer a reboot waits before its power-on: PowerWait after its last
+// power-off finished.
+func offSettled(ops []*coordv1.Operation, wait time.Duration, now time.Time) time.Duration {
+	var last time.Time
+	for _, op := range ops {
+		if op.Action != "on" && op.FinishedAt != nil && op.FinishedAt.AsTime().After(last) {
+			last = op.FinishedAt.AsTime()
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return last.Add(wait).Sub(now)
 }
 
 // rebootOffFailed says why a reboot must not power its node on, once its power-off methods ran: a
@@ -219,6 +238,9 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 		if why := rebootOffFailed(ops); why != "" {
 			next.Status, next.Error = coordv1.FenceStatus_FENCE_STATUS_ERROR, why
 			return Decision{Next: next}
+		}
+		if wait := offSettled(ops, f.Policy.PowerWait, now); wait > 0 {
+			return Decision{Wait: wait}
 		}
 	}
 	if len(ops) < len(methods) {

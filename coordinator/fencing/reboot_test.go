@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
 const oneBMC = `
@@ -59,4 +62,45 @@ func TestRebootRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A reboot waits PowerWait between its confirmed power-off and its power-on, as fence-agents'
+// power_wait does, so a machine whose BMC confirms off at once really loses power.
+func TestRebootWaitsBetweenOffAndOn(t *testing.T) {
+	c, err := fenceconfig.Parse([]byte(oneBMC), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := func(step string) ([]fenceconfig.Resolved, error) { return c.Plan("nd", step) }
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	policy := DefaultPolicy()
+	rec := NewRecord("f", "nd", coordv1.FenceAction_FENCE_ACTION_REBOOT, plan, 0, now)
+	decide := func() Decision { return Decide(rec, Facts{Now: now, Plan: plan, NodeReady: true, Policy: policy}) }
+	var offDone time.Time
+	for i := 0; i < 20; i++ {
+		d := decide()
+		switch {
+		case d.Resend != nil && d.Resend.Action == "off":
+			Record(rec, d.Resend.OperationId, driverv1.PowerState_POWER_STATE_OFF, nil, "", now, time.Millisecond)
+			offDone = now
+		case d.Resend != nil && d.Resend.Action == "on":
+			if waited := now.Sub(offDone); offDone.IsZero() || waited < policy.PowerWait {
+				t.Fatalf("power-on sent %s after the confirmed off, want at least %s", waited, policy.PowerWait)
+			}
+			return
+		case d.Next != nil:
+			if ops := d.Next.Operations; len(ops) > 0 && ops[len(ops)-1].Action == "on" && now.Sub(offDone) < policy.PowerWait {
+				t.Fatalf("power-on decided %s after the confirmed off", now.Sub(offDone))
+			}
+			rec = d.Next
+		case d.Wait > 0:
+			if !offDone.IsZero() && d.Wait > policy.PowerWait {
+				t.Fatalf("waits %s, more than the power wait", d.Wait)
+			}
+			now = now.Add(d.Wait)
+		default:
+			t.Fatal("no decision")
+		}
+	}
+	t.Fatal("the power-on was never sent")
 }

@@ -269,6 +269,9 @@ func nodeTable(n *coordv1.Node, last *coordv1.NodeFence) table {
 	if n.AgentDown {
 		t.rows = append(t.rows, []string{"agent down:", "its kubelet reports: never tainted or fenced for it"})
 	}
+	if s := stallLine(n.StalledPercent); s != "" {
+		t.rows = append(t.rows, []string{"pressure stall:", s})
+	}
 	if n.ShuttingDown {
 		t.rows = append(t.rows, []string{"shutting down:", "announced a graceful shutdown"})
 	}
@@ -499,4 +502,21 @@ func (c *ctl) listWould(ctx context.Context, node string, limit int, page string
 		}
 		return c.show(view{data: r, tables: []table{t}})
 	})
+}
+
+// stallLine renders a node's pressure stall information: the share of the last 10 s each resource
+// stalled some (or all) tasks, "" when the node reports none.
+func stallLine(stalled map[string]float64) string {
+	var parts []string
+	for _, res := range []string{"cpu", "memory", "io"} {
+		for _, kind := range []string{"some", "full"} {
+			if p, ok := stalled["psi."+res+"."+kind]; ok {
+				parts = append(parts, fmt.Sprintf("%s %s %.1f%%", res, kind, p))
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return strings.Join(parts, ", ") + " of the last 10 s stalled"
 }

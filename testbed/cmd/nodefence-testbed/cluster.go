@@ -44,8 +44,7 @@ type sim struct {
 	bmc        *ipmisim.BMC
 	cancel     context.CancelFunc
 	done       chan struct{}
-	mu         sync.Mutex // guards cancel, done, unpowered and boots
-	unpowered  bool       // the BMC switched the node off; it starts again when switched on
+	mu         sync.Mutex // guards cancel, done and boots
 	boots      int        // boots after the first: a node switched on again has a new boot id
 	metrics    *metrics.Metrics
 	agent      atomic.Pointer[agent.Agent] // the running agent, nil while the node is down
@@ -80,45 +79,6 @@ type cluster struct {
 	operator              tlsfiles.Files // the testbed's own client certificate (operator/testbed)
 	host                  *ipmisim.BMC   // this host's (simulated) BMC: every node that says hello is configured
 	stopPower             context.CancelFunc
-}
-
-// followPower stops a simulated node's agent when its BMC is off and restarts it when it is on
-// again, as a machine's power would; an agent stopped by silence (a crash) stays stopped until the
-// BMC has switched the node off and on.
-func (c *cluster) followPower(ctx context.Context, s *sim) {
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		on, err := s.bmc.Power()
-		if err != nil {
-			continue
-		}
-		s.mu.Lock()
-		running, unpowered := s.cancel != nil, s.unpowered
-		s.mu.Unlock()
-		switch {
-		case !on && !unpowered:
-			if running {
-				s.silence()
-			}
-			s.mu.Lock()
-			s.unpowered = true
-			s.mu.Unlock()
-		case on && unpowered:
-			s.mu.Lock()
-			s.unpowered = false
-			s.boots++
-			s.mu.Unlock()
-			if err := c.startSim(s); err != nil {
-				c.log.Warn("simulated agent not restarted", "node", s.name, "err", err)
-			}
-		}
-	}
 }
 
 func startCluster(ctx context.Context, opts options, out io.Writer, log *slog.Logger) (*cluster, error) {
@@ -211,6 +171,9 @@ func (c *cluster) startBMCs(step func(format string, args ...any)) error {
 		if i == 2 {
 			zone = "zone-b"
 		}
+		if err := bmc.SetExternalPower(true); err != nil { // followPower is its supply
+			return fmt.Errorf("BMC for %s: %w", name, err)
+		}
 		c.sims = append(c.sims, &sim{name: name, zone: zone, bmc: bmc})
 	}
 	step("started %d ipmi_sim BMCs: %s", len(c.sims)+1, strings.Join(c.bmcList(), ", "))
@@ -296,7 +259,7 @@ func (c *cluster) startAgents(ctx context.Context, hostTLS tlsfiles.Files, step 
 	}
 	step("simulated agents started: %s", strings.Join(c.simNames(), ", "))
 	for _, s := range c.sims {
-		go c.followPower(powerCtx, s)
+		go c.powerSim(powerCtx, s)
 	}
 	return nil
 }

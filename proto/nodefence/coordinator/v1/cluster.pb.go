@@ -1002,7 +1002,11 @@ type Node struct {
 	Region string `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
 	// Connected is true while the agent has a stream open to this leader.
 	Connected bool `protobuf:"varint,8,opt,name=connected,proto3" json:"connected,omitempty"`
-	// Signals are the latest signal values (name -> available).
+	// Signals are the latest eviction-signal values the agent measured, name -> how much is AVAILABLE
+	// (bytes for *.available, inodes for *.inodesFree, pids for pid.available): lower means more
+	// pressure. The kernel's pressure-stall signals are here too, as psi.<cpu|io|memory>.<some|full>
+	// with the share of the last 10 s NOT stalled in basis points (10000 = never stalled); their
+	// stalled share is in stalled_percent.
 	Signals map[string]int64 `protobuf:"bytes,9,rep,name=signals,proto3" json:"signals,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// ShuttingDown is true after the agent announced a graceful shutdown.
 	ShuttingDown bool `protobuf:"varint,10,opt,name=shutting_down,json=shuttingDown,proto3" json:"shutting_down,omitempty"`
@@ -1036,9 +1040,13 @@ type Node struct {
 	ExcludedFromFencing bool `protobuf:"varint,21,opt,name=excluded_from_fencing,json=excludedFromFencing,proto3" json:"excluded_from_fencing,omitempty"`
 	// WouldFence is true once an automatic fence was observed (recorded as would fence, not
 	// executed) for the current not-ready episode.
-	WouldFence    bool `protobuf:"varint,22,opt,name=would_fence,json=wouldFence,proto3" json:"would_fence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WouldFence bool `protobuf:"varint,22,opt,name=would_fence,json=wouldFence,proto3" json:"would_fence,omitempty"`
+	// StalledPercent is the kernel's pressure stall information (PSI) as it reads:
+	// psi.<cpu|io|memory>.<some|full> -> the percentage of the last 10 s in which some (or all)
+	// runnable tasks were stalled on the resource (0 = no pressure). Empty where the kernel has no PSI.
+	StalledPercent map[string]float64 `protobuf:"bytes,23,rep,name=stalled_percent,json=stalledPercent,proto3" json:"stalled_percent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1223,6 +1231,13 @@ func (x *Node) GetWouldFence() bool {
 		return x.WouldFence
 	}
 	return false
+}
+
+func (x *Node) GetStalledPercent() map[string]float64 {
+	if x != nil {
+		return x.StalledPercent
+	}
+	return nil
 }
 
 // NodeCondition is one node condition as the agent reported it.
@@ -2573,7 +2588,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0eafter_revision\x18\x02 \x01(\x03R\rafterRevision\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"S\n" +
 	"\x11ListAuditResponse\x12>\n" +
-	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xdc\a\n" +
+	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xfc\b\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
 	"\treadiness\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ReadinessR\treadiness\x12\x16\n" +
@@ -2601,10 +2616,14 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\bobserved\x18\x14 \x01(\bR\bobserved\x122\n" +
 	"\x15excluded_from_fencing\x18\x15 \x01(\bR\x13excludedFromFencing\x12\x1f\n" +
 	"\vwould_fence\x18\x16 \x01(\bR\n" +
-	"wouldFence\x1a:\n" +
+	"wouldFence\x12[\n" +
+	"\x0fstalled_percent\x18\x17 \x03(\v22.nodefence.coordinator.v1.Node.StalledPercentEntryR\x0estalledPercent\x1a:\n" +
 	"\fSignalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x98\x01\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
+	"\x13StalledPercentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x98\x01\n" +
 	"\rNodeCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
@@ -2728,7 +2747,7 @@ func file_nodefence_coordinator_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_coordinator_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_nodefence_coordinator_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_nodefence_coordinator_v1_cluster_proto_goTypes = []any{
 	(Readiness)(0),                   // 0: nodefence.coordinator.v1.Readiness
 	(ZoneState)(0),                   // 1: nodefence.coordinator.v1.ZoneState
@@ -2769,67 +2788,69 @@ var file_nodefence_coordinator_v1_cluster_proto_goTypes = []any{
 	(*GetLeaderResponse)(nil),        // 36: nodefence.coordinator.v1.GetLeaderResponse
 	nil,                              // 37: nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
 	nil,                              // 38: nodefence.coordinator.v1.Node.SignalsEntry
-	(v1.PowerState)(0),               // 39: nodefence.driver.v1.PowerState
-	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
+	nil,                              // 39: nodefence.coordinator.v1.Node.StalledPercentEntry
+	(v1.PowerState)(0),               // 40: nodefence.driver.v1.PowerState
+	(*durationpb.Duration)(nil),      // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
 }
 var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
-	39, // 0: nodefence.coordinator.v1.DeviceCheck.state:type_name -> nodefence.driver.v1.PowerState
-	40, // 1: nodefence.coordinator.v1.DeviceCheck.latency:type_name -> google.protobuf.Duration
-	41, // 2: nodefence.coordinator.v1.DeviceCheck.checked_at:type_name -> google.protobuf.Timestamp
+	40, // 0: nodefence.coordinator.v1.DeviceCheck.state:type_name -> nodefence.driver.v1.PowerState
+	41, // 1: nodefence.coordinator.v1.DeviceCheck.latency:type_name -> google.protobuf.Duration
+	42, // 2: nodefence.coordinator.v1.DeviceCheck.checked_at:type_name -> google.protobuf.Timestamp
 	4,  // 3: nodefence.coordinator.v1.CheckNodeResponse.checks:type_name -> nodefence.coordinator.v1.DeviceCheck
 	37, // 4: nodefence.coordinator.v1.FenceMethodConfig.parameters:type_name -> nodefence.coordinator.v1.FenceMethodConfig.ParametersEntry
 	8,  // 5: nodefence.coordinator.v1.FenceNodeConfig.methods:type_name -> nodefence.coordinator.v1.FenceMethodConfig
 	7,  // 6: nodefence.coordinator.v1.GetConfigResponse.settings:type_name -> nodefence.coordinator.v1.Setting
 	9,  // 7: nodefence.coordinator.v1.GetConfigResponse.nodes:type_name -> nodefence.coordinator.v1.FenceNodeConfig
-	41, // 8: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	42, // 8: nodefence.coordinator.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
 	11, // 9: nodefence.coordinator.v1.ListAuditResponse.entries:type_name -> nodefence.coordinator.v1.AuditEntry
 	0,  // 10: nodefence.coordinator.v1.Node.readiness:type_name -> nodefence.coordinator.v1.Readiness
-	41, // 11: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	42, // 11: nodefence.coordinator.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
 	38, // 12: nodefence.coordinator.v1.Node.signals:type_name -> nodefence.coordinator.v1.Node.SignalsEntry
 	15, // 13: nodefence.coordinator.v1.Node.conditions:type_name -> nodefence.coordinator.v1.NodeCondition
-	41, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
-	41, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
-	41, // 16: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
-	1,  // 17: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	14, // 18: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	14, // 19: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	16, // 20: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	33, // 21: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 22: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 23: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	41, // 24: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
-	34, // 25: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
-	2,  // 26: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
-	17, // 27: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	19, // 28: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	21, // 29: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	23, // 30: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	25, // 31: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	35, // 32: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	12, // 33: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	3,  // 34: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
-	6,  // 35: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
-	27, // 36: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
-	29, // 37: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
-	31, // 38: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
-	18, // 39: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	20, // 40: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	22, // 41: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	24, // 42: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	26, // 43: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	36, // 44: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	13, // 45: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	5,  // 46: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
-	10, // 47: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
-	28, // 48: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
-	30, // 49: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
-	32, // 50: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
-	39, // [39:51] is the sub-list for method output_type
-	27, // [27:39] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	42, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
+	42, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
+	39, // 16: nodefence.coordinator.v1.Node.stalled_percent:type_name -> nodefence.coordinator.v1.Node.StalledPercentEntry
+	42, // 17: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	1,  // 18: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
+	14, // 19: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	14, // 20: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	16, // 21: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	33, // 22: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 23: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 24: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	42, // 25: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
+	34, // 26: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
+	2,  // 27: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
+	17, // 28: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	19, // 29: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	21, // 30: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	23, // 31: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	25, // 32: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	35, // 33: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	12, // 34: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	3,  // 35: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
+	6,  // 36: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
+	27, // 37: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
+	29, // 38: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
+	31, // 39: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
+	18, // 40: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	20, // 41: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	22, // 42: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	24, // 43: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	26, // 44: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	36, // 45: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	13, // 46: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	5,  // 47: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
+	10, // 48: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
+	28, // 49: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
+	30, // 50: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
+	32, // 51: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
+	40, // [40:52] is the sub-list for method output_type
+	28, // [28:40] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }
@@ -2843,7 +2864,7 @@ func file_nodefence_coordinator_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_coordinator_v1_cluster_proto_rawDesc), len(file_nodefence_coordinator_v1_cluster_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
