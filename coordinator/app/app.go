@@ -164,7 +164,8 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		return
 	}
 	nc := a.fences().Nodes[req.Node]
-	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot},
+	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot,
+		LastContact: req.LastContact, NotReadySince: req.NotReadySince},
 		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
 		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
@@ -180,6 +181,9 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 			a.metrics.ObserveStage("detect", req.NotReadySince.Sub(req.LastContact))
 		}
 		a.metrics.ObserveStage("decide", req.At.Sub(req.NotReadySince))
+		if !req.NotReadySince.IsZero() {
+			a.metrics.ObserveRecovery(got, loop.RecoveryNotReady, req.NotReadySince)
+		}
 	}
 	runner.Start(got.Id)
 }

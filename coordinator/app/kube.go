@@ -194,6 +194,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		OnRelease: func(node string, f *coordv1.NodeFence, rel kube.Released) {
 			if f.GetConfirmedOffAt() != nil {
 				k.a.metrics.ObserveStage("release", k.a.now().Sub(f.ConfirmedOffAt.AsTime()))
+				k.a.metrics.ObserveRecovery(f, loop.RecoveryReleased, k.a.now())
 			}
 			k.a.audit(term, node, "release", fmt.Sprintf("fence %s confirmed off: out-of-service taint; deleted pods %v; deleted volumeattachments %v; kept %v",
 				f.GetId(), rel.DeletedPods, rel.DeletedVolumeAttachments, rel.KeptPods))

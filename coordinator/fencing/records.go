@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/services/fault"
 
@@ -44,6 +46,9 @@ type AutoRequest struct {
 	// Reboot asks for a power cycle instead of a power-off (a reporting node a condition trigger
 	// found broken: engine/conditions.go).
 	Reboot bool
+	// LastContact and NotReadySince are the engine's: the node's last witness contact and when it
+	// was judged not ready (zero: unknown).
+	LastContact, NotReadySince time.Time
 }
 
 // AutoRebootReason is the reason of an automatic power cycle.
@@ -62,6 +67,12 @@ func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, erro
 	rec := NewRecord(NewID(req.Node, now), req.Node, action, plan, delay, now)
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = reason, "coordinator", true, epoch
 	rec.Evidence = append(append([]string(nil), req.Evidence...), rec.Evidence...)
+	if !req.LastContact.IsZero() {
+		rec.LastContactAt = timestamppb.New(req.LastContact)
+	}
+	if !req.NotReadySince.IsZero() {
+		rec.NotReadySince = timestamppb.New(req.NotReadySince)
+	}
 	if req.Dumping {
 		// Evidence only: an unauthenticated datagram never confirms a power-off. The record is
 		// confirmed by the driver's read-back after power management, which waits for the dump.

@@ -43,21 +43,24 @@ type FenceSpec struct {
 
 // FenceStatus is the NodeFence status: the record's progress.
 type FenceStatus struct {
-	Step           string           `json:"step,omitempty"`
-	Status         string           `json:"status,omitempty"`
-	Retries        int32            `json:"retries,omitempty"`
-	Polls          int32            `json:"polls,omitempty"`
-	Epoch          int64            `json:"epoch,omitempty"`
-	Error          string           `json:"error,omitempty"`
-	AcknowledgedBy string           `json:"acknowledgedBy,omitempty"`
-	Evidence       []string         `json:"evidence,omitempty"`
-	CreatedAt      *metav1.Time     `json:"createdAt,omitempty"`
-	UpdatedAt      *metav1.Time     `json:"updatedAt,omitempty"`
-	FinishedAt     *metav1.Time     `json:"finishedAt,omitempty"`
-	ConfirmedOffAt *metav1.Time     `json:"confirmedOffAt,omitempty"`
-	NextAttemptAt  *metav1.Time     `json:"nextAttemptAt,omitempty"`
-	WouldReleaseAt *metav1.Time     `json:"wouldReleaseAt,omitempty"`
-	Operations     []FenceOperation `json:"operations,omitempty"`
+	Step           string       `json:"step,omitempty"`
+	Status         string       `json:"status,omitempty"`
+	Retries        int32        `json:"retries,omitempty"`
+	Polls          int32        `json:"polls,omitempty"`
+	Epoch          int64        `json:"epoch,omitempty"`
+	Error          string       `json:"error,omitempty"`
+	AcknowledgedBy string       `json:"acknowledgedBy,omitempty"`
+	Evidence       []string     `json:"evidence,omitempty"`
+	CreatedAt      *metav1.Time `json:"createdAt,omitempty"`
+	UpdatedAt      *metav1.Time `json:"updatedAt,omitempty"`
+	FinishedAt     *metav1.Time `json:"finishedAt,omitempty"`
+	ConfirmedOffAt *metav1.Time `json:"confirmedOffAt,omitempty"`
+	NextAttemptAt  *metav1.Time `json:"nextAttemptAt,omitempty"`
+	WouldReleaseAt *metav1.Time `json:"wouldReleaseAt,omitempty"`
+	// LastContactAt and NotReadySince start an automatic fence's timeline (fencectl timeline).
+	LastContactAt *metav1.Time     `json:"lastContactAt,omitempty"`
+	NotReadySince *metav1.Time     `json:"notReadySince,omitempty"`
+	Operations    []FenceOperation `json:"operations,omitempty"`
 	// Conditions are Kubernetes-style: Fenced, Finished, Failed.
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
@@ -165,6 +168,7 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
 		ConfirmedOffAt: ts(rec.GetConfirmedOffAt()), NextAttemptAt: ts(rec.GetNextAttemptAt()),
 		WouldReleaseAt: ts(rec.GetWouldReleaseAt()), Conditions: FenceConditions(rec),
+		LastContactAt: ts(rec.GetLastContactAt()), NotReadySince: ts(rec.GetNotReadySince()),
 	}
 	for _, op := range rec.GetOperations() {
 		st.Operations = append(st.Operations, FenceOperation{

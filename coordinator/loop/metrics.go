@@ -31,6 +31,9 @@ type Metrics struct {
 	// FenceStages observes, per stage, how long a fence took: confirm (record created -> power-off
 	// or isolation confirmed), finish (created -> finished).
 	FenceStages *prometheus.HistogramVec
+	// Recovery observes, for automatic fences, the seconds from the node's last witness contact
+	// (its death, as near as the coordinator can tell) to each phase of its recovery.
+	Recovery *prometheus.HistogramVec
 	// PodGrants counts soft-threshold pod evictions granted, by zone.
 	PodGrants *prometheus.CounterVec
 	// PodCandidatesHeld is how many nodes' eviction candidates wait for their zone's budget.
@@ -60,6 +63,14 @@ func (m *Metrics) ObserveFence(f *coordv1.NodeFence) {
 		m.seen = map[string]bool{}
 	}
 	created := f.GetCreatedAt().AsTime()
+	if f.LastContactAt != nil && !m.seen[f.Id+"/decision"] {
+		m.seen[f.Id+"/decision"] = true
+		m.Recovery.WithLabelValues(RecoveryDecision).Observe(created.Sub(f.LastContactAt.AsTime()).Seconds())
+	}
+	if f.LastContactAt != nil && f.ConfirmedOffAt != nil && !m.seen[f.Id+"/recovery-confirm"] {
+		m.seen[f.Id+"/recovery-confirm"] = true
+		m.Recovery.WithLabelValues(RecoveryConfirmedOff).Observe(f.ConfirmedOffAt.AsTime().Sub(f.LastContactAt.AsTime()).Seconds())
+	}
 	if f.ConfirmedOffAt != nil && !m.seen[f.Id+"/confirm"] {
 		m.seen[f.Id+"/confirm"] = true
 		m.FenceStages.WithLabelValues("confirm").Observe(f.ConfirmedOffAt.AsTime().Sub(created).Seconds())
@@ -68,6 +79,23 @@ func (m *Metrics) ObserveFence(f *coordv1.NodeFence) {
 		m.seen[f.Id+"/finish"] = true
 		m.FenceStages.WithLabelValues("finish").Observe(f.FinishedAt.AsTime().Sub(created).Seconds())
 	}
+}
+
+// Recovery phases (nodefence_recovery_seconds{phase}).
+const (
+	RecoveryNotReady     = "not-ready"     // judged not ready (the grace period ended)
+	RecoveryDecision     = "decision"      // the automatic fence decided (record created)
+	RecoveryConfirmedOff = "confirmed-off" // a driver's read-back confirmed the node off
+	RecoveryReleased     = "released"      // its pods released (Kubernetes mode)
+)
+
+// ObserveRecovery records the seconds from the node's last contact to phase for an automatic
+// fence (records without a last contact are not observed).
+func (m *Metrics) ObserveRecovery(f *coordv1.NodeFence, phase string, at time.Time) {
+	if m == nil || f.GetLastContactAt() == nil {
+		return
+	}
+	m.Recovery.WithLabelValues(phase).Observe(at.Sub(f.LastContactAt.AsTime()).Seconds())
 }
 
 // ObserveStage records one stage duration (detect, decide, release, recover) measured elsewhere.
@@ -111,6 +139,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, stage := range []string{"detect", "decide", "confirm", "finish", "release"} {
 		m.FenceStages.WithLabelValues(stage)
 	}
+	m.Recovery = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nodefence_recovery_seconds",
+		Help:    "Automatic fences: seconds from the node's last witness contact to each recovery phase: not-ready, decision (fence requested), confirmed-off (read-back), released (its pods released, Kubernetes mode). fencectl timeline shows one fence's phases.",
+		Buckets: []float64{1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180, 300, 600}}, []string{"phase"})
+	for _, phase := range []string{RecoveryNotReady, RecoveryDecision, RecoveryConfirmedOff, RecoveryReleased} {
+		m.Recovery.WithLabelValues(phase)
+	}
 	m.WitnessDown = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nodefence_witness_down_nodes",
 		Help: "Nodes whose agent (witness=agent) or kubelet (witness=kubelet) alone is down while the other reports (Kubernetes mode)."}, []string{"witness"})
 	m.PodGrants = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_pod_eviction_grants_total",
@@ -128,7 +162,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.seen = map[string]bool{}
 	reg.MustRegister(m.PodEvictionFallbacks, m.AgentEventsDropped,
-		m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.WitnessDown,
+		m.ZoneHealth, m.ZoneSize, m.UnhealthyNodes, m.Evictions, m.Updates, m.ApplyLatency, m.QueueLatency, m.FenceSkips, m.FenceRequests, m.FenceStages, m.Recovery, m.WitnessDown,
 		m.PodGrants, m.PodCandidatesHeld, m.PodEvictionsLocal)
 	return m
 }

@@ -361,7 +361,7 @@ func (e *Env) startCoordinator(ctx context.Context, rc *rest.Config, driverAddr 
 		return nil, err
 	}
 	cfg := app.Config{
-		Server:  server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
+		Server:  server.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
 		DataDir: filepath.Join(e.dir, "coordinator"), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0", EtcdUnsafeNoFsync: true,
 		KubeREST: rc, FenceNamespace: "nodefence", DriverEndpoints: map[string]string{"ipmi": driverAddr},
 		DriverTLS: coordTLS, Engine: eng, ElectionTTL: time.Second, FenceOpTimeout: 10 * time.Second,

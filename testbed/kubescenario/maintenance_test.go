@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/testbed/promscrape"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -92,6 +93,16 @@ func TestMaintenanceHoldsTheFence(t *testing.T) {
 	}
 	t.Logf("%s: fenced and released %.1fs after its maintenance ended", victim.Name, time.Since(stopped).Seconds())
 
+	// The recovery's phases are measured from the node's last contact.
+	m, err := promscrape.Get("http://" + env.Coord.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, phase := range []string{"not-ready", "decision", "confirmed-off", "released"} {
+		if n := m[`nodefence_recovery_seconds_count{phase="`+phase+`"}`]; n != 1 {
+			t.Errorf("nodefence_recovery_seconds{phase=%q} observed %v times, want once", phase, n)
+		}
+	}
 	audit, err := cluster.ListAudit(ctx, &coordv1.ListAuditRequest{Node: victim.Name})
 	if err != nil {
 		t.Fatal(err)

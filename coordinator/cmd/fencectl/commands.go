@@ -97,6 +97,11 @@ refused unless --force with a --reason.`,
 			node := fs.String("node", "", "follow this node's latest record instead of an ID")
 			return func(ctx context.Context, c *ctl, a []string) error { return c.watchCommand(ctx, a, *node) }
 		}},
+	{name: "timeline", args: "NODE", minArgs: 1, maxArgs: 1, summary: "the phases of a node's newest fence: when each happened and what it waited for",
+		help: timelineHelp,
+		setup: func(*flag.FlagSet) runFunc {
+			return func(ctx context.Context, c *ctl, a []string) error { return c.timeline(ctx, a[0]) }
+		}},
 	{name: "nodes", summary: "list nodes with readiness and last contact",
 		setup: func(*flag.FlagSet) runFunc {
 			return func(ctx context.Context, c *ctl, _ []string) error { return c.nodes(ctx) }

@@ -311,8 +311,14 @@ type NodeFence struct {
 	// witnesses silent: had the fence confirmed the node off, its pods would have been released
 	// then. Nothing was released.
 	WouldReleaseAt *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=would_release_at,json=wouldReleaseAt,proto3" json:"would_release_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// LastContactAt is, for an automatic fence, the node's last witness contact before it was judged
+	// silent: where the recovery's clock starts (fencectl timeline, nodefence_recovery_seconds).
+	LastContactAt *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=last_contact_at,json=lastContactAt,proto3" json:"last_contact_at,omitempty"`
+	// NotReadySince is, for an automatic fence, when the node was judged not ready (the grace period
+	// ended); the fence timeout and the storm guard's settle window count from there.
+	NotReadySince *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=not_ready_since,json=notReadySince,proto3" json:"not_ready_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeFence) Reset() {
@@ -495,6 +501,20 @@ func (x *NodeFence) GetWrongMachineAt() *timestamppb.Timestamp {
 func (x *NodeFence) GetWouldReleaseAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.WouldReleaseAt
+	}
+	return nil
+}
+
+func (x *NodeFence) GetLastContactAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastContactAt
+	}
+	return nil
+}
+
+func (x *NodeFence) GetNotReadySince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotReadySince
 	}
 	return nil
 }
@@ -1454,7 +1474,7 @@ var File_nodefence_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xee\a\n" +
+	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xf6\b\n" +
 	"\tNodeFence\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12=\n" +
@@ -1483,7 +1503,9 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\tautomatic\x18\x13 \x01(\bR\tautomatic\x12\x14\n" +
 	"\x05polls\x18\x14 \x01(\x05R\x05polls\x12D\n" +
 	"\x10wrong_machine_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewrongMachineAt\x12D\n" +
-	"\x10would_release_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewouldReleaseAt\"\xb8\x04\n" +
+	"\x10would_release_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewouldReleaseAt\x12B\n" +
+	"\x0flast_contact_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rlastContactAt\x12B\n" +
+	"\x0fnot_ready_since\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\rnotReadySince\"\xb8\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
@@ -1633,39 +1655,41 @@ var file_nodefence_coordinator_v1_fence_proto_depIdxs = []int32{
 	20, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
 	20, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
 	20, // 10: nodefence.coordinator.v1.NodeFence.would_release_at:type_name -> google.protobuf.Timestamp
-	3,  // 11: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
-	21, // 12: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
-	20, // 13: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
-	20, // 14: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
-	22, // 15: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
-	1,  // 16: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
-	4,  // 17: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 18: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 19: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 20: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 21: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	2,  // 22: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	4,  // 23: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 24: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	6,  // 25: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
-	8,  // 26: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
-	10, // 27: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
-	12, // 28: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
-	14, // 29: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
-	16, // 30: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
-	18, // 31: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
-	7,  // 32: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
-	9,  // 33: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
-	11, // 34: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
-	13, // 35: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
-	15, // 36: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
-	17, // 37: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
-	19, // 38: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
-	32, // [32:39] is the sub-list for method output_type
-	25, // [25:32] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	20, // 11: nodefence.coordinator.v1.NodeFence.last_contact_at:type_name -> google.protobuf.Timestamp
+	20, // 12: nodefence.coordinator.v1.NodeFence.not_ready_since:type_name -> google.protobuf.Timestamp
+	3,  // 13: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
+	21, // 14: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
+	20, // 15: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
+	20, // 16: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
+	22, // 17: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
+	1,  // 18: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
+	4,  // 19: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 20: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 21: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 22: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 23: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	2,  // 24: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
+	4,  // 25: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
+	4,  // 26: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	6,  // 27: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
+	8,  // 28: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
+	10, // 29: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
+	12, // 30: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
+	14, // 31: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
+	16, // 32: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
+	18, // 33: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
+	7,  // 34: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
+	9,  // 35: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
+	11, // 36: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
+	13, // 37: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
+	15, // 38: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
+	17, // 39: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
+	19, // 40: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
+	34, // [34:41] is the sub-list for method output_type
+	27, // [27:34] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_fence_proto_init() }
