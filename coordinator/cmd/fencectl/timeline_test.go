@@ -16,7 +16,9 @@ import (
 // entries from before the last contact are left out.
 func TestTimelinePhases(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
-	at := func(s float64) *timestamppb.Timestamp { return timestamppb.New(t0.Add(time.Duration(s * float64(time.Second)))) }
+	at := func(s float64) *timestamppb.Timestamp {
+		return timestamppb.New(t0.Add(time.Duration(s * float64(time.Second))))
+	}
 	rec := &coordv1.NodeFence{Id: "n2-1", Node: "n2", Automatic: true, RequestedBy: "coordinator", Evidence: []string{"no agent contact for 20s"},
 		LastContactAt: at(0), NotReadySince: at(20), CreatedAt: at(22.5), ConfirmedOffAt: at(23.4), FinishedAt: at(23.5),
 		Status: coordv1.FenceStatus_FENCE_STATUS_DONE,
