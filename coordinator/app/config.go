@@ -144,11 +144,13 @@ const (
 // DefaultConfig is every default of the coordinator's configuration, in one place. ID (hostname-pid)
 // is filled by SetDefaults; the server's defaults are server.Config's own.
 func DefaultConfig() Config {
+	eng := engine.DefaultConfig()
+	eng.Fence.FlapWindow = DefaultReleaseHealthyDelay
 	return Config{
 		DataDir: DefaultDataDir, EtcdClientListen: DefaultEtcdClientListen, EtcdPeerListen: DefaultEtcdPeerListen,
 		EtcdPrefix: DefaultEtcdPrefix, Retention: store.DefaultRetention(),
 		FenceNamespace: DefaultFenceNamespace, FencePolicy: DefaultFencePolicy,
-		Engine:      engine.DefaultConfig(),
+		Engine:      eng,
 		ElectionTTL: DefaultElectionTTL, FenceOpTimeout: DefaultFenceOpTimeout, DeviceCheckInterval: DefaultDeviceCheckInterval,
 		Fencing:                fencing.DefaultPolicy(),
 		AgentHeartbeatInterval: DefaultAgentHeartbeatInterval, AgentSampleInterval: DefaultAgentSampleInterval,
@@ -320,6 +322,8 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.GCPercent, d.GCPercent)
 	setDefault(&c.ControlPlaneSelector, d.ControlPlaneSelector)
 	setDefault(&c.ReleaseHealthyDelay, d.ReleaseHealthyDelay)
+	// A node that comes back and dies again within the healthy delay keeps its earlier evidence.
+	c.Engine.Fence.FlapWindow = c.ReleaseHealthyDelay
 	setDefault(&c.AdmissionAgentUser, d.AdmissionAgentUser)
 	c.Engine.KubeletWitness = c.kubeMode()
 }

@@ -193,6 +193,7 @@ type node struct {
 	fenceRequested     bool       // automatic fencing requested in this not-ready episode
 	fenceBlocked       string     // why the storm guard holds fencing back
 	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
+	flap               flap       // the latest not-ready episode the node came back from (flap.go)
 	guardClearSince    time.Time  // since when the storm guard has let the released node's fence pass
 	excluded           bool       // node.kubernetes.io/exclude-disruption: not counted in its zone's state
 	controlPlane       bool       // matches the control-plane selector
@@ -387,6 +388,7 @@ func (e *Engine) transition(n *node, rd coordv1.Readiness, reason string, now ti
 	change := fmt.Sprintf("node %s: %s -> %s (%s)", n.name, word(from), word(rd), reason)
 	defer func() { e.event(now, "readiness", n.name, "%s", change) }()
 	if rd == coordv1.Readiness_READINESS_READY {
+		n.flap = cameBack(n, now)
 		n.notReadySince, n.fenceRequested, n.fenceBlocked, n.wouldFence = time.Time{}, false, "", false
 		n.releasedAt, n.guardClearSince = time.Time{}, time.Time{}
 		if n.queued {
@@ -405,6 +407,10 @@ func (e *Engine) transition(n *node, rd coordv1.Readiness, reason string, now ti
 	}
 	if n.notReadySince.IsZero() {
 		n.notReadySince = now
+		if e.flapped(n, now) {
+			change += fmt.Sprintf("; it came back for %s only: keeps its earlier episode's evidence (not ready since %s)",
+				n.lastContact.Sub(n.flap.back).Round(time.Second), n.notReadySince.UTC().Format(time.RFC3339))
+		}
 	}
 	if n.taint != TaintNone && !n.shuttingDown {
 		// Already granted: the taint follows the kind of not-readiness without another token.

@@ -37,6 +37,11 @@ type FenceConfig struct {
 	// fence back for a storm (the halt, a disrupted zone, too many nodes not ready), so that a
 	// cluster coming back from one does not fence the nodes still recovering all at once; 0: off.
 	StormCooldown time.Duration
+	// FlapWindow: a node that comes back from a not-ready episode and goes silent again within
+	// FlapWindow of coming back keeps its earlier episode's evidence — its not-ready time and, once
+	// released again, its first release — so the fence timeout is not waited a second time for a
+	// flapping node (the coordinator's --release-healthy-delay; 0: off).
+	FlapWindow time.Duration
 }
 
 // DefaultFenceSettle is FenceConfig.Settle's default: five heartbeats of the agent's default

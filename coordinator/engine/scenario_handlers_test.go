@@ -69,6 +69,8 @@ func (h *harness) handleConfig(args map[string]string) []string {
 			h.cfg.Fence.BudgetWindow = h.dur(v)
 		case "storm-cooldown":
 			h.cfg.Fence.StormCooldown = h.dur(v)
+		case "flap-window":
+			h.cfg.Fence.FlapWindow = h.dur(v)
 		case "unhealthy-condition":
 			t, err := ParseConditionTrigger(v)
 			if err != nil {
