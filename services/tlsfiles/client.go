@@ -54,7 +54,7 @@ func (c *clientCreds) Clone() credentials.TransportCredentials {
 	return &cc
 }
 
-//nolint:staticcheck // part of the interface grpc still calls for old dial options.
+// OverrideServerName is part of the interface grpc-go still has (deprecated there).
 func (c *clientCreds) OverrideServerName(name string) error {
 	c.serverName = name
 	return nil
