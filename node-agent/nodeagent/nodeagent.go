@@ -44,7 +44,6 @@ import (
 	"github.com/nodefence/nodefence/node-agent/signals"
 	"github.com/nodefence/nodefence/services/buildinfo"
 	"github.com/nodefence/nodefence/services/server"
-	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
 // Main is the whole program: it parses args, runs until ctx ends and returns the exit status (2 for
@@ -93,9 +92,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	met := metrics.New(a)
-	certMx := tlsfiles.NewMetrics()
-	certMx.Add(tlsfiles.RoleClient, a.Certs())
-	met.Registry.MustRegister(certMx)
 	opts.pressure.Eviction, opts.pressure.Layout, opts.pressure.Log = evCfg, layout, log
 	var pods pressure.PodSource
 	shutOpts := shutdown.Options{Sender: a, Recorder: met, Log: log}
