@@ -118,6 +118,22 @@ func TestCertificatesAndCARotateUnderARunningServer(t *testing.T) {
 	}
 
 	call("start")
+	// --tls-server-name is the name verified: a name the certificate does not carry fails.
+	for name, ok := range map[string]bool{"127.0.0.1": true, "other.example": false} {
+		f := clientFiles
+		f.ServerName = name
+		conn, err := dial.New(srv.Addr(), f, dial.Certs(client))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		conn.Close()
+		if (err == nil) != ok {
+			t.Fatalf("server name %s: %v, want success %v", name, err, ok)
+		}
+	}
 	// Renewal by the same CA; the server's new certificate is valid for two hours.
 	want := issue(old, srvID, "server", 2*time.Hour)
 	issue(old, cliID, "client", 2*time.Hour)

@@ -38,6 +38,9 @@ type clientCreds struct {
 }
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if c.serverName != "" {
+		authority = c.serverName // grpc's TLS credentials verify the authority's host
+	}
 	return credentials.NewTLS(c.r.ClientConfig(c.serverName, c.verify)).ClientHandshake(ctx, authority, conn)
 }
 
@@ -46,7 +49,7 @@ func (c *clientCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo,
 }
 
 func (c *clientCreds) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
+	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 }
 
 func (c *clientCreds) Clone() credentials.TransportCredentials {
