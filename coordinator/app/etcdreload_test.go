@@ -50,7 +50,7 @@ func TestEtcdClientReloadsItsCertificateAndCA(t *testing.T) {
 	}
 	oldCA, nextCA := newCA(), newCA()
 	write("member-trust.crt", oldCA.CertPEM, nextCA.CertPEM) // etcd admits clients of both
-	issue(oldCA, "member", "member", time.Hour)               // etcd reads its own files at every handshake
+	issue(oldCA, "member", "member", time.Hour)              // etcd reads its own files at every handshake
 	const firstLifetime = 5 * time.Second
 	issue(oldCA, "client", "nodefence-coordinator", firstLifetime)
 	expires := time.Now().Add(firstLifetime)
