@@ -279,7 +279,9 @@ func (r *Reloader) Failures() int {
 // current bundle verifies. nextProtos are the ALPN protocols to offer ("h2" for gRPC), as the
 // configuration a handshake gets is built here, not from the caller's copy.
 func (r *Reloader) ServerConfig(nextProtos ...string) *tls.Config {
-	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: nextProtos, GetCertificate: r.GetCertificate}
+	// No session tickets: a resumed session skips the client's certificate, which must be verified
+	// by the bundle as it is at every connection (a CA dropped from the bundle is distrusted at once).
+	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: nextProtos, GetCertificate: r.GetCertificate, SessionTicketsDisabled: true}
 	if r.files.CAFile != "" {
 		base.ClientAuth = tls.RequireAndVerifyClientCert
 	}
