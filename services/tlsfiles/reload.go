@@ -24,14 +24,16 @@ import (
 // per CheckEvery, on a handshake or a metrics scrape; at once after Recheck, which SIGHUP calls).
 // A changed piece that does not load (half written, key and certificate not matching, a bundle
 // with no certificate or an unparsable one) keeps the last good one; OnError hears why, once per
-// change, and Failures counts it. The certificate pair and the CA bundle are taken independently.
+// change that is still there at the next check, and Failures counts it. The certificate pair and
+// the CA bundle are taken independently.
 type Reloader struct {
 	files Files
 	// CheckEvery is the least time between two reads of the files (DefaultReloadCheck).
 	CheckEvery time.Duration
 	// Now is the clock the checks are paced by; nil means time.Now.
 	Now func() time.Time
-	// OnError, if set, hears of a changed file that could not be loaded, once per change.
+	// OnError, if set, hears of a changed file that could not be loaded at two checks in a row,
+	// once per change.
 	OnError func(error)
 	// OnLoad, if set, hears of every change taken (a new pair or a new bundle).
 	OnLoad func()
@@ -43,8 +45,8 @@ type Reloader struct {
 	certPEM    []byte
 	keyPEM     []byte
 	caPEM      []byte
-	badPair    []byte // the contents of the last pair that failed, reported once
-	badCA      []byte // the contents of the last bundle that failed, reported once
+	badPair    badFiles
+	badCA      badFiles
 	checked    time.Time
 	gen        uint64 // the Recheck generation of the last check
 	loads      int
@@ -168,7 +170,7 @@ func (r *Reloader) reloadPair() {
 	if err == nil {
 		var pair tls.Certificate
 		if pair, err = tls.X509KeyPair(c, k); err == nil {
-			r.pair, r.certPEM, r.keyPEM, r.badPair = &pair, c, k, nil
+			r.pair, r.certPEM, r.keyPEM, r.badPair = &pair, c, k, badFiles{}
 			r.loaded()
 			return
 		}
@@ -186,7 +188,7 @@ func (r *Reloader) reloadBundle() {
 		var pool *x509.CertPool
 		var notAfter time.Time
 		if pool, notAfter, err = parseBundle(b); err == nil {
-			r.pool, r.caNotAfter, r.caPEM, r.badCA = pool, notAfter, b, nil
+			r.pool, r.caNotAfter, r.caPEM, r.badCA = pool, notAfter, b, badFiles{}
 			r.loaded()
 			return
 		}
@@ -201,15 +203,27 @@ func (r *Reloader) loaded() {
 	}
 }
 
-// fail reports err once for the contents seen (a file that stays broken is reported once).
-func (r *Reloader) fail(last *[]byte, seen []byte, err error) {
-	if *last != nil && bytes.Equal(seen, *last) {
+// badFiles are the contents of changed files that did not load, and at how many checks in a row.
+type badFiles struct {
+	content []byte
+	checks  int
+}
+
+// fail counts and reports err when the same contents failed at a second check in a row: a
+// certificate copied before its key fails once, for a moment, and is no fault; a file that
+// stays broken is reported once.
+func (r *Reloader) fail(bad *badFiles, content []byte, err error) {
+	if content == nil {
+		content = []byte{}
+	}
+	if bad.content != nil && bytes.Equal(content, bad.content) {
+		bad.checks++
+	} else {
+		bad.content, bad.checks = content, 1
+	}
+	if bad.checks != 2 {
 		return
 	}
-	if seen == nil {
-		seen = []byte{}
-	}
-	*last = seen
 	r.failures++
 	if r.OnError != nil {
 		r.OnError(err)

@@ -174,3 +174,50 @@ func TestReloaderFollowsTheCABundle(t *testing.T) {
 		t.Fatalf("CA expiry %v, want %v", ca, other.CA.Cert.NotAfter)
 	}
 }
+
+// A certificate copied a moment before its key fails to load at one check and loads at the next:
+// no error, no failure counted, the new pair taken.
+func TestReloaderForgivesAPairCopiedInTwoSteps(t *testing.T) {
+	p, err := pki.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := p.Files(identity.Coordinator, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := files.Reloader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	r.Now = func() time.Time { return now }
+	r.OnError = func(err error) { t.Errorf("reported: %v", err) }
+	serving := func() string {
+		t.Helper()
+		c, err := r.GetCertificate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Leaf.SerialNumber.String()
+	}
+	first := serving()
+	pair, err := p.CA.Issue(identity.Identity{Role: identity.Coordinator, Name: "c1"}, []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(files.CertFile, pair.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	if serving() != first {
+		t.Fatal("took a certificate without its key")
+	}
+	if err := os.WriteFile(files.KeyFile, pair.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	if got := serving(); got == first || r.Failures() != 0 {
+		t.Fatalf("after the key: serving %s (first %s), failures %d; want the new one, none", got, first, r.Failures())
+	}
+}
