@@ -178,6 +178,19 @@ func TestCertificatesAndCARotateUnderARunningSystem(t *testing.T) {
 	check("every certificate re-issued by the new CA")
 	p.trust(newCA)
 	check("the new CA alone")
+	// A certificate of the dropped CA (a decommissioned node's agent) is refused from now on,
+	// though the coordinator has not restarted.
+	stale := &rotatingPKI{t: t, dir: t.TempDir(), ids: []identity.Identity{{Role: identity.Agent, Name: "node-2"}}}
+	stale.trust(newCA)
+	stale.issue(oldCA, time.Hour)
+	sc, err := dial.New(c.app.Addr(), stale.files(stale.ids[0]), dial.Peer(identity.Coordinator, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coordv1.NewClusterServiceClient(sc).ListNodes(ctx, &coordv1.ListNodesRequest{}); err == nil {
+		t.Fatal("a certificate of the dropped CA was accepted")
+	}
+	sc.Close()
 	if d := time.Until(expired); d > 0 {
 		time.Sleep(d + time.Second)
 	}
