@@ -76,7 +76,7 @@ func (p *rotatingPKI) trust(cas ...*certs.CA) {
 // 2 s, so every handshake after that uses what the processes reloaded: nothing fails, the agents
 // stay connected, and the fence completes with a read-back once the BMC answers.
 func TestCertificatesAndCARotateUnderARunningSystem(t *testing.T) {
-	const firstLifetime = 40 * time.Second
+	const firstLifetime = 60 * time.Second // past the start on a loaded machine; expires mid-test
 	victim := node{name: "node-1", password: "password", bmc: startBMC(t, "node-1")}
 	coordID, driverID, opID := identity.Identity{Role: identity.Coordinator, Name: "rot"}, identity.Identity{Role: identity.Driver, Name: "ipmi"}, identity.Identity{Role: identity.Operator, Name: "alice"}
 	agents := []identity.Identity{{Role: identity.Agent, Name: "node-2"}, {Role: identity.Agent, Name: "node-3"}}
