@@ -35,7 +35,8 @@ type Reloader struct {
 	// OnError, if set, hears of a changed file that could not be loaded at two checks in a row,
 	// once per change.
 	OnError func(error)
-	// OnLoad, if set, hears of every change taken (a new pair or a new bundle).
+	// OnLoad, if set, hears of every change taken (a new pair or a new bundle). OnError and OnLoad
+	// run while the reloader is locked: they must not call its methods.
 	OnLoad func()
 
 	mu         sync.Mutex
