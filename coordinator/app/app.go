@@ -34,6 +34,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -45,6 +46,7 @@ type App struct {
 	fenceCf atomic.Pointer[fenceconfig.Config]
 	etcd    *etcdembed.Etcd
 	cli     *clientv3.Client
+	etcdTLS *tlsfiles.Reloader // the etcd client's certificate and CA (nil: plaintext)
 	// lock is what Run's check of etcd's lock needs.
 	lock    etcdLockCheck
 	store   *store.Store

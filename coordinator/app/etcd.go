@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/nodefence/nodefence/coordinator/etcdembed"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
 // EtcdAccess is what the coordinator presents to etcd: TLS files and an etcd user. For an
@@ -85,7 +85,7 @@ func (e EtcdAccess) Validate(external bool) []error {
 // connection is plaintext: anyone on the path can read and forge fence records. Whether etcd
 // admits other clients is not a question of these flags (etcd ignores a user while its
 // authentication is off): Run's checkEtcdLocked asks etcd.
-func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3.Config, error) {
+func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3.Config, *tlsfiles.Reloader, error) {
 	cc := etcdClientConfig(endpoints)
 	secure := e.CAFile != "" || e.CertFile != ""
 	plain := false
@@ -96,50 +96,57 @@ func (e EtcdAccess) clientConfig(endpoints []string, log *slog.Logger) (clientv3
 			plain = true
 		}
 	}
+	var certs *tlsfiles.Reloader
 	if secure {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if e.CAFile != "" {
-			pem, err := os.ReadFile(e.CAFile)
-			if err != nil {
-				return cc, fmt.Errorf("--etcd-tls-ca: %w", err)
+		cc.TLS = &tls.Config{MinVersion: tls.VersionTLS12} // the system roots, with no CA file
+		if e.CAFile != "" || e.CertFile != "" {
+			var err error
+			if certs, err = e.reloader(log); err != nil {
+				return cc, nil, err
 			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return cc, fmt.Errorf("--etcd-tls-ca %s: no PEM certificate", e.CAFile)
-			}
+			// The static configuration tells the client the endpoints are TLS; every connection
+			// is made with the files as they are then.
+			cc.TLS = certs.ClientConfig("", nil)
+			cc.DialOptions = append(cc.DialOptions, grpc.WithTransportCredentials(certs.ClientCredentials("", nil)))
 		}
-		if e.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(e.CertFile, e.KeyFile)
-			if err != nil {
-				return cc, fmt.Errorf("--etcd-tls-cert: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		cc.TLS = tc
 	}
 	if e.Username != "" {
 		f, err := os.Open(e.PasswordFile)
 		if err != nil {
-			return cc, fmt.Errorf("--etcd-password-file: %w", err)
+			return cc, nil, fmt.Errorf("--etcd-password-file: %w", err)
 		}
 		buf, err := io.ReadAll(io.LimitReader(f, maxPasswordFile+1))
 		f.Close()
 		if err != nil {
-			return cc, fmt.Errorf("--etcd-password-file: %w", err)
+			return cc, nil, fmt.Errorf("--etcd-password-file: %w", err)
 		}
 		if len(buf) > maxPasswordFile {
-			return cc, fmt.Errorf("--etcd-password-file: longer than %d bytes", maxPasswordFile)
+			return cc, nil, fmt.Errorf("--etcd-password-file: longer than %d bytes", maxPasswordFile)
 		}
 		pw := strings.TrimRight(string(buf), "\r\n")
 		if pw == "" {
-			return cc, errors.New("--etcd-password-file: empty")
+			return cc, nil, errors.New("--etcd-password-file: empty")
 		}
 		cc.Username, cc.Password = e.Username, pw
 	}
 	if plain || cc.TLS == nil {
 		log.Warn("etcd connection is plaintext: anyone on the path can read and forge fence records; use https endpoints with --etcd-tls-ca")
 	}
-	return cc, nil
+	return cc, certs, nil
+}
+
+// reloader loads the TLS files of the access, naming the flag of the file that does not load.
+func (e EtcdAccess) reloader(log *slog.Logger) (*tlsfiles.Reloader, error) {
+	if e.CAFile != "" {
+		if _, err := (tlsfiles.Files{CAFile: e.CAFile}).Reloader(); err != nil {
+			return nil, fmt.Errorf("--etcd-tls-ca: %w", err)
+		}
+	}
+	r, err := tlsfiles.Files{CertFile: e.CertFile, KeyFile: e.KeyFile, CAFile: e.CAFile}.Watch(log, "the etcd client")
+	if err != nil {
+		return nil, fmt.Errorf("--etcd-tls-cert: %w", err)
+	}
+	return r, nil
 }
 
 // embeddedAccess is the access the embedded etcd generated.

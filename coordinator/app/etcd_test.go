@@ -52,11 +52,11 @@ func TestEtcdAccessClientConfig(t *testing.T) {
 		return p
 	}
 	log := slog.New(slog.DiscardHandler)
-	cc, err := EtcdAccess{Username: "nodefence", PasswordFile: write("pw", "s3cret\r\n")}.clientConfig([]string{"http://127.0.0.1:2379"}, log)
+	cc, _, err := EtcdAccess{Username: "nodefence", PasswordFile: write("pw", "s3cret\r\n")}.clientConfig([]string{"http://127.0.0.1:2379"}, log)
 	if err != nil || cc.Username != "nodefence" || cc.Password != "s3cret" || cc.TLS != nil {
 		t.Fatalf("plaintext with a user: %+v, %v", cc, err)
 	}
-	if cc, err = (EtcdAccess{}).clientConfig([]string{"https://127.0.0.1:2379"}, log); err != nil || cc.TLS == nil {
+	if cc, _, err = (EtcdAccess{}).clientConfig([]string{"https://127.0.0.1:2379"}, log); err != nil || cc.TLS == nil {
 		t.Fatalf("https endpoint: TLS %v, %v; want TLS with the system roots", cc.TLS, err)
 	}
 	for name, a := range map[string]EtcdAccess{
@@ -65,7 +65,7 @@ func TestEtcdAccessClientConfig(t *testing.T) {
 		"CA without PEM":    {CAFile: write("ca", "not pem")},
 		"unreadable client": {CAFile: write("ca2", "not pem"), CertFile: filepath.Join(dir, "nope"), KeyFile: filepath.Join(dir, "nope")},
 	} {
-		if _, err := a.clientConfig([]string{"https://127.0.0.1:2379"}, log); err == nil || !strings.Contains(err.Error(), "--etcd-") {
+		if _, _, err := a.clientConfig([]string{"https://127.0.0.1:2379"}, log); err == nil || !strings.Contains(err.Error(), "--etcd-") {
 			t.Errorf("%s: err = %v, want one naming the flag", name, err)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/server"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -140,7 +141,7 @@ func (a *App) connectEtcd() error {
 		endpoints, access = []string{e.Endpoint}, embeddedAccess(e.Client)
 		a.log.Info("embedded etcd ready", "endpoint", e.Endpoint, "dir", cfg.DataDir, "secrets", filepath.Dir(e.Client.CAFile))
 	}
-	cc, err := access.clientConfig(endpoints, a.log)
+	cc, etcdTLS, err := access.clientConfig(endpoints, a.log)
 	if err != nil {
 		a.closeEtcd()
 		return err
@@ -150,7 +151,7 @@ func (a *App) connectEtcd() error {
 		a.closeEtcd()
 		return fmt.Errorf("etcd client: %w", err)
 	}
-	a.cli = cli
+	a.cli, a.etcdTLS = cli, etcdTLS
 	a.lock = etcdLockCheck{endpoints: endpoints, access: access, prefix: cfg.EtcdPrefix}
 	if st := cfg.Server.TLS; !st.Insecure {
 		a.lock.nodefenceCert, a.lock.nodefenceKey, a.lock.nodefenceCA = st.CertFile, st.KeyFile, st.CAFile
@@ -178,6 +179,12 @@ func (a *App) bindServer() error {
 	a.elector = leader.NewElector(a.cli, a.store.LeaderPrefix(), leader.Info{ID: a.cfg.ID, Address: advertise}, int(a.cfg.ElectionTTL/time.Second), a.log)
 	a.follower, a.advertise = leader.NewFollower(a.cli, a.store.LeaderPrefix(), a.cfg.ID, a.log), advertise
 	a.metrics = loop.NewMetrics(srv.Registry)
+	driverTLS, err := a.drivers.Certs()
+	if err != nil {
+		return fmt.Errorf("--driver-tls-*: %w", err)
+	}
+	srv.Certs.Add(tlsfiles.RoleClient, driverTLS)
+	srv.Certs.Add(tlsfiles.RoleEtcdClient, a.etcdTLS)
 	a.proof = newProof(a, srv.Registry)
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_store_corrupt_records_total",
 		Help: "Stored fence record versions that could not be decoded and were skipped (each is logged once)."},

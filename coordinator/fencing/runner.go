@@ -44,6 +44,7 @@ type Drivers struct {
 	tls   tlsfiles.Files
 	log   *slog.Logger
 	mu    sync.Mutex
+	certs *tlsfiles.Reloader // every connection's material, read again when the files change
 	conns map[driverKey]*grpc.ClientConn
 }
 
@@ -65,13 +66,36 @@ func (d *Drivers) Client(endpoint, name string) (driverv1.FenceDriverServiceClie
 	k := driverKey{endpoint, name}
 	c, ok := d.conns[k]
 	if !ok {
-		var err error
-		if c, err = dial.New(endpoint, d.tls, dial.Peer(identity.Driver, name), dial.Log(d.log)); err != nil {
+		certs, err := d.certsLocked()
+		if err != nil {
+			return nil, err
+		}
+		if c, err = dial.New(endpoint, d.tls, dial.Peer(identity.Driver, name), dial.Log(d.log), dial.Certs(certs)); err != nil {
 			return nil, err
 		}
 		d.conns[k] = c
 	}
 	return driverv1.NewFenceDriverServiceClient(c), nil
+}
+
+// Certs is the reloader of the driver connections' certificate and CA bundle (nil when they are
+// plaintext), for the metrics.
+func (d *Drivers) Certs() (*tlsfiles.Reloader, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.certsLocked()
+}
+
+func (d *Drivers) certsLocked() (*tlsfiles.Reloader, error) {
+	if d.certs != nil || d.tls.Insecure {
+		return d.certs, nil
+	}
+	r, err := d.tls.Watch(d.log, "calling the fence drivers")
+	if err != nil {
+		return nil, err
+	}
+	d.certs = r
+	return r, nil
 }
 
 // Close closes every connection.

@@ -30,6 +30,7 @@ import (
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
 // Sampler reads the node's eviction signals. It is an interface here, where it is used, so that
@@ -57,6 +58,7 @@ type Agent struct {
 	sampler Sampler
 	log     *slog.Logger
 	version string
+	certs   *tlsfiles.Reloader // nil when plaintext
 
 	notify    chan struct{} // a message was queued; capacity 1
 	cfgNotify chan struct{} // a new AgentConfig arrived; capacity 1
@@ -82,12 +84,20 @@ func New(cfg Config, s Sampler) (*Agent, error) {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		version = bi.Main.Version
 	}
+	certs, err := cfg.TLS.Watch(cfg.Log, "the agent's connection to the coordinator")
+	if err != nil {
+		return nil, err
+	}
 	return &Agent{
-		cfg: cfg, sampler: s, log: cfg.Log, version: version,
+		cfg: cfg, sampler: s, log: cfg.Log, version: version, certs: certs,
 		notify: make(chan struct{}, 1), cfgNotify: make(chan struct{}, 1),
 		out: NewOutbox(cfg.BufferSize), heartbeat: cfg.HeartbeatInterval, sample: cfg.SampleInterval,
 	}, nil
 }
+
+// Certs is the reloader of the agent's certificate and CA bundle (nil when plaintext), for the
+// metrics: every new stream takes the files as they are then.
+func (a *Agent) Certs() *tlsfiles.Reloader { return a.certs }
 
 // Connected reports whether a stream is up: the coordinator has answered this stream's Hello.
 func (a *Agent) Connected() bool { return a.connected.Load() }
@@ -246,7 +256,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	defer a.connected.Store(false)
 	// Only a coordinator may answer: another certificate of the same CA (another node's agent, a
 	// driver) fails the handshake before the hello, which names the node, is sent.
-	conn, err := dial.New(addr, a.cfg.TLS, dial.Peer(identity.Coordinator, ""), dial.Log(a.log))
+	conn, err := dial.New(addr, a.cfg.TLS, dial.Peer(identity.Coordinator, ""), dial.Log(a.log), dial.Certs(a.certs))
 	if err != nil {
 		return result{err: err}
 	}

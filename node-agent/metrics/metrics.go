@@ -13,12 +13,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
 // Stream is what the metrics read from the agent's coordinator stream; agent.Agent is one.
 type Stream interface {
 	Connected() bool
 	Unacked() int
+}
+
+// certSource is a stream whose TLS material is reloaded (agent.Agent is one): its certificate's
+// expiry is exported as nodefence_certificate_expiry_seconds{role="client"}.
+type certSource interface {
+	Certs() *tlsfiles.Reloader
 }
 
 // Metrics are the agent's metrics. A nil *Metrics records nothing, so that callers need no checks.
@@ -66,6 +74,11 @@ func New(stream Stream) *Metrics {
 	}
 	reg.MustRegister(m.signalAvailable, m.signalCapacity, m.condition, m.shutdownStart, m.shutdownEnd, m.evictions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cs, ok := stream.(certSource); ok && cs.Certs() != nil {
+		certs := tlsfiles.NewMetrics()
+		certs.Add(tlsfiles.RoleClient, cs.Certs())
+		reg.MustRegister(certs)
+	}
 	if stream != nil {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

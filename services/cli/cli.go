@@ -1,5 +1,5 @@
 // Package cli holds what every nodefence binary's main does the same way: a JSON or text slog
-// logger at a chosen level, a context cancelled by SIGINT or SIGTERM, and startup errors listed
+// logger at a chosen level, a context cancelled by SIGINT or SIGTERM (SIGHUP re-reads TLS files), and startup errors listed
 // one a line. EnumWord, the human word for a protobuf enum value, is here too for now (fencectl,
 // the metrics and the Kubernetes events share it).
 package cli
@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
 // Logger returns a slog logger writing to w at level ("debug", "info", "warn", "error"), as JSON
@@ -29,9 +31,25 @@ func Logger(w io.Writer, level string, json bool) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, opts)), nil
 }
 
-// SignalContext is cancelled on SIGINT or SIGTERM.
+// SignalContext is cancelled on SIGINT or SIGTERM. Until then SIGHUP makes every TLS reloader of
+// the process read its certificate, key and CA files at its next use (tlsfiles.Recheck) instead
+// of ending the process.
 func SignalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-hup:
+				tlsfiles.Recheck()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, cancel
 }
 
 // Errors lists the errors of an errors.Join result (or of a single error), one string each, so a

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
@@ -26,6 +25,7 @@ import (
 type Option func(*settings)
 
 type settings struct {
+	certs     *tlsfiles.Reloader
 	peer      *expected
 	log       *slog.Logger
 	onRefused func(error)
@@ -61,13 +61,19 @@ func Log(l *slog.Logger) Option { return func(s *settings) { s.log = l } }
 // the connection's state can say why.
 func OnRefused(f func(error)) Option { return func(s *settings) { s.onRefused = f } }
 
+// Certs makes New take its TLS material from r (shared by a component's connections and reported
+// in its metrics) instead of loading files into a reloader of its own.
+func Certs(r *tlsfiles.Reloader) Option { return func(s *settings) { s.certs = r } }
+
 // GRPC adds gRPC dial options.
 func GRPC(o ...grpc.DialOption) Option { return func(s *settings) { s.grpc = append(s.grpc, o...) } }
 
 // ErrWrongPeer is wrapped by the handshake error of a server whose identity is not the expected one.
 var ErrWrongPeer = errors.New("the server's identity is not the expected one")
 
-// New returns a lazily connecting client for addr (host:port).
+// New returns a lazily connecting client for addr (host:port). Each connection it makes takes the
+// certificate and CA bundle as the files hold them then (tlsfiles.Reloader): a renewed
+// certificate or a rolled-over CA needs no new client, the next connection uses them.
 func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, error) {
 	var s settings
 	for _, o := range opts {
@@ -75,14 +81,21 @@ func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, e
 	}
 	creds := insecure.NewCredentials()
 	if !files.Insecure {
-		cfg, err := files.Client()
-		if err != nil {
-			return nil, err
+		if files.CAFile == "" {
+			return nil, errors.New("tls-ca: a CA bundle is required to verify the server")
 		}
+		certs := s.certs
+		if certs == nil {
+			var err error
+			if certs, err = files.Watch(s.log, "dialling "+addr); err != nil {
+				return nil, err
+			}
+		}
+		var verify func(tls.ConnectionState) error
 		if s.peer != nil {
-			cfg.VerifyConnection = verifyPeer(addr, *s.peer, s.log, s.onRefused)
+			verify = verifyPeer(addr, *s.peer, s.log, s.onRefused)
 		}
-		creds = credentials.NewTLS(cfg)
+		creds = certs.ClientCredentials(files.ServerName, verify)
 	}
 	dopts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),

@@ -30,21 +30,28 @@ func ValidateMetricsTLS(files tlsfiles.Files) []error {
 
 // SecureMetrics returns the TLS configuration of a metrics endpoint served over mutual TLS (the
 // component's own certificate, clients verified against files' CA: a client without a certificate
-// fails the handshake) and a wrapper that answers a handler only to a caller whose certificate
-// identity policy (nil: identity.Default) allows for identity.MetricsEndpoint; any other caller
-// gets 403 (401 for a certificate without an identity).
+// fails the handshake; both read again when the files change) and a wrapper that answers a
+// handler only to a caller whose certificate identity policy (nil: identity.Default) allows for
+// identity.MetricsEndpoint; any other caller gets 403 (401 for a certificate without an identity).
 func SecureMetrics(files tlsfiles.Files, policy identity.Policy, log *slog.Logger) (*tls.Config, func(http.Handler) http.Handler, error) {
+	return secureMetrics(nil, files, policy, log)
+}
+
+// secureMetrics is SecureMetrics over certs, the reloader of files (nil: one of its own).
+func secureMetrics(certs *tlsfiles.Reloader, files tlsfiles.Files, policy identity.Policy, log *slog.Logger) (*tls.Config, func(http.Handler) http.Handler, error) {
 	if errs := ValidateMetricsTLS(files); len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
-	cfg, err := files.Server()
-	if err != nil {
-		return nil, nil, err
+	if certs == nil {
+		var err error
+		if certs, err = files.Watch(log, "the metrics endpoint's certificate"); err != nil {
+			return nil, nil, err
+		}
 	}
 	if policy == nil {
 		policy = identity.Default
 	}
-	return cfg, func(h http.Handler) http.Handler { return authorizeMetrics(policy, h, log) }, nil
+	return certs.ServerConfig(), func(h http.Handler) http.Handler { return authorizeMetrics(policy, h, log) }, nil
 }
 
 // authorizeMetrics answers h only to callers policy allows for identity.MetricsEndpoint.

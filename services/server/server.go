@@ -202,8 +202,12 @@ type Server struct {
 	Health *health.Server
 	// Registry is the Prometheus registry served on MetricsListen; binaries add their collectors.
 	Registry *prometheus.Registry
+	// Certs reports the expiry of the server's certificate (role serving) in Registry; binaries
+	// add the reloaders of the certificates they dial with.
+	Certs *tlsfiles.Metrics
 
 	cfg     Config
+	certs   *tlsfiles.Reloader // nil when plaintext
 	log     *slog.Logger
 	lis     net.Listener
 	metrics *grpcprom.ServerMetrics
@@ -217,11 +221,18 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	tlsCfg, err := cfg.TLS.Server()
+	certs, err := cfg.TLS.Watch(log, "the server's certificate")
 	if err != nil {
 		return nil, err
 	}
+	var tlsCfg *tls.Config
+	if certs != nil {
+		tlsCfg = certs.ServerConfig("h2")
+	}
 	reg := prometheus.NewRegistry()
+	certMetrics := tlsfiles.NewMetrics()
+	certMetrics.Add(tlsfiles.RoleServing, certs)
+	reg.MustRegister(certMetrics)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.0005, .001, .005, .01, .05, .1, .5, 1, 5, 30}),
@@ -258,6 +269,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		GRPC:     grpc.NewServer(opts...),
 		Health:   health.NewServer(),
 		Registry: reg,
+		Certs:    certMetrics,
+		certs:    certs,
 		cfg:      cfg,
 		log:      log,
 		lis:      lis,
@@ -369,7 +382,7 @@ func (s *Server) listenMetrics(policy identity.Policy) error {
 	var metricsTLS *tls.Config
 	if cfg.MetricsTLS {
 		var authorize func(http.Handler) http.Handler
-		if metricsTLS, authorize, err = SecureMetrics(cfg.TLS, policy, log); err != nil {
+		if metricsTLS, authorize, err = secureMetrics(s.certs, cfg.TLS, policy, log); err != nil {
 			lis.Close()
 			return fmt.Errorf("--metrics-tls: %w", err)
 		}

@@ -61,7 +61,8 @@ func (f Files) Validate(prefix string, server bool) []error {
 }
 
 // Server returns the server TLS config, requiring and verifying client certificates when CAFile is
-// set (mutual TLS). It returns nil, nil when Insecure.
+// set (mutual TLS), with the files as they are now (a running component uses Watch, which
+// follows them). It returns nil, nil when Insecure.
 func (f Files) Server() (*tls.Config, error) {
 	if f.Insecure {
 		return nil, nil
@@ -82,7 +83,8 @@ func (f Files) Server() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// Client returns the client TLS config, presenting a client certificate when one is set.
+// Client returns the client TLS config, presenting a client certificate when one is set, with the
+// files as they are now (a running component dials with services/dial, which follows them).
 // It returns nil, nil when Insecure.
 func (f Files) Client() (*tls.Config, error) {
 	if f.Insecure {
