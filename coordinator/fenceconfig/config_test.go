@@ -258,6 +258,7 @@ func FuzzFromConfigMaps(f *testing.F) {
 	seed, _ := os.ReadFile("testdata/seed-complete/two-node.yaml")
 	f.Add(seed)
 	f.Add([]byte("- kind: ConfigMap\n  metadata: {name: fence-config-a}\n  data: {config.properties: \"isolation=x\"}\n"))
+	f.Add([]byte("- kind: ConfigMap\n  metadata: {name: fence-host-map-bmc}\n  data: {host-map.properties: \"agent_name=fence_ipmilan\\nsteps=power_management\\nip=a:1;b:2\"}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cms, err := parseConfigMaps(data, "fuzz")
 		if err != nil {
