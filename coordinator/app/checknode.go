@@ -141,7 +141,7 @@ func (a *App) liveConfig() *coordv1.GetConfigResponse {
 		for _, step := range fenceSteps {
 			ms, _ := cfg.Plan(node, step)
 			for _, m := range ms {
-				n.Methods = append(n.Methods, &coordv1.FenceMethodConfig{Step: step, Name: m.Name, Driver: m.Driver, Endpoint: m.Endpoint,
+				n.Methods = append(n.Methods, &coordv1.FenceMethodConfig{Step: step, Name: m.Name, Driver: m.Driver, Endpoint: m.Endpoint, Endpoints: m.Endpoints,
 					Action: m.Action, Required: m.Required, Parameters: redactParameters(m.Parameters),
 					PeerIdentity: identity.Identity{Role: identity.Driver, Name: m.Identity}.String()})
 			}
