@@ -271,15 +271,9 @@ func FromConfigMaps(cms []ConfigMap, drivers map[string]Driver) (*Config, error)
 		n := nodeFromProperties(&inv, props, byName, cm, p, node, suffix)
 		c.Nodes[node] = n
 	}
+	c.HostMaps = hostMapsFromConfigMaps(&inv, props, byName, names)
 	for _, name := range names {
-		if strings.HasPrefix(name, HostMapPrefix) {
-			cm := byName[name]
-			if p := props(cm, "host-map.properties"); p != nil {
-				c.HostMaps = append(c.HostMaps, hostMapFromProperties(&inv, cm.Source+" host-map.properties", strings.TrimPrefix(name, HostMapPrefix), p))
-			}
-			continue
-		}
-		if !strings.HasPrefix(name, ConfigPrefix) && !strings.HasPrefix(name, MethodPrefix) {
+		if !strings.HasPrefix(name, ConfigPrefix) && !strings.HasPrefix(name, MethodPrefix) && !strings.HasPrefix(name, HostMapPrefix) {
 			inv.Add(byName[name].Source, "not a fence ConfigMap (want %s*, %s*, %s*, %s*)", ConfigPrefix, MethodPrefix, TemplatePrefix, HostMapPrefix)
 		}
 	}
@@ -290,6 +284,21 @@ func FromConfigMaps(cms []ConfigMap, drivers map[string]Driver) (*Config, error)
 		return nil, err
 	}
 	return c, nil
+}
+
+// hostMapsFromConfigMaps reads the fence-host-map-<method> ConfigMaps among names, in name order.
+func hostMapsFromConfigMaps(inv *fault.Invalid, props func(ConfigMap, string) map[string]string, byName map[string]ConfigMap, names []string) []HostMap {
+	var out []HostMap
+	for _, name := range names {
+		if !strings.HasPrefix(name, HostMapPrefix) {
+			continue
+		}
+		cm := byName[name]
+		if p := props(cm, "host-map.properties"); p != nil {
+			out = append(out, hostMapFromProperties(inv, cm.Source+" host-map.properties", strings.TrimPrefix(name, HostMapPrefix), p))
+		}
+	}
+	return out
 }
 
 // hostMapFromProperties turns a fence-host-map-<method> ConfigMap's properties into a HostMap:
