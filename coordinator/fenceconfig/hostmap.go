@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nodefence/nodefence/services/fault"
@@ -44,16 +45,36 @@ type HostValues struct {
 	// Text is the pcmk_host_map form; Map the mapping form. One of them is set.
 	Text string
 	Map  map[string]string
+	// bad says what was wrong with the input, reported with its field when the map is expanded.
+	bad string
 }
 
-// UnmarshalJSON accepts a string or a mapping of strings.
+// UnmarshalJSON accepts a string, or a mapping whose values are strings, numbers or booleans
+// (YAML reads 623 as a number). Anything else is kept as a problem for ExpandHostMaps to report
+// under the parameter's field: the decoder would not name it.
 func (h *HostValues) UnmarshalJSON(b []byte) error {
-	if err := json.Unmarshal(b, &h.Text); err == nil {
+	*h = HostValues{}
+	if json.Unmarshal(b, &h.Text) == nil {
 		return nil
 	}
-	h.Text = ""
-	if err := json.Unmarshal(b, &h.Map); err != nil {
-		return fmt.Errorf(`want "node:value;node:value" or a mapping {node: value}`)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		h.bad = `want "node:value;node:value" or a mapping {node: value}`
+		return nil
+	}
+	h.Map = map[string]string{}
+	for node, v := range m {
+		switch v := v.(type) {
+		case string:
+			h.Map[node] = v
+		case float64:
+			h.Map[node] = strconv.FormatFloat(v, 'f', -1, 64)
+		case bool:
+			h.Map[node] = strconv.FormatBool(v)
+		default:
+			h.bad = fmt.Sprintf("node %s: want a single value, not a list or a mapping", clip(node))
+			return nil
+		}
 	}
 	return nil
 }
@@ -134,6 +155,10 @@ func clip(s string) string {
 
 // values returns the node-to-value map, or adds problems under f.
 func (h HostValues) values(v *fault.Invalid, f string) map[string]string {
+	if h.bad != "" {
+		v.Add(f, "%s", h.bad)
+		return nil
+	}
 	if h.Map == nil {
 		m, problems := ParseHostMap(h.Text)
 		for _, p := range problems {

@@ -50,7 +50,7 @@ host_maps:
   - template: bmc
     parameters:
       ip: "node-01:10.0.0.11;node-02:10.0.0.12"
-      ipport: {node-01: "623", node-02: "624"}
+      ipport: {node-01: 623, node-02: "624"}
   - method: outlet
     template: apc
     must_success: true
@@ -121,6 +121,8 @@ func TestHostMapProblemsNameTheField(t *testing.T) {
 		{"method twice", "nodes: {a: {methods: {bmc: {template: bmc}}, steps: {power_management: [bmc]}}}\nhost_maps: [{template: bmc, parameters: {ip: \"a:1\"}}]", "host_maps[0].method", "node a already has a method bmc"},
 		{"empty", "host_maps: [{template: bmc, parameters: {ip: \";;\"}}]", "host_maps[0].parameters.ip", "empty"},
 		{"mapping value", "host_maps: [{template: bmc, parameters: {ip: {a: \"\"}}}]", "host_maps[0].parameters.ip", "node a: empty value"},
+		{"list", "host_maps: [{template: bmc, parameters: {ip: [a, b]}}]", "host_maps[0].parameters.ip", `want "node:value;node:value" or a mapping`},
+		{"nested", "host_maps: [{template: bmc, parameters: {ip: {a: [1]}}}]", "host_maps[0].parameters.ip", "node a: want a single value"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(head+tc.in), "test.yaml")
