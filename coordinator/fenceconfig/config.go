@@ -49,6 +49,9 @@ type Config struct {
 	// node-to-value map (Pacemaker's pcmk_host_map, "node-01:10.0.0.11;node-02:10.0.0.12"). They
 	// are expanded into Nodes when the configuration is read (see hostmap.go) and are empty after.
 	HostMaps []HostMap `json:"host_maps,omitempty"`
+
+	// fromHostMap records, by node and method, the host map each expanded method came from.
+	fromHostMap map[nodeMethod]int
 }
 
 // Driver locates a fence-driver service and says who must answer there.

@@ -190,13 +190,14 @@ func (h HostValues) values(v *fault.Invalid, f string) map[string]string {
 func (c *Config) ExpandHostMaps() error {
 	var v fault.Invalid
 	for i, hm := range c.HostMaps {
-		c.expandHostMap(&v, fmt.Sprintf("host_maps[%d]", i), hm)
+		c.expandHostMap(&v, i, hm)
 	}
 	c.HostMaps = nil
 	return v.Err()
 }
 
-func (c *Config) expandHostMap(v *fault.Invalid, f string, hm HostMap) {
+func (c *Config) expandHostMap(v *fault.Invalid, index int, hm HostMap) {
+	f := fmt.Sprintf("host_maps[%d]", index)
 	name := hm.Method
 	if name == "" {
 		name = hm.Template
@@ -245,12 +246,23 @@ func (c *Config) expandHostMap(v *fault.Invalid, f string, hm HostMap) {
 		return
 	}
 	for _, node := range sortedKeys(nodes) {
-		c.addHostMethod(v, f, node, name, hm, stepList, params)
+		c.addHostMethod(v, index, node, name, hm, stepList, params)
 	}
 }
 
+// nodeMethod names one method of one node.
+type nodeMethod struct{ node, method string }
+
+// FromHostMap returns the index of the host map (host_maps[i]) that gave node its method, for
+// problems that name where a parameter is written.
+func (c *Config) FromHostMap(node, method string) (int, bool) {
+	i, ok := c.fromHostMap[nodeMethod{node, method}]
+	return i, ok
+}
+
 // addHostMethod gives node the host map's method and lists it in its steps.
-func (c *Config) addHostMethod(v *fault.Invalid, f, node, name string, hm HostMap, stepList []string, params map[string]map[string]string) {
+func (c *Config) addHostMethod(v *fault.Invalid, index int, node, name string, hm HostMap, stepList []string, params map[string]map[string]string) {
+	f := fmt.Sprintf("host_maps[%d]", index)
 	if c.Nodes == nil {
 		c.Nodes = map[string]Node{}
 	}
@@ -270,6 +282,10 @@ func (c *Config) addHostMethod(v *fault.Invalid, f, node, name string, hm HostMa
 		m.Parameters[p] = byNode[node]
 	}
 	n.Methods[name] = m
+	if c.fromHostMap == nil {
+		c.fromHostMap = map[nodeMethod]int{}
+	}
+	c.fromHostMap[nodeMethod{node, name}] = index
 	for _, s := range stepList {
 		if slices.Contains(n.Steps[s], name) {
 			v.Add(f+".steps", "node %s already lists method %s in %s", node, name, s)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nodefence/nodefence/services/fault"
 )
@@ -69,8 +70,14 @@ func TestHostMapsExpandToTheLongForm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(want, got); d != "" {
+	if d := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); d != "" {
 		t.Errorf("compact form (-longhand +compact):\n%s", d)
+	}
+	if i, ok := got.FromHostMap("node-02", "outlet"); !ok || i != 1 {
+		t.Errorf("FromHostMap(node-02, outlet) = %d, %v; want 1", i, ok)
+	}
+	if _, ok := got.FromHostMap("node-01", "nothing"); ok {
+		t.Error("FromHostMap of an unknown method")
 	}
 }
 
@@ -102,7 +109,7 @@ func TestConfigMapHostMapExpandsToTheLongForm(t *testing.T) {
 	}
 	want, got := load(long), load(short)
 	// The long form's methods carry no parameters of their own beyond ip; the same holds here.
-	if d := cmp.Diff(want, got); d != "" {
+	if d := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); d != "" {
 		t.Errorf("fence-host-map (-long +short):\n%s", d)
 	}
 }

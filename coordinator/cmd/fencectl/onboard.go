@@ -111,14 +111,17 @@ func unknownParameters(c *fenceconfig.Config, node string, m fenceconfig.Resolve
 	return problems, notes
 }
 
-// paramField is where parameter k of a node's method is written: the method's own parameters, or
-// else its template's.
+// paramField is where parameter k of a node's method is written: the method's own parameters (in
+// nodes:, or in the host map that gave it), or else its template's.
 func paramField(c *fenceconfig.Config, node, method, k string) string {
 	meth := c.Nodes[node].Methods[method]
 	if _, own := meth.Parameters[k]; !own && meth.Template != "" {
 		if _, inTemplate := c.Templates[meth.Template].Parameters[k]; inTemplate {
 			return "templates." + meth.Template + ".parameters." + k
 		}
+	}
+	if i, ok := c.FromHostMap(node, method); ok {
+		return fmt.Sprintf("host_maps[%d].parameters.%s", i, k)
 	}
 	return "nodes." + node + ".methods." + method + ".parameters." + k
 }
@@ -172,16 +175,21 @@ func sharedDevices(c *fenceconfig.Config) []string {
 					continue
 				}
 				seen[key] = true
-				field := "ip"
-				if _, plug := m.Parameters["plug"]; plug {
-					field = "plug"
-				} else if _, port := m.Parameters["port"]; port {
-					field = "port"
+				field := "ip" // the field that tells the devices apart: the plug, else the address
+				for _, f := range []string{"plug", "port", "ip", "ipaddr"} {
+					if _, ok := m.Parameters[f]; ok {
+						field = f
+						break
+					}
 				}
 				u := use{node, m.Name, paramField(c, node, m.Name, field)}
 				if prev, dup := first[key]; dup && prev.node != node {
-					out = append(out, fmt.Sprintf("%s: nodes %s and %s use the same device %s (%s and %s): fencing one would switch off the other",
-						u.field, prev.node, node, key, prev.field, u.field))
+					where := ""
+					if prev.field != u.field {
+						where = fmt.Sprintf(" (%s and %s)", prev.field, u.field)
+					}
+					out = append(out, fmt.Sprintf("%s: nodes %s and %s use the same device %s%s: fencing one would switch off the other",
+						u.field, prev.node, node, key, where))
 					continue
 				}
 				first[key] = u

@@ -43,11 +43,14 @@ templates:
   bmc: {driver: ipmi, parameters: {username: admin, passwrd: typo-secret}}
 host_maps:
   - template: bmc
-    parameters: {ip: "node-01:10.0.0.11;node-02:10.0.0.12"}
+    parameters: {ip: "node-01:10.0.0.11;node-02:10.0.0.12", ipprt: "node-01:623;node-02:623"}
 `)
 	code, out, errb := runCtl(t, "config", "check", p)
-	if code != 1 || !strings.Contains(errb, `templates.bmc.parameters.passwrd: unknown parameter for driver ipmi; did you mean "password"`) {
-		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, out, errb)
+	for _, want := range []string{"2 problem(s)", `templates.bmc.parameters.passwrd: unknown parameter for driver ipmi; did you mean "password"`,
+		`host_maps[0].parameters.ipprt: unknown parameter for driver ipmi; did you mean "ipport"`} {
+		if code != 1 || !strings.Contains(errb, want) {
+			t.Errorf("exit %d; stderr lacks %q:\n%s%s", code, want, out, errb)
+		}
 	}
 	if strings.Contains(out+errb, "typo-secret") {
 		t.Errorf("the value is printed:\n%s%s", out, errb)
@@ -55,7 +58,8 @@ host_maps:
 }
 
 // Two nodes on one BMC (here spelled two ways), or on one PDU outlet, are refused, naming both
-// nodes and the field; one node's off and on methods on one device are fine.
+// nodes and the field (the host map's, where the value is written); one node's off and on methods
+// on one device are fine, and so are nodes written out in nodes:.
 func TestConfigCheckRefusesSharedDevices(t *testing.T) {
 	p := writeFile(t, "fence.yaml", `drivers: {ipmi: {endpoint: "127.0.0.1:1"}, pdu: {endpoint: "127.0.0.1:2"}}
 templates:
@@ -70,13 +74,26 @@ host_maps:
 `)
 	code, out, errb := runCtl(t, "config", "check", p)
 	for _, want := range []string{
-		"nodes.node-03.methods.bmc.parameters.ip: nodes node-01 and node-03 use the same device ipmi/10.0.0.11:623",
-		"nodes.node-03.methods.apc.parameters.plug: nodes node-02 and node-03 use the same device pdu/10.0.1.1:161/2",
+		"host_maps[0].parameters.ip: nodes node-01 and node-03 use the same device ipmi/10.0.0.11:623: fencing one",
+		"host_maps[1].parameters.plug: nodes node-02 and node-03 use the same device pdu/10.0.1.1:161/2: fencing one",
 		"2 problem(s)",
 	} {
 		if code != 1 || !strings.Contains(errb, want) {
 			t.Errorf("exit %d; stderr lacks %q:\n%s%s", code, want, out, errb)
 		}
+	}
+	long := writeFile(t, "long.yaml", `drivers: {ipmi: {endpoint: "127.0.0.1:1"}}
+nodes:
+  a:
+    methods: {bmc: {driver: ipmi, parameters: {ip: 10.0.0.1}}}
+    steps: {power_management: [bmc], recovery: [bmc]}
+  b:
+    methods: {bmc: {driver: ipmi, parameters: {ipaddr: 10.0.0.1, ipport: "623"}}}
+    steps: {power_management: [bmc]}
+`)
+	code, out, errb = runCtl(t, "config", "check", long)
+	if want := "nodes.b.methods.bmc.parameters.ipaddr: nodes a and b use the same device ipmi/10.0.0.1:623 (nodes.a.methods.bmc.parameters.ip and nodes.b.methods.bmc.parameters.ipaddr)"; code != 1 || !strings.Contains(errb, want) || !strings.Contains(errb, "1 problem(s)") {
+		t.Errorf("exit %d; stderr lacks %q:\n%s%s", code, want, out, errb)
 	}
 }
 
