@@ -51,12 +51,14 @@ const (
 //     operation: the second is the only one to act. A first host that died mid-operation may have
 //     switched the device already: the read-back then shows the device in the operation's state,
 //     that is the outcome, and nothing is resent.
-//  3. Where it can act twice: the first host's command is still in flight at the BMC (sent, not yet
-//     applied) when the read-back runs. The read-back shows the old state, the second host sends
-//     the same command, and the BMC gets two. Both are the same action of the same operation
-//     (off twice, or on twice), so the device ends in the state the operation asked for; no
-//     opposite command is ever sent for it. The first host's command cannot outlive its deadline
-//     (the operation's timeout): the kit stops acting on it then.
+//  3. Where it can act twice: (a) the first host's command is still in flight at the BMC (sent,
+//     not yet applied) when the read-back runs: the read-back shows the old state, the second host
+//     sends the same command, and the BMC gets two; (b) a leader failed over to the second host
+//     and died before recording the answer: the next leader resumes the operation at the first
+//     host again, which has no entry for it. Both times it is the same action of the same
+//     operation (off twice, or on twice), so the device ends in the state the operation asked
+//     for; no opposite command is ever sent for it. The first host's command cannot outlive its
+//     deadline (the operation's timeout): the kit stops acting on it then.
 //  4. The epoch guards each host separately: a host refuses an epoch lower than the highest it has
 //     seen for the device. A deposed leader's new operations never reach any host, because each
 //     is written to etcd under the leader's key before it is sent (write-before-call); what it
