@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -85,16 +87,23 @@ func (a *App) probe(ctx context.Context, secrets fenceconfig.SecretReader, node 
 	if err != nil {
 		return finish("secret not readable: "+err.Error(), nil)
 	}
-	cli, err := a.drivers.Client(m.Endpoint, m.Identity)
-	if err != nil {
-		return finish("no driver client: "+err.Error(), params)
-	}
 	target := &driverv1.Target{Name: node, Parameters: params}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.FenceOpTimeout+2*time.Second)
 	defer cancel()
-	mon, err := cli.Monitor(cctx, &driverv1.MonitorRequest{Target: target, Timeout: durationpb.New(a.cfg.FenceOpTimeout)})
-	if err != nil {
-		return finish("monitor: "+err.Error(), params)
+	// The driver's endpoints in order, as the fence runner tries them: the first that answers.
+	var cli driverv1.FenceDriverServiceClient
+	var mon *driverv1.MonitorResponse
+	for _, endpoint := range m.Endpoints {
+		if cli, err = a.drivers.Client(endpoint, m.Identity); err != nil {
+			return finish("no driver client: "+err.Error(), params)
+		}
+		mon, err = cli.Monitor(cctx, &driverv1.MonitorRequest{Target: target, Timeout: durationpb.New(a.cfg.FenceOpTimeout)})
+		if status.Code(err) != codes.Unavailable || cctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil || mon == nil {
+		return finish(fmt.Sprintf("monitor: %v", err), params)
 	}
 	r.Reachable, r.CredentialsOk = mon.GetReachable(), mon.GetCredentialsOk()
 	if !r.Reachable || !r.CredentialsOk || !readState {
@@ -132,7 +141,7 @@ func (a *App) liveConfig() *coordv1.GetConfigResponse {
 		for _, step := range fenceSteps {
 			ms, _ := cfg.Plan(node, step)
 			for _, m := range ms {
-				n.Methods = append(n.Methods, &coordv1.FenceMethodConfig{Step: step, Name: m.Name, Driver: m.Driver, Endpoint: m.Endpoint,
+				n.Methods = append(n.Methods, &coordv1.FenceMethodConfig{Step: step, Name: m.Name, Driver: m.Driver, Endpoint: m.Endpoint, Endpoints: m.Endpoints,
 					Action: m.Action, Required: m.Required, Parameters: redactParameters(m.Parameters),
 					PeerIdentity: identity.Identity{Role: identity.Driver, Name: m.Identity}.String()})
 			}

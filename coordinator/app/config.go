@@ -57,7 +57,8 @@ type Config struct {
 	// PersistentVolumeClaims, the seed's rule) or "all".
 	FencePolicy string
 	// DriverEndpoints map driver names to fence-driver services in Kubernetes mode (the standalone
-	// YAML has its own drivers section).
+	// YAML has its own drivers section): HOST:PORT, or several comma-separated, tried in order while
+	// one is unreachable (fenceconfig.Driver.Endpoints).
 	DriverEndpoints map[string]string
 	// DriverIdentities map driver names to the identity name each driver's certificate must carry
 	// (spiffe://nodefence/driver/<name>) in Kubernetes mode; a driver not named here must present
@@ -204,7 +205,7 @@ func (c *Config) registerKubeFlags(fs *flag.FlagSet, d Config) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", `kubeconfig for Kubernetes mode ("in-cluster" inside a pod)`)
 	fs.StringVar(&c.FenceNamespace, "fence-namespace", d.FenceNamespace, "namespace of the fence ConfigMaps (Kubernetes mode)")
 	fs.StringVar(&c.FencePolicy, "fence-policy", d.FencePolicy, "which nodes are fenced automatically in Kubernetes mode: stateful or all")
-	fs.Func("driver-endpoint", "NAME=HOST:PORT of a fence-driver service (Kubernetes mode; repeatable)", func(v string) error {
+	fs.Func("driver-endpoint", "NAME=HOST:PORT[,HOST:PORT...] of a fence-driver service, several addresses tried in order (Kubernetes mode; repeatable)", func(v string) error {
 		name, addr, ok := strings.Cut(v, "=")
 		if !ok || name == "" || addr == "" {
 			return fmt.Errorf("want NAME=HOST:PORT, got %q", v)
@@ -358,8 +359,14 @@ func (c *Config) validateSources() []error {
 		errs = append(errs, fmt.Errorf("--fence-policy: %q is not stateful or all", c.FencePolicy))
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.DriverEndpoints)) {
-		if _, _, err := net.SplitHostPort(c.DriverEndpoints[name]); err != nil {
-			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, c.DriverEndpoints[name]))
+		addrs := strings.Split(c.DriverEndpoints[name], ",")
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				errs = append(errs, fmt.Errorf("--driver-endpoint %s: %q is not host:port", name, a))
+			}
+		}
+		if len(addrs) > fenceconfig.MaxEndpoints {
+			errs = append(errs, fmt.Errorf("--driver-endpoint %s: %d addresses, at most %d", name, len(addrs), fenceconfig.MaxEndpoints))
 		}
 		d := fenceconfig.Driver{Identity: c.DriverIdentities[name]}
 		if err := identity.ValidName(d.PeerName(name)); err != nil {
@@ -473,7 +480,8 @@ func (c *Config) kubeMode() bool { return c.Kubeconfig != "" || c.KubeREST != ni
 func (c *Config) driverMap() map[string]fenceconfig.Driver {
 	m := map[string]fenceconfig.Driver{}
 	for name, addr := range c.DriverEndpoints {
-		m[name] = fenceconfig.Driver{Endpoint: addr, Identity: c.DriverIdentities[name]}
+		addrs := strings.Split(addr, ",")
+		m[name] = fenceconfig.Driver{Endpoint: addrs[0], Endpoints: addrs[1:], Identity: c.DriverIdentities[name]}
 	}
 	return m
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"flag"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +95,24 @@ func TestValidateNamesEveryFlag(t *testing.T) {
 	}
 	if len(errs) != len(flags) {
 		t.Errorf("%d errors for %d bad flags: %v", len(errs), len(flags), errs)
+	}
+}
+
+// --driver-endpoint takes several comma-separated addresses per driver: the first is the driver's
+// endpoint, the rest its further endpoints, tried in order; each must be host:port.
+func TestDriverEndpointList(t *testing.T) {
+	c := DefaultConfig()
+	c.DriverEndpoints = map[string]string{"ipmi": "10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101"}
+	d := c.driverMap()["ipmi"]
+	if want := []string{"10.0.0.1:7101", "10.0.0.2:7101", "10.0.0.3:7101"}; !slices.Equal(d.Addresses(), want) {
+		t.Errorf("addresses %q, want %q", d.Addresses(), want)
+	}
+	c.DriverEndpoints = map[string]string{"ipmi": "10.0.0.1:7101,nohostport"}
+	found := false
+	for _, err := range c.validateSources() {
+		found = found || strings.Contains(err.Error(), `--driver-endpoint ipmi: "nohostport" is not host:port`)
+	}
+	if !found {
+		t.Errorf("a bad second address is not refused: %v", c.validateSources())
 	}
 }

@@ -111,7 +111,7 @@ func (k *kubeMode) loadConfig(ctx context.Context) (*fenceconfig.Config, error) 
 	}
 	var cms []fenceconfig.ConfigMap
 	for _, cm := range list.Items {
-		if !strings.HasPrefix(cm.Name, fenceconfig.ConfigPrefix) && !strings.HasPrefix(cm.Name, fenceconfig.MethodPrefix) {
+		if !strings.HasPrefix(cm.Name, fenceconfig.ConfigPrefix) && !strings.HasPrefix(cm.Name, fenceconfig.MethodPrefix) && !strings.HasPrefix(cm.Name, fenceconfig.HostMapPrefix) {
 			continue
 		}
 		c := fenceconfig.ConfigMap{Kind: "ConfigMap", Data: cm.Data, Source: "ConfigMap " + cm.Namespace + "/" + cm.Name}

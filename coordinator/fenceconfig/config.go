@@ -45,12 +45,23 @@ type Config struct {
 	Templates map[string]Method `json:"templates"`
 	// Nodes maps a node name to its fencing configuration.
 	Nodes map[string]Node `json:"nodes"`
+	// HostMaps give many nodes one method each in a few lines: a template plus, per parameter, a
+	// node-to-value map (Pacemaker's pcmk_host_map, "node-01:10.0.0.11;node-02:10.0.0.12"). They
+	// are expanded into Nodes when the configuration is read (see hostmap.go) and are empty after.
+	HostMaps []HostMap `json:"host_maps,omitempty"`
+
+	// fromHostMap records, by node and method, the host map each expanded method came from.
+	fromHostMap map[nodeMethod]int
 }
 
 // Driver locates a fence-driver service and says who must answer there.
 type Driver struct {
 	// Endpoint is the service's gRPC address, host:port.
-	Endpoint string `json:"endpoint"`
+	Endpoint string `json:"endpoint,omitempty"`
+	// Endpoints are more addresses of the same driver service (one per driver host), tried in
+	// order after Endpoint while a host is unreachable: a fence never depends on one driver host.
+	// Either field alone is enough. See Driver.Addresses and deploy/baremetal.md.
+	Endpoints []string `json:"endpoints,omitempty"`
 	// Identity is the name the service's certificate must carry, spiffe://nodefence/driver/<identity>;
 	// empty means the driver's own name (drivers.ipmi answers as driver/ipmi). The coordinator
 	// refuses, at the TLS handshake, any other server of the same CA at Endpoint.
@@ -126,8 +137,10 @@ type Resolved struct {
 	Name string
 	// Driver is the driver name.
 	Driver string
-	// Endpoint is the driver service address.
+	// Endpoint is the driver service address: the first of Endpoints.
 	Endpoint string
+	// Endpoints are every address of the driver service, in the order they are tried.
+	Endpoints []string
 	// Identity is the name of the driver identity (spiffe://nodefence/driver/<Identity>) the service
 	// at Endpoint must present.
 	Identity string
@@ -152,24 +165,37 @@ func Load(path string) (*Config, error) {
 
 // Parse parses and validates YAML; source names the input in errors. Input of another shape (the
 // seed's ConfigMaps, several documents, a list, nothing) is refused with what it is and what was
-// expected, before any field is looked at.
-func Parse(data []byte, source string) (*Config, error) {
+// expected, before any field is looked at. Secret files must exist (Checks{}).
+func Parse(data []byte, source string) (*Config, error) { return ParseWith(data, source, Checks{}) }
+
+// ParseWith is Parse with the given checks.
+func ParseWith(data []byte, source string, checks Checks) (*Config, error) {
 	if problem := notStandalone(data); problem != "" {
 		return nil, fault.Invalid{{Field: source, Problem: problem}}
 	}
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return nil, fault.Invalid{{Field: source, Problem: "not a valid standalone fence configuration (drivers:, templates:, nodes:): " + err.Error()}}
+		return nil, fault.Invalid{{Field: source, Problem: "not a valid standalone fence configuration (drivers:, templates:, nodes:, host_maps:): " + err.Error()}}
 	}
-	if err := c.Validate(); err != nil {
+	if err := c.ExpandHostMaps(); err != nil {
+		return nil, err
+	}
+	if err := c.ValidateWith(checks); err != nil {
 		return nil, err
 	}
 	return &c, nil
 }
 
-// Validate returns every problem at once, as fault.Invalid with dotted field paths.
-func (c *Config) Validate() error {
+// Validate returns every problem at once, as fault.Invalid with dotted field paths. Secret files
+// must exist (Checks{}).
+func (c *Config) Validate() error { return c.ValidateWith(Checks{}) }
+
+// ValidateWith is Validate with the given checks.
+func (c *Config) ValidateWith(checks Checks) error {
 	var v fault.Invalid
+	if len(c.HostMaps) > 0 {
+		v.Add("host_maps", "not expanded (ExpandHostMaps)")
+	}
 	c.validateDrivers(&v)
 	for _, name := range sortedKeys(c.Templates) {
 		t := c.Templates[name]
@@ -183,7 +209,7 @@ func (c *Config) Validate() error {
 			c.checkDriver(&v, f+".driver", t.Driver)
 		}
 		checkAction(&v, f+".action", t.Action)
-		c.checkParams(&v, f, t.Parameters)
+		checkParams(&v, f, t.Parameters, checks)
 		if t.Driver == "agent" {
 			checkAgentParams(&v, f, t.Parameters)
 		}
@@ -198,7 +224,7 @@ func (c *Config) Validate() error {
 			v.Add(f, "invalid node name (lowercase letters, digits, '-', '_', '.')")
 		}
 		for _, m := range sortedKeys(n.Methods) {
-			c.checkMethod(&v, f+".methods."+m, n.Methods[m])
+			c.checkMethod(&v, f+".methods."+m, n.Methods[m], checks)
 		}
 		used := 0
 		for _, step := range sortedKeys(n.Steps) {
@@ -243,9 +269,7 @@ func (c *Config) validateDrivers(v *fault.Invalid) {
 		if !nameRE.MatchString(name) {
 			v.Add("drivers."+name, "invalid driver name")
 		}
-		if _, _, err := net.SplitHostPort(d.Endpoint); err != nil {
-			v.Add("drivers."+name+".endpoint", "%q is not host:port", d.Endpoint)
-		}
+		d.validateEndpoints(v, "drivers."+name)
 		if err := identity.ValidName(d.PeerName(name)); err != nil {
 			if d.Identity == "" {
 				v.Add("drivers."+name+".identity", "required: the driver's name is not an identity name (%v)", err)
@@ -256,7 +280,7 @@ func (c *Config) validateDrivers(v *fault.Invalid) {
 	}
 }
 
-func (c *Config) checkMethod(v *fault.Invalid, f string, m Method) {
+func (c *Config) checkMethod(v *fault.Invalid, f string, m Method, checks Checks) {
 	driver := m.Driver
 	if m.Template != "" {
 		t, ok := c.Templates[m.Template]
@@ -273,7 +297,7 @@ func (c *Config) checkMethod(v *fault.Invalid, f string, m Method) {
 		c.checkDriver(v, f+".driver", driver)
 	}
 	checkAction(v, f+".action", m.Action)
-	c.checkParams(v, f, m.Parameters)
+	checkParams(v, f, m.Parameters, checks)
 	if driver == "agent" {
 		// What the agent driver is handed: the template's parameters with the method's overrides.
 		params := map[string]string{}
@@ -322,16 +346,14 @@ func checkAction(v *fault.Invalid, f, action string) {
 	}
 }
 
-func (c *Config) checkParams(v *fault.Invalid, f string, params map[string]string) {
+func checkParams(v *fault.Invalid, f string, params map[string]string, checks Checks) {
 	for _, k := range sortedKeys(params) {
 		if k == "" || strings.ContainsAny(k, " =\n") {
 			v.Add(f+".parameters", "invalid parameter name %q", k)
 			continue
 		}
 		if strings.HasSuffix(k, "_file") {
-			if _, err := os.Stat(params[k]); err != nil {
-				v.Add(f+".parameters."+k, "secret file: %v", err)
-			}
+			checkSecretFile(v, f+".parameters."+k, params[k], checks.SecretFiles)
 		}
 		if strings.HasSuffix(k, "_secret") {
 			if n := len(strings.Split(params[k], "/")); n != 2 && n != 3 {
@@ -374,7 +396,10 @@ func (c *Config) Plan(node, step string) ([]Resolved, error) {
 		}
 		r.Required = must != nil && *must
 		d := c.Drivers[r.Driver]
-		r.Endpoint, r.Identity = d.Endpoint, d.PeerName(r.Driver)
+		r.Endpoints, r.Identity = d.Addresses(), d.PeerName(r.Driver)
+		if len(r.Endpoints) > 0 {
+			r.Endpoint = r.Endpoints[0]
+		}
 		out = append(out, r)
 	}
 	return out, nil

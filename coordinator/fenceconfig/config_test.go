@@ -37,9 +37,9 @@ func TestPlanAppliesTemplateThenOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Resolved{
-		{Name: "bmc", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Identity: "ipmi", Parameters: map[string]string{
+		{Name: "bmc", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Endpoints: []string{"127.0.0.1:7101"}, Identity: "ipmi", Parameters: map[string]string{
 			"lanplus": "1", "cipher": "3", "username": "admin", "password": "secret", "ip": "127.0.0.1", "ipport": "9001"}, Action: "off"},
-		{Name: "bmc2", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Identity: "ipmi", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": "9002"}, Action: "off"},
+		{Name: "bmc2", Driver: "ipmi", Endpoint: "127.0.0.1:7101", Endpoints: []string{"127.0.0.1:7101"}, Identity: "ipmi", Parameters: map[string]string{"ip": "127.0.0.1", "ipport": "9002"}, Action: "off"},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("plan (-want +got):\n%s", d)
@@ -258,6 +258,7 @@ func FuzzFromConfigMaps(f *testing.F) {
 	seed, _ := os.ReadFile("testdata/seed-complete/two-node.yaml")
 	f.Add(seed)
 	f.Add([]byte("- kind: ConfigMap\n  metadata: {name: fence-config-a}\n  data: {config.properties: \"isolation=x\"}\n"))
+	f.Add([]byte("- kind: ConfigMap\n  metadata: {name: fence-host-map-bmc}\n  data: {host-map.properties: \"agent_name=fence_ipmilan\\nsteps=power_management\\nip=a:1;b:2\"}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cms, err := parseConfigMaps(data, "fuzz")
 		if err != nil {

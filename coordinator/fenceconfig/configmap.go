@@ -21,6 +21,7 @@ const (
 	ConfigPrefix   = "fence-config-"          // fence-config-<node>, data key config.properties
 	MethodPrefix   = "fence-method-"          // fence-method-<method>-<node>, data key method.properties
 	TemplatePrefix = "fence-method-template-" // fence-method-template-<name>, data key template.properties
+	HostMapPrefix  = "fence-host-map-"        // fence-host-map-<method>, data key host-map.properties (hostmap.go)
 )
 
 // Control keys of the seed's properties: they steer the flow and are not passed to drivers.
@@ -270,15 +271,54 @@ func FromConfigMaps(cms []ConfigMap, drivers map[string]Driver) (*Config, error)
 		n := nodeFromProperties(&inv, props, byName, cm, p, node, suffix)
 		c.Nodes[node] = n
 	}
+	c.HostMaps = hostMapsFromConfigMaps(&inv, props, byName, names)
 	for _, name := range names {
-		if !strings.HasPrefix(name, ConfigPrefix) && !strings.HasPrefix(name, MethodPrefix) {
-			inv.Add(byName[name].Source, "not a fence ConfigMap (want %s*, %s*, %s*)", ConfigPrefix, MethodPrefix, TemplatePrefix)
+		if !strings.HasPrefix(name, ConfigPrefix) && !strings.HasPrefix(name, MethodPrefix) && !strings.HasPrefix(name, HostMapPrefix) {
+			inv.Add(byName[name].Source, "not a fence ConfigMap (want %s*, %s*, %s*, %s*)", ConfigPrefix, MethodPrefix, TemplatePrefix, HostMapPrefix)
 		}
 	}
 	if err := inv.Err(); err != nil {
 		return nil, err
 	}
+	if err := c.ExpandHostMaps(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// hostMapsFromConfigMaps reads the fence-host-map-<method> ConfigMaps among names, in name order.
+func hostMapsFromConfigMaps(inv *fault.Invalid, props func(ConfigMap, string) map[string]string, byName map[string]ConfigMap, names []string) []HostMap {
+	var out []HostMap
+	for _, name := range names {
+		if !strings.HasPrefix(name, HostMapPrefix) {
+			continue
+		}
+		cm := byName[name]
+		if p := props(cm, "host-map.properties"); p != nil {
+			out = append(out, hostMapFromProperties(inv, cm.Source+" host-map.properties", strings.TrimPrefix(name, HostMapPrefix), p))
+		}
+	}
+	return out
+}
+
+// hostMapFromProperties turns a fence-host-map-<method> ConfigMap's properties into a HostMap:
+// template, agent_name, action and must_success as in a method, steps (space-separated; default
+// power_management), and every other key a parameter whose value is a pcmk_host_map string
+// ("node-01:10.0.0.11;node-02:10.0.0.12").
+func hostMapFromProperties(inv *fault.Invalid, source, method string, p map[string]string) HostMap {
+	m := methodFromProperties(inv, source, p)
+	hm := HostMap{Method: method, Template: m.Template, Driver: m.Driver, Action: m.Action, MustSuccess: m.MustSuccess,
+		Steps: strings.Fields(p["steps"]), Parameters: map[string]HostValues{}}
+	for k, v := range m.Parameters {
+		switch k {
+		case "steps":
+		case "agent": // the generic agent driver's program, from agent_name: not a per-node value
+			inv.Add(source+" agent_name", "%s runs through the generic agent driver: name it in a template (template=...), not in a host map", v)
+		default:
+			hm.Parameters[k] = HostValues{Text: v}
+		}
+	}
+	return hm
 }
 
 // nodeFromProperties builds node's model from its fence-config properties p (in cm), finding its
@@ -370,8 +410,13 @@ func parseBool(v string) (bool, error) {
 }
 
 // LoadAny loads a standalone YAML configuration file, or the seed's ConfigMaps from a file or a
-// directory (drivers then come from the caller, nil for an offline check).
+// directory (drivers then come from the caller, nil for an offline check). Secret files must exist.
 func LoadAny(path string, drivers map[string]Driver) (*Config, error) {
+	return LoadAnyWith(path, drivers, Checks{})
+}
+
+// LoadAnyWith is LoadAny with the given checks.
+func LoadAnyWith(path string, drivers map[string]Driver, checks Checks) (*Config, error) {
 	if st, err := os.Stat(path); err == nil && !st.IsDir() {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -379,8 +424,10 @@ func LoadAny(path string, drivers map[string]Driver) (*Config, error) {
 		}
 		var probe map[string]any
 		if yaml.Unmarshal(data, &probe) == nil {
-			if _, standalone := probe["nodes"]; standalone {
-				return Parse(data, path)
+			_, nodes := probe["nodes"]
+			_, hostMaps := probe["host_maps"]
+			if nodes || hostMaps {
+				return ParseWith(data, path, checks)
 			}
 		}
 	}
@@ -409,5 +456,5 @@ func LoadAny(path string, drivers map[string]Driver) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, c.Validate()
+	return c, c.ValidateWith(checks)
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -50,6 +51,14 @@ type Drivers struct {
 
 type driverKey struct{ endpoint, identity string }
 
+// driverConnect bounds how long a driver host that does not answer at all (powered off, cut off)
+// holds a call before the connection fails and the runner moves on to the driver's next endpoint,
+// and how soon a host that came back is used again.
+var driverConnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 500 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 10 * time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // NewDrivers returns a client pool using tls for every driver connection; log (may be nil) records
 // every server refused for its identity.
 func NewDrivers(tls tlsfiles.Files, log *slog.Logger) *Drivers {
@@ -70,7 +79,7 @@ func (d *Drivers) Client(endpoint, name string) (driverv1.FenceDriverServiceClie
 		if err != nil {
 			return nil, err
 		}
-		if c, err = dial.New(endpoint, d.tls, dial.Peer(identity.Driver, name), dial.Log(d.log), dial.Certs(certs)); err != nil {
+		if c, err = dial.New(endpoint, d.tls, dial.Peer(identity.Driver, name), dial.Log(d.log), dial.Certs(certs), dial.GRPC(grpc.WithConnectParams(driverConnect))); err != nil {
 			return nil, err
 		}
 		d.conns[k] = c
@@ -315,8 +324,13 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 		"elapsed", end.Sub(start).Round(time.Millisecond))
 }
 
-func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
-	cli, target, err := r.dispatch(rec, op)
+// invoke sends the operation to the method's endpoint number at (see invokeKnown for the order).
+func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation, at int) (driverv1.PowerState, error) {
+	m, target, err := r.dispatch(rec, op)
+	if err != nil {
+		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
+	}
+	cli, err := r.Drivers.Client(m.Endpoints[at%len(m.Endpoints)], m.Identity)
 	if err != nil {
 		return driverv1.PowerState_POWER_STATE_UNKNOWN, err
 	}
@@ -332,8 +346,9 @@ func (r *Runner) invoke(ctx context.Context, rec *coordv1.NodeFence, op *coordv1
 	return resp.GetState(), err
 }
 
-// dispatch finds the operation's method, its driver client and the target with secrets resolved.
-func (r *Runner) dispatch(rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.FenceDriverServiceClient, *driverv1.Target, error) {
+// dispatch finds the operation's method (its driver's endpoints and identity) and the target with
+// secrets resolved.
+func (r *Runner) dispatch(rec *coordv1.NodeFence, op *coordv1.Operation) (*fenceconfig.Resolved, *driverv1.Target, error) {
 	methods, err := Methods(rec, func(step string) ([]fenceconfig.Resolved, error) { return r.Config().Plan(rec.Node, step) })
 	if err != nil {
 		return nil, nil, err
@@ -347,15 +362,14 @@ func (r *Runner) dispatch(rec *coordv1.NodeFence, op *coordv1.Operation) (driver
 	if m == nil {
 		return nil, nil, fmt.Errorf("method %s (%s) is no longer configured for %s", op.Method, op.Action, rec.Node)
 	}
+	if len(m.Endpoints) == 0 {
+		return nil, nil, fmt.Errorf("method %s: driver %s has no endpoint", m.Name, m.Driver)
+	}
 	params, err := fenceconfig.ResolveSecrets(m.Parameters, r.Secrets)
 	if err != nil {
 		return nil, nil, err
 	}
-	cli, err := r.Drivers.Client(m.Endpoint, m.Identity)
-	if err != nil {
-		return nil, nil, err
-	}
-	return cli, &driverv1.Target{Name: rec.Node, Parameters: params}, nil
+	return m, &driverv1.Target{Name: rec.Node, Parameters: params}, nil
 }
 
 func cloneFence(f *coordv1.NodeFence) *coordv1.NodeFence {

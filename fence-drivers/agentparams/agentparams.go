@@ -120,6 +120,10 @@ var allowed = map[string]Kind{
 	"ipmitool_timeout": KindNumber, "quiet": KindFlag,
 }
 
+// Allowed returns the allowlist: every parameter name a target may hand a fence agent, with the
+// kind of its value (a copy; fencectl describe agent lists it).
+func Allowed() map[string]Kind { return maps.Clone(allowed) }
+
 // Agent is the parameter that names the fence agent to run (alias AgentAlias).
 const (
 	Agent      = "agent"

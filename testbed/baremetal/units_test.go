@@ -142,8 +142,8 @@ func (h host) start(t *testing.T, unit, instance string, env map[string]string, 
 }
 
 // TestUnitsStartHealthy runs what deploy/baremetal.md describes, scaled to one machine: three
-// coordinator hosts on one etcd (each with a coordinator, and h01 with two fence-driver kinds side
-// by side) and agents on two hosts, every process started from its unit's exact ExecStart= with
+// coordinator hosts on one etcd (each with a coordinator and an IPMI fence driver, the three
+// drivers one driver's endpoints, and h01 with a PDU driver beside its IPMI one) and agents on two hosts, every process started from its unit's exact ExecStart= with
 // the host's environment file, over mutual TLS. It checks every process serves, the agents reach
 // the leader with the zone and region of their environment files, and the drivers answer.
 func TestUnitsStartHealthy(t *testing.T) {
@@ -159,7 +159,8 @@ func TestUnitsStartHealthy(t *testing.T) {
 	ca, etcdCA := newCA(t, "nodefence CA"), newCA(t, "nodefence etcd CA")
 	for _, h := range hosts {
 		ca.issue(t, h.path("/etc/nodefence/tls/coordinator"), "coordinator/"+h.name, true)
-		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver/"+h.name, true)
+		// As deploy/baremetal.md: every driver host presents the one identity fence.yaml names.
+		ca.issue(t, h.path("/etc/nodefence/tls/driver"), "driver/fence", true)
 		ca.issue(t, h.path("/etc/nodefence/tls/agent"), "agent/"+h.name, false)
 		writeFile(t, h.path("/etc/nodefence/tls/ca.crt"), ca.pem)
 		// As deploy/baremetal.md: etcd's own CA and the coordinator's etcd client certificate.
@@ -179,32 +180,31 @@ func TestUnitsStartHealthy(t *testing.T) {
 		}
 		return fmt.Sprint(p)
 	}
-	ipmiAddr, pduAddr := "127.0.0.1:"+port(), "127.0.0.1:"+port()
-	driverMetrics := map[string]string{"ipmi": "127.0.0.1:" + port(), "pdu": "127.0.0.1:" + port()}
+	// Three driver hosts for IPMI (h01-h03), and a PDU driver beside the first.
+	ipmiAddrs := map[string]string{"h01": "127.0.0.1:" + port(), "h02": "127.0.0.1:" + port(), "h03": "127.0.0.1:" + port()}
+	pduAddr := "127.0.0.1:" + port()
+	driverMetrics := map[string]string{"ipmi": "127.0.0.1:" + port(), "pdu": "127.0.0.1:" + port(),
+		"ipmi-h02": "127.0.0.1:" + port(), "ipmi-h03": "127.0.0.1:" + port()}
 
 	var coordAddrs, coordMetrics []string
 	for _, n := range []string{"h01", "h02", "h03"} {
 		h := hosts[n]
 		writeFile(t, h.path("/etc/nodefence/bmc-password"), "secret\n")
 		writeFile(t, h.path("/etc/nodefence/fence.yaml"), fmt.Sprintf(`drivers:
-  ipmi: {endpoint: "%s", identity: h01}
-  pdu: {endpoint: "%s", identity: h01}
+  ipmi: {endpoints: ["%s", "%s", "%s"], identity: fence}
+  pdu: {endpoint: "%s", identity: fence}
 templates:
   bmc:
     driver: ipmi
     parameters: {lanplus: "1", cipher: "3", username: admin, password_file: %s}
 nodes:
-  h01:
-    methods:
-      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: "9"}}
-    steps:
-      power_management: [bmc]
-  h04:
-    methods:
-      bmc: {template: bmc, parameters: {ip: 127.0.0.1, ipport: "10"}}
-    steps:
-      power_management: [bmc]
-`, ipmiAddr, pduAddr, h.path("/etc/nodefence/bmc-password")))
+  h01: {zone: rack-1, region: dc-1}
+host_maps:
+  - template: bmc
+    parameters:
+      ip: "h01:127.0.0.1;h04:127.0.0.1"
+      ipport: "h01:9;h04:10"
+`, ipmiAddrs["h01"], ipmiAddrs["h02"], ipmiAddrs["h03"], pduAddr, h.path("/etc/nodefence/bmc-password")))
 		addr, metrics := "127.0.0.1:"+port(), "127.0.0.1:"+port()
 		coordAddrs, coordMetrics = append(coordAddrs, addr), append(coordMetrics, metrics)
 		h.start(t, "nodefence-coordinator.service", "", map[string]string{
@@ -220,11 +220,20 @@ nodes:
 		}, bin)
 	}
 	// Two driver kinds on one host: each instance its own environment file and ports.
-	for kind, addr := range map[string]string{"ipmi": ipmiAddr, "pdu": pduAddr} {
+	for kind, addr := range map[string]string{"ipmi": ipmiAddrs["h01"], "pdu": pduAddr} {
 		hosts["h01"].start(t, "nodefence-fence-driver@.service", kind, map[string]string{
 			"NODEFENCE_DRIVER":         kind,
 			"NODEFENCE_LISTEN":         addr,
 			"NODEFENCE_METRICS_LISTEN": driverMetrics[kind],
+			"NODEFENCE_ARGS":           "",
+		}, bin)
+	}
+	// The second and third IPMI driver hosts.
+	for _, n := range []string{"h02", "h03"} {
+		hosts[n].start(t, "nodefence-fence-driver@.service", "ipmi", map[string]string{
+			"NODEFENCE_DRIVER":         "ipmi",
+			"NODEFENCE_LISTEN":         ipmiAddrs[n],
+			"NODEFENCE_METRICS_LISTEN": driverMetrics["ipmi-"+n],
 			"NODEFENCE_ARGS":           "",
 		}, bin)
 	}
@@ -243,10 +252,10 @@ nodes:
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, addr := range append(slices.Clone(coordAddrs), ipmiAddr, pduAddr) {
+	for _, addr := range append(slices.Clone(coordAddrs), ipmiAddrs["h01"], ipmiAddrs["h02"], ipmiAddrs["h03"], pduAddr) {
 		waitServing(ctx, t, addr, opTLS)
 	}
-	for _, m := range append(slices.Clone(coordMetrics), driverMetrics["ipmi"], driverMetrics["pdu"]) {
+	for _, m := range append(slices.Clone(coordMetrics), driverMetrics["ipmi"], driverMetrics["pdu"], driverMetrics["ipmi-h02"], driverMetrics["ipmi-h03"]) {
 		waitHTTP(ctx, t, "http://"+m+"/metrics")
 	}
 	// The agents reach the leader, with the zone and region of their environment files.

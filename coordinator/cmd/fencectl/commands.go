@@ -116,9 +116,28 @@ rest and says the check was not allowed.`,
 	{name: "test", args: "NODE", minArgs: 1, maxArgs: 1, summary: "check a node's fence devices: reachable, credentials good (changes nothing)",
 		help: `The leader asks each fence method's driver for Monitor (device reachable, credentials accepted)
 and then Status (the power state), never for a power change; the check is in the audit trail. Exit 0
-when every device passed, 1 when any did not.`,
+when every device passed, 1 when any did not.
+
+With --config FILE the coordinator is not asked: fencectl checks the node's devices as FILE (not yet
+applied) describes them, from this host, with the drivers compiled into it (the same code as
+fence-driver), reading the secret files FILE names. Monitor and Status only: nothing is switched.
+Methods of the agent driver are not checked this way (it runs fence agents on the driver host).`,
+		setup: func(fs *flag.FlagSet) runFunc {
+			config := fs.String("config", "", "check the devices of this fence configuration (standalone YAML or ConfigMaps) from here, before it is applied")
+			return func(ctx context.Context, c *ctl, a []string) error {
+				if *config != "" {
+					return c.testConfig(ctx, *config, a[0])
+				}
+				return c.test(ctx, a[0])
+			}
+		}},
+	{name: "describe", args: "DRIVER", minArgs: 1, maxArgs: 1, offline: true,
+		summary: "list a driver's parameters: names, aliases, types, defaults, which are secret",
+		help: `The driver's own table, as its Describe RPC returns it (fencectl is built from the same code as
+fence-driver). DRIVER is ipmi, pdu, brocade, redfish, aws or agent; the agent driver's parameters
+depend on the fence agent: listed are the names any agent may be handed.`,
 		setup: func(*flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *ctl, a []string) error { return c.test(ctx, a[0]) }
+			return func(_ context.Context, c *ctl, a []string) error { return c.describe(a[0]) }
 		}},
 	{name: "zones", summary: "list zones: disruption state and the pod-eviction budget",
 		setup: func(*flag.FlagSet) runFunc {
@@ -157,9 +176,16 @@ when every device passed, 1 when any did not.`,
 		summary: "write the global flags given on the line into context NAME of the settings file", help: setContextHelp, setup: setContextSetup},
 	{name: "config check", args: "PATH", minArgs: 1, maxArgs: 1, offline: true, textOnly: true,
 		summary: "validate a fence configuration offline and print each node's plan",
-		help:    `PATH is a standalone YAML file, or the seed's ConfigMaps (a file or a directory).`,
-		setup: func(*flag.FlagSet) runFunc {
-			return func(_ context.Context, c *ctl, a []string) error { return codeErr(configCheck(a[0], c.out, c.err)) }
+		help: `PATH is a standalone YAML file, or the seed's ConfigMaps (a file or a directory). Beyond the
+coordinator's own checks, each method's parameters are checked by its driver's code (compiled into
+fencectl; no driver service is asked): unknown names, types, values; and no two nodes may use the
+same device (BMC address, PDU outlet, switch port). Secret files (NAME_file) are not touched unless
+--check-secrets: then each is read and must hold a value (which is never printed).`,
+		setup: func(fs *flag.FlagSet) runFunc {
+			secrets := fs.Bool("check-secrets", false, "read every secret file the configuration names (run it where they are: the coordinator's host)")
+			return func(_ context.Context, c *ctl, a []string) error {
+				return codeErr(configCheck(a[0], *secrets, c.out, c.err))
+			}
 		}},
 	{name: "certs", args: "ROLE/NAME...", maxArgs: 1 << 16, offline: true, textOnly: true,
 		summary: "issue a CA and certificates with nodefence identities (offline)", help: certsHelp, setup: certsSetup},

@@ -11,9 +11,14 @@ import (
 	"github.com/nodefence/nodefence/services/fault"
 )
 
-// configCheck validates a fence configuration and prints the resolved plan, secrets masked.
-func configCheck(path string, stdout, stderr io.Writer) int {
-	c, err := fenceconfig.LoadAny(path, nil)
+// configCheck validates a fence configuration and prints the resolved plan, secrets masked. Secret
+// files are read only with checkSecrets.
+func configCheck(path string, checkSecrets bool, stdout, stderr io.Writer) int {
+	checks := fenceconfig.Checks{SecretFiles: fenceconfig.SecretFilesSkip}
+	if checkSecrets {
+		checks.SecretFiles = fenceconfig.SecretFilesRead
+	}
+	c, err := fenceconfig.LoadAnyWith(path, nil, checks)
 	if err != nil {
 		var inv fault.Invalid
 		if errors.As(err, &inv) {
@@ -26,7 +31,7 @@ func configCheck(path string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	var bad []string
+	var bad, notes []string
 	for _, node := range c.NodeNames() {
 		for _, step := range []string{fenceconfig.StepIsolation, fenceconfig.StepPowerManagement, fenceconfig.StepRecovery} {
 			ms, _ := c.Plan(node, step)
@@ -34,8 +39,15 @@ func configCheck(path string, stdout, stderr io.Writer) int {
 				for _, p := range checkMethod(m) {
 					bad = append(bad, fmt.Sprintf("nodes.%s.methods.%s (driver %s): %s", node, m.Name, m.Driver, p))
 				}
+				p, n := unknownParameters(c, node, m)
+				bad, notes = append(bad, p...), append(notes, n...)
 			}
 		}
+	}
+	bad = append(bad, sharedDevices(c)...)
+	sort.Strings(notes)
+	for _, n := range slices.Compact(notes) {
+		fmt.Fprintln(stderr, "note:", n)
 	}
 	if len(bad) > 0 {
 		sort.Strings(bad)

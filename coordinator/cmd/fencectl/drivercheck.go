@@ -21,6 +21,14 @@ var offlineDrivers = map[string]kit.Driver{
 	"ipmi": ipmi.New(), "pdu": pdu.New(), "brocade": brocade.New(), "redfish": redfish.New(), "aws": aws.New(),
 }
 
+// driverFactories make a fresh driver of each kind offlineDrivers holds, for test --config: a
+// check's device sessions are its own and are closed when it ends.
+var driverFactories = map[string]func() kit.Driver{
+	"ipmi": func() kit.Driver { return ipmi.New() }, "pdu": func() kit.Driver { return pdu.New() },
+	"brocade": func() kit.Driver { return brocade.New() }, "redfish": func() kit.Driver { return redfish.New() },
+	"aws": func() kit.Driver { return aws.New() },
+}
+
 // secretPlaceholder stands in for a secret reference's value, which is read only at call time.
 const secretPlaceholder = "secret"
 

@@ -93,13 +93,23 @@ nodes:
 nodes:
   n1:
     methods:
-      bmc: {driver: ipmi, parameters: {ip: 10.0.0.1, cipher: "3", password: pw-one, kg: kg-two, hexadecimal_kg: hex-three,
-        snmp_auth_pass: auth-four, passphrase: phrase-five, pass: pass-six}}
+      bmc: {driver: ipmi, parameters: {ip: 10.0.0.1, cipher: "3", password: pw-one, hexadecimal_kg: hex-three}}
     steps: {power_management: [bmc]}
 `)
 	out.Reset()
 	errb.Reset()
 	if code := run(context.Background(), []string{"config", "check", good}, &out, &errb); code != 0 || !strings.Contains(out.String(), "kg=***") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	// Names no driver and no fence agent knows are refused (each named, its value never shown).
+	unknown := write(`drivers: {ipmi: {endpoint: "127.0.0.1:1"}}
+nodes:
+  n1:
+    methods:
+      bmc: {driver: ipmi, parameters: {ip: 10.0.0.1, kg: kg-two, snmp_auth_pass: auth-four, passphrase: phrase-five, pass: pass-six}}
+    steps: {power_management: [bmc]}
+`)
+	if code := run(context.Background(), []string{"config", "check", unknown}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "4 problem(s)") {
 		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
 	}
 	for _, secret := range []string{"pw-one", "kg-two", "hex-three", "auth-four", "phrase-five", "pass-six"} {

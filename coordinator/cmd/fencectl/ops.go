@@ -464,7 +464,11 @@ func (c *ctl) configShow(ctx context.Context) error {
 				for i, k := range keys {
 					keys[i] = k + "=" + m.Parameters[k]
 				}
-				fences.rows = append(fences.rows, []string{n.Node, n.Region + "/" + n.Zone, m.Step, m.Name, m.Driver, m.Endpoint, m.PeerIdentity, m.Action,
+				endpoint := m.Endpoint
+				if len(m.Endpoints) > 1 {
+					endpoint = strings.Join(m.Endpoints, ",") // tried in this order
+				}
+				fences.rows = append(fences.rows, []string{n.Node, n.Region + "/" + n.Zone, m.Step, m.Name, m.Driver, endpoint, m.PeerIdentity, m.Action,
 					strconv.FormatBool(m.Required), strings.Join(keys, " ")})
 			}
 		}

@@ -553,7 +553,11 @@ type FenceMethodConfig struct {
 	// PeerIdentity is the identity the driver service at endpoint must present
 	// (spiffe://nodefence/driver/<name>); the coordinator refuses any other server there in the TLS
 	// handshake.
-	PeerIdentity  string `protobuf:"bytes,8,opt,name=peer_identity,json=peerIdentity,proto3" json:"peer_identity,omitempty"`
+	PeerIdentity string `protobuf:"bytes,8,opt,name=peer_identity,json=peerIdentity,proto3" json:"peer_identity,omitempty"`
+	// Endpoints are every address of the driver service (one per driver host), in the order the
+	// coordinator tries them while one is unreachable; endpoint is the first. Every one must
+	// present peer_identity.
+	Endpoints     []string `protobuf:"bytes,9,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -642,6 +646,13 @@ func (x *FenceMethodConfig) GetPeerIdentity() string {
 		return x.PeerIdentity
 	}
 	return ""
+}
+
+func (x *FenceMethodConfig) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
 }
 
 // FenceNodeConfig is one node's fence configuration.
@@ -2550,7 +2561,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\aSetting\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x12\n" +
-	"\x04flag\x18\x03 \x01(\tR\x04flag\"\xe4\x02\n" +
+	"\x04flag\x18\x03 \x01(\tR\x04flag\"\x82\x03\n" +
 	"\x11FenceMethodConfig\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2561,7 +2572,8 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"parameters\x18\a \x03(\v2;.nodefence.coordinator.v1.FenceMethodConfig.ParametersEntryR\n" +
 	"parameters\x12#\n" +
-	"\rpeer_identity\x18\b \x01(\tR\fpeerIdentity\x1a=\n" +
+	"\rpeer_identity\x18\b \x01(\tR\fpeerIdentity\x12\x1c\n" +
+	"\tendpoints\x18\t \x03(\tR\tendpoints\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
