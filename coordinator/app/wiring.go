@@ -192,6 +192,9 @@ func (a *App) bindServer() error {
 	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_agent_registrations_held_total",
 		Help: "Changed node registrations (agent hellos) not written because their node's limit was spent; the node's next hello writes its newest."},
 		func() float64 { return float64(a.store.RegistrationsHeld()) }))
+	srv.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nodefence_agent_registrations_failed_total",
+		Help: "Node registrations whose batched etcd write failed (logged); the node's next hello writes it."},
+		func() float64 { return float64(a.store.RegistrationsFailed()) }))
 	a.fenceMx = newFenceMetrics(srv.Registry, a.Term)
 	a.observeMx = newObserveMetrics(srv.Registry)
 	a.storeG = newStoreGuard(srv.Registry)

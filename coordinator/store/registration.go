@@ -76,18 +76,147 @@ func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n Registra
 		s.regHeld.Add(1)
 		return nil
 	}
-	_, err = t.Txn(ctx, nil, clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", data)}, nil,
-		[]clientv3.Op{clientv3.OpPut(k, data)}))
-	if err == nil {
-		s.nodesMu.Lock()
-		if s.nodesEpoch == t.Epoch {
-			s.nodes[n.Name] = data
-		}
-		s.nodesMu.Unlock()
-	}
-	return err
+	s.queueRegistration(t, k, n.Name, data)
+	return nil
 }
+
+// Registrations are written behind the hello, in batches: when a fleet connects at once (a new
+// leader, a restarted coordinator) one etcd transaction carries up to maxRegistrationBatch of them
+// instead of one transaction each, and no hello waits for, or fails on, its registration's write.
+// A registration whose write fails stays unwritten (logged, counted in RegistrationsFailed); the
+// node's next hello writes it, as the cache still shows the old one.
+const (
+	maxRegistrationBatch = 100                  // under etcd's default --max-txn-ops (128)
+	registrationGather   = 5 * time.Millisecond // how long a batch waits for company
+)
+
+// regQueue is one term's registrations waiting to be written, the newest per node.
+type regQueue struct {
+	term    *leader.Term
+	pending map[string][2]string // node -> key, data
+	busy    int                  // batches being written
+	kick    chan struct{}
+}
+
+// queueRegistration queues node's registration for term t's writer, starting the writer for a new
+// term; the writer ends with the term.
+func (s *Store) queueRegistration(t *leader.Term, key, node, data string) {
+	s.regMu.Lock()
+	q := s.regQ
+	if q == nil || q.term != t {
+		q = &regQueue{term: t, pending: map[string][2]string{}, kick: make(chan struct{}, 1)}
+		s.regQ = q
+		go s.writeRegistrations(q)
+	}
+	q.pending[node] = [2]string{key, data}
+	s.regMu.Unlock()
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// writeRegistrations writes q's registrations in batches until its term ends.
+func (s *Store) writeRegistrations(q *regQueue) {
+	ctx := q.term.Context()
+	gather := time.NewTimer(registrationGather)
+	defer gather.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-q.kick:
+		}
+		gather.Reset(registrationGather)
+		select {
+		case <-ctx.Done():
+			return
+		case <-gather.C:
+		}
+		for s.writeRegistrationBatch(ctx, q) {
+		}
+	}
+}
+
+// writeRegistrationBatch writes up to maxRegistrationBatch of q's registrations in one
+// transaction; it reports whether it took any.
+func (s *Store) writeRegistrationBatch(ctx context.Context, q *regQueue) bool {
+	s.regMu.Lock()
+	nodes := make([]string, 0, min(len(q.pending), maxRegistrationBatch))
+	var ops []clientv3.Op
+	q.busy++
+	defer func() {
+		s.regMu.Lock()
+		q.busy--
+		s.regMu.Unlock()
+	}()
+	for node, kd := range q.pending {
+		if len(ops) == maxRegistrationBatch {
+			break
+		}
+		nodes = append(nodes, node)
+		ops = append(ops, clientv3.OpPut(kd[0], kd[1]))
+	}
+	batch := make(map[string]string, len(nodes))
+	for _, node := range nodes {
+		batch[node] = q.pending[node][1]
+		delete(q.pending, node)
+	}
+	s.regMu.Unlock()
+	if len(ops) == 0 {
+		return false
+	}
+	wctx, cancel := context.WithTimeout(ctx, registrationWriteTimeout)
+	_, err := q.term.Txn(wctx, nil, ops...)
+	cancel()
+	if err != nil {
+		s.regFailed.Add(int64(len(ops)))
+		if s.Log != nil && ctx.Err() == nil {
+			s.Log.Warn("node registrations not written; the nodes' next hellos write them", "registrations", len(ops), "err", err)
+		}
+		return true
+	}
+	s.nodesMu.Lock()
+	if s.nodesEpoch == q.term.Epoch {
+		for node, data := range batch {
+			s.nodes[node] = data
+		}
+	}
+	s.nodesMu.Unlock()
+	return true
+}
+
+// FlushRegistrations writes the registrations queued so far and waits for the batches being
+// written (tests, and a caller that wants the store to show every hello).
+func (s *Store) FlushRegistrations(ctx context.Context) error {
+	s.regMu.Lock()
+	q := s.regQ
+	s.regMu.Unlock()
+	if q == nil {
+		return nil
+	}
+	for s.writeRegistrationBatch(ctx, q) {
+	}
+	for {
+		s.regMu.Lock()
+		busy := q.busy
+		s.regMu.Unlock()
+		if busy == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// registrationWriteTimeout bounds one batch's write.
+const registrationWriteTimeout = 10 * time.Second
+
+// RegistrationsFailed is how many registration writes failed since the store started.
+func (s *Store) RegistrationsFailed() int64 { return s.regFailed.Load() }
 
 // takeRegistration takes a token of node's registration bucket at now. The buckets outlive terms
 // (a failover does not refill them); there is one per node that said hello, and only known nodes

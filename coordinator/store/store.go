@@ -64,6 +64,9 @@ type Store struct {
 	RegistrationLimits RegistrationLimits
 	regBuckets         map[string]*rate.Limiter // guarded by nodesMu
 	regHeld            atomic.Int64
+	regMu              sync.Mutex
+	regQ               *regQueue // the current term's registrations waiting to be written
+	regFailed          atomic.Int64
 }
 
 // New returns a store under prefix (for example "/nodefence").

@@ -307,6 +307,9 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 	if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
 		t.Fatal(err)
 	}
+	if err := st.FlushRegistrations(ctx); err != nil {
+		t.Fatal(err)
+	}
 	before := rev()
 	for range 3 {
 		if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
@@ -318,6 +321,9 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 	}
 	a.BootID = "boot-2"
 	if err := st.PutNodeIfChanged(ctx, term, a, base); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FlushRegistrations(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if after := rev(); after == before {
@@ -335,6 +341,9 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.PutNodeIfChanged(ctx, term2, a, base); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FlushRegistrations(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got, err := cli.Get(ctx, "/reg/nodes/a")
