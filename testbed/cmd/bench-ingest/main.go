@@ -54,6 +54,10 @@ type result struct {
 	WindowS      float64 `json:"window_s"`
 	RatePerAgent float64 `json:"rate_per_agent"`
 	Client       string  `json:"client"`
+	// ConnectS is the time from the first hello until every agent was connected; HelloRetries
+	// counts the hellos refused and retried (as agents do, with backoff) on the way.
+	ConnectS     float64 `json:"connect_s"`
+	HelloRetries int64   `json:"hello_retries"`
 }
 
 func main() {
@@ -111,17 +115,19 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	var connected, sendErrs atomic.Int64
-	agentRun, closeConns, err := agentClients(ctx, runCtx, fleet, client, addr, rate, &connected)
+	var connected, sendErrs, retries atomic.Int64
+	agentRun, closeConns, err := agentClients(ctx, runCtx, fleet, client, addr, rate)
 	if err != nil {
 		return nil, err
 	}
 	defer closeConns()
-	wg, err := startAgents(ctx, runCtx, agents, agentRun, &connected, &sendErrs)
+	connectStart := time.Now()
+	wg, err := startAgents(ctx, runCtx, agents, agentRun, &connected, &sendErrs, &retries)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Printf("all %d agents connected; warming up for %s\n", agents, warmup)
+	connectS := time.Since(connectStart).Seconds()
+	fmt.Printf("all %d agents connected in %.1fs (%d hellos refused and retried); warming up for %s\n", agents, connectS, retries.Load(), warmup)
 	time.Sleep(warmup)
 	metricsURL := "http://" + maddr + "/metrics"
 	before, err := promscrape.Get(metricsURL)
@@ -164,6 +170,7 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
 		StacksMB: round(after["go_memstats_stack_inuse_bytes"] / (1 << 20)), CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
+		ConnectS: round(connectS), HelloRetries: retries.Load(),
 	}, nil
 }
 
@@ -202,7 +209,7 @@ func coordinatorSetup(dir string, agents int, rate float64, coordGC int) (string
 
 // agentClients dials the connections of the client kind ("h2", else gRPC) and returns how agent i
 // runs and how to close the connections (on an error they are closed already).
-func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, addr string, rate float64, connected *atomic.Int64) (func(i int) error, func(), error) {
+func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, addr string, rate float64) (agentFunc, func(), error) {
 	agents, perConn := fleet.Agents, fleet.PerConn
 	switch client {
 	case "h2":
@@ -220,7 +227,7 @@ func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, ad
 			}
 			conns = append(conns, c)
 		}
-		return func(i int) error { return agentH2(runCtx, conns[i/perConn], i, rate, connected) }, closeAll, nil
+		return func(i int, up func()) error { return agentH2(runCtx, conns[i/perConn], i, rate, up) }, closeAll, nil
 	default:
 		conns, err := fleet.Conns(addr)
 		if err != nil {
@@ -231,20 +238,49 @@ func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, ad
 				c.Close()
 			}
 		}
-		return func(i int) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, connected) }, closeAll, nil
+		return func(i int, up func()) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, up) }, closeAll, nil
 	}
 }
 
-// startAgents runs every agent, ramping up gently, and waits until all are connected.
-func startAgents(ctx, runCtx context.Context, agents int, agentRun func(i int) error, connected, sendErrs *atomic.Int64) (*sync.WaitGroup, error) {
+// agentFunc runs agent i until its context ends; it calls up once its hello was answered.
+type agentFunc func(i int, up func()) error
+
+// Hello retries back off as the node-agent's reconnects do: from helloBackoff, doubling, to
+// helloBackoffMax, with jitter.
+const (
+	helloBackoff    = 200 * time.Millisecond
+	helloBackoffMax = 5 * time.Second
+)
+
+// startAgents runs every agent, ramping up gently, and waits until all are connected. An agent
+// whose hello is refused tries again with backoff, as a real agent does (counted in retries); one
+// whose stream fails after its hello counts as a send error.
+func startAgents(ctx, runCtx context.Context, agents int, agentRun agentFunc, connected, sendErrs, retries *atomic.Int64) (*sync.WaitGroup, error) {
 	var wg sync.WaitGroup
 	for i := 0; i < agents; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := agentRun(i); err != nil && runCtx.Err() == nil {
-				fmt.Fprintf(os.Stderr, "agent %d: %v\n", i, err)
-				sendErrs.Add(1)
+			var up atomic.Bool
+			onUp := func() { up.Store(true); connected.Add(1) }
+			for backoff := helloBackoff; ; backoff = min(2*backoff, helloBackoffMax) {
+				err := agentRun(i, onUp)
+				if runCtx.Err() != nil {
+					return
+				}
+				if up.Load() {
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "agent %d: %v\n", i, err)
+						sendErrs.Add(1)
+					}
+					return
+				}
+				retries.Add(1)
+				select {
+				case <-runCtx.Done():
+					return
+				case <-time.After(backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)))):
+				}
 			}
 		}()
 		if i%500 == 499 {
@@ -334,7 +370,7 @@ func pace(ctx context.Context, rate float64, send func(seq uint64) error) error 
 
 // agentH2 is one simulated agent on an h2Conn: a hello, then samples at rate. The connection's
 // reader consumes the acks.
-func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, connected *atomic.Int64) error {
+func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, up func()) error {
 	stream, err := conn.open(agentv1.AgentService_Connect_FullMethodName)
 	if err != nil {
 		return err
@@ -357,7 +393,7 @@ func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, connected *
 	if err := conn.streamErr(stream); err != nil {
 		return err
 	}
-	connected.Add(1)
+	up()
 	s := newSampler()
 	err = pace(ctx, rate, func(seq uint64) error { return send(s.next(seq, time.Now())) })
 	conn.closeSend(stream)
@@ -366,7 +402,7 @@ func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, connected *
 
 // agentGRPC is one simulated agent on a grpc-go connection: a hello, then samples at rate, reading
 // acks. Responses are left undecoded.
-func agentGRPC(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, connected *atomic.Int64) error {
+func agentGRPC(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, up func()) error {
 	stream, err := agentv1.NewAgentServiceClient(conn).Connect(ctx, grpc.ForceCodecV2(wire.Codec()))
 	if err != nil {
 		return err
@@ -378,7 +414,7 @@ func agentGRPC(ctx context.Context, conn *grpc.ClientConn, i int, rate float64, 
 	if err := stream.RecvMsg(&resp); err != nil { // the AgentConfig
 		return err
 	}
-	connected.Add(1)
+	up()
 	go func() {
 		var ack wire.Encoded
 		for stream.RecvMsg(&ack) == nil {
