@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodefence/nodefence/testbed/kube/kubetest"
 	"github.com/nodefence/nodefence/testbed/logind"
 	"github.com/nodefence/nodefence/testbed/procs"
 )
@@ -28,7 +29,7 @@ type example struct {
 
 // envBlock finds, in deploy/baremetal.md, a `/etc/nodefence/NAME.env` (or .yaml) mention whose
 // paragraph ends in a fenced block: the file's contents as the guide gives them.
-var envBlock = regexp.MustCompile("`(/etc/nodefence/[a-z0-9-]+\\.(?:env|yaml))`[^\n]*(?:\n[^\n`]+)*\n\n```(?:sh|yaml)\n((?s:.*?))```")
+var envBlock = regexp.MustCompile("`(/etc/(?:nodefence|etcd)/[a-z0-9-]+\\.(?:env|yaml))`[^\n]*(?:\n[^\n`]+)*\n\n```(?:sh|yaml)\n((?s:.*?))```")
 
 // guideExamples returns every example settings file of deploy/baremetal.md and
 // deploy/systemd/*.env.example, and the guide's fence.yaml.
@@ -54,11 +55,14 @@ func guideExamples(t *testing.T) (envs []example, fenceYAML string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		name := strings.TrimSuffix(filepath.Base(f), ".example")
-		if name == "fence-driver.env" {
-			name = "fence-driver-ipmi.env" // its own header names it so
+		name := "/etc/nodefence/" + strings.TrimSuffix(filepath.Base(f), ".example")
+		switch filepath.Base(name) {
+		case "fence-driver.env":
+			name = "/etc/nodefence/fence-driver-ipmi.env" // its own header names it so
+		case "etcd.env":
+			name = "/etc/etcd/etcd.env"
 		}
-		envs = append(envs, example{source: "deploy/systemd/" + filepath.Base(f), file: "/etc/nodefence/" + name, text: string(b)})
+		envs = append(envs, example{source: "deploy/systemd/" + filepath.Base(f), file: name, text: string(b)})
 	}
 	return envs, fenceYAML
 }
@@ -71,6 +75,8 @@ func unitFor(file string) (unit, instance string) {
 		return "nodefence-coordinator.service", ""
 	case base == "node-agent":
 		return "nodefence-node-agent.service", ""
+	case base == "etcd":
+		return "etcd.service", ""
 	case strings.HasPrefix(base, "fence-driver-"):
 		return "nodefence-fence-driver@.service", strings.TrimPrefix(base, "fence-driver-")
 	}
@@ -78,7 +84,7 @@ func unitFor(file string) (unit, instance string) {
 }
 
 // TestExampleSettingsStart starts every example settings file of the bare-metal guide and of
-// deploy/systemd as written, through its unit's ExecStart=, each in a network namespace of its
+// deploy/systemd (etcd's too) as written, through its unit's ExecStart=, each in a network namespace of its
 // own that holds the guide's host addresses (10.0.0.1–10.0.0.3), so every listen address binds
 // as it would on h01. Only file paths move (into a per-example root with test certificates). The
 // binary must bind every address its example names (a refused setting ends the process first).
@@ -94,11 +100,19 @@ func TestExampleSettingsStart(t *testing.T) {
 	for _, e := range envs {
 		sources = append(sources, e.source)
 	}
-	// The guide's three env blocks and the three example files, at least: parsing never skips one.
-	if len(envs) < 6 || fenceYAML == "" {
-		t.Fatalf("found %d example settings files (%q) and fence.yaml %v; want 6 and a fence.yaml", len(envs), sources, fenceYAML != "")
+	// The guide's four env blocks and the four example files, at least: parsing never skips one.
+	if len(envs) < 8 || fenceYAML == "" {
+		t.Fatalf("found %d example settings files (%q) and fence.yaml %v; want 8 and a fence.yaml", len(envs), sources, fenceYAML != "")
 	}
 	bin := buildBinaries(t, "coordinator", "fence-driver", "node-agent")
+	// etcd.service runs /usr/local/bin/etcd: the etcd v3.6 the Kubernetes tests use.
+	_, etcd, err := kubetest.Binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(etcd, filepath.Join(bin, "etcd")); err != nil {
+		t.Fatal(err)
+	}
 	ca, etcdCA := newCA(t, "nodefence CA"), newCA(t, "nodefence etcd CA")
 	for i, e := range envs {
 		t.Run(strings.NewReplacer("/", "_", " ", "_").Replace(e.source), func(t *testing.T) {
@@ -114,6 +128,8 @@ func TestExampleSettingsStart(t *testing.T) {
 			etcdCA.issue(t, h.path("/etc/nodefence/tls/etcd-client"), "coordinator/nodefence-coordinator", false)
 			writeFile(t, h.path("/etc/nodefence/tls/etcd-ca.crt"), etcdCA.pem)
 			writeFile(t, h.path("/etc/nodefence/bmc-password"), "secret\n")
+			etcdCA.issue(t, h.path("/etc/etcd/server"), "member/etcd", true)
+			writeFile(t, h.path("/etc/etcd/ca.crt"), etcdCA.pem)
 			writeFile(t, h.path("/etc/nodefence/fence.yaml"), strings.ReplaceAll(fenceYAML, "/etc/nodefence/", h.path("/etc/nodefence")+"/"))
 			writeFile(t, h.path(e.file), e.text)
 			env, err := ReadEnvFile(h.path(e.file))
@@ -132,6 +148,9 @@ func TestExampleSettingsStart(t *testing.T) {
 				if strings.HasSuffix(k, "_LISTEN") {
 					want = append(want, listen{flag: k, addr: env[k], udp: strings.Contains(k, "KDUMP")})
 				}
+			}
+			if ip := env["NODEFENCE_ETCD_IP"]; ip != "" { // etcd.service's client and peer ports
+				want = append(want, listen{flag: "NODEFENCE_ETCD_IP client", addr: ip + ":2379"}, listen{flag: "NODEFENCE_ETCD_IP peer", addr: ip + ":2380"})
 			}
 			if len(want) == 0 {
 				t.Fatalf("%s names no listen address", e.source)
@@ -186,11 +205,14 @@ func startUnitIn(t *testing.T, h host, ns, unit, instance string, env map[string
 	if err != nil {
 		t.Fatalf("%s: %v", unit, err)
 	}
-	for _, a := range args {
-		if strings.HasPrefix(a, "/var/lib/nodefence/") {
-			if err := os.MkdirAll(h.path(a), 0o700); err != nil {
+	for i, a := range args {
+		if strings.HasPrefix(a, "/var/lib/nodefence/") || a == "/var/lib/etcd" {
+			if err := os.MkdirAll(h.path(a), 0o700); err != nil { // systemd's StateDirectory=
 				t.Fatal(err)
 			}
+		}
+		if strings.HasPrefix(a, "/etc/etcd/") || a == "/var/lib/etcd" {
+			args[i] = h.path(a)
 		}
 	}
 	args = h.localize(args, bin)
