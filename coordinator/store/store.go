@@ -216,19 +216,25 @@ func (s *Store) UpdateFence(ctx context.Context, t *leader.Term, rec *coordv1.No
 
 // GetFence reads one record.
 func (s *Store) GetFence(ctx context.Context, id string) (Versioned, error) {
+	v, _, err := s.readFence(ctx, id)
+	return v, err
+}
+
+// readFence is GetFence that also returns the store revision the record was read at.
+func (s *Store) readFence(ctx context.Context, id string) (Versioned, int64, error) {
 	resp, err := s.cli.Get(ctx, s.fenceKey(id))
 	if err != nil {
-		return Versioned{}, fmt.Errorf("read fence %s: %w", id, err)
+		return Versioned{}, 0, fmt.Errorf("read fence %s: %w", id, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return Versioned{}, fmt.Errorf("fence %q: %w", id, fault.ErrNotFound)
+		return Versioned{}, 0, fmt.Errorf("fence %q: %w", id, fault.ErrNotFound)
 	}
 	kv := resp.Kvs[0]
 	f, err := s.decodeAt(string(kv.Key), kv.ModRevision, kv.Value)
 	if err != nil {
-		return Versioned{}, err
+		return Versioned{}, 0, err
 	}
-	return Versioned{Fence: f, Revision: kv.ModRevision}, nil
+	return Versioned{Fence: f, Revision: kv.ModRevision}, resp.Header.Revision, nil
 }
 
 // ActiveFence returns the node's active (not terminal) record, or nil.
@@ -419,7 +425,7 @@ func (s *Store) WatchFence(ctx context.Context, id string) (<-chan Versioned, <-
 	errc := make(chan error, 1)
 	go func() {
 		defer close(out)
-		cur, err := s.GetFence(ctx, id)
+		cur, readAt, err := s.readFence(ctx, id)
 		if err != nil {
 			errc <- err
 			return
@@ -434,7 +440,10 @@ func (s *Store) WatchFence(ctx context.Context, id string) (<-chan Versioned, <-
 		}
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		for wr := range s.cli.Watch(wctx, s.fenceKey(id), clientv3.WithRev(cur.Revision+1)) {
+		// From the revision the record was read at, not the record's own: the record may be older
+		// than etcd's compaction point (a quiet record under auto-compaction, or every record after
+		// a restore with --mark-compacted), and nothing changed it between the two.
+		for wr := range s.cli.Watch(wctx, s.fenceKey(id), clientv3.WithRev(readAt+1)) {
 			if err := wr.Err(); err != nil {
 				errc <- fmt.Errorf("watch fence %s: %w", id, err)
 				return

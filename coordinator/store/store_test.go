@@ -351,3 +351,46 @@ func TestUnchangedRegistrationIsNotWritten(t *testing.T) {
 		t.Fatalf("after the new term: %v %v", got, err)
 	}
 }
+
+// A watch of a record older than etcd's compaction point (a quiet record under auto-compaction,
+// or every record after a restore with --mark-compacted) starts from the revision it was read at
+// and delivers the record's next version instead of failing.
+func TestWatchOfRecordOlderThanCompaction(t *testing.T) {
+	ctx, cli, st, term := setup(t)
+	live := record(1, "quiet", true)
+	create(t, ctx, st, term, live)
+	var last int64
+	for i := range 5 {
+		r, err := cli.Put(ctx, fmt.Sprintf("/other/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := cli.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	updates, errc := st.WatchFence(wctx, live.Id)
+	if v := <-updates; v.Fence.GetId() != live.Id {
+		t.Fatalf("first watch update %v; err %v", v, <-errc)
+	}
+	done := record(1, "quiet", false)
+	rev, err := cli.Put(ctx, prefix+"/fences/"+live.Id, mustJSON(t, done))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case v, ok := <-updates:
+		if !ok || v.Fence.GetFinishedAt() == nil || v.Revision != rev.Header.Revision {
+			var werr error
+			if !ok {
+				werr = <-errc
+			}
+			t.Fatalf("after compaction: %v (open %v); err %v", v, ok, werr)
+		}
+	case <-ctx.Done():
+		t.Fatal("no update after compaction")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -207,7 +208,10 @@ func (t *opTable) persist(id string, op *operation) error {
 
 // begin returns the operation for id. owner is true when the caller created it and must run it
 // and call finish; otherwise the caller waits on op.done. A reused id naming another action or
-// device is an error.
+// device is an error, and so is the repeat of an operation a later successful operation on the
+// same device superseded (fault.ErrFailedPrecondition): its answer no longer describes the device.
+// Only a caller whose history was rewound sends one (a coordinator restored from a backup resends
+// an operation its lost successor resolved and then undid); it must retry with a new id.
 func (t *opTable) begin(id, what string) (op *operation, owner bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -217,11 +221,39 @@ func (t *opTable) begin(id, what string) (op *operation, owner bool, err error) 
 			inv.Add("operation_id", "%q was already used for %s, not %s", id, op.what, what)
 			return nil, false, inv.Err()
 		}
+		if later := t.supersededBy(id, what); later != "" {
+			return nil, false, fmt.Errorf("operation_id %q (%s) was superseded by the later operation %q on the same device; its answer no longer describes the device: retry with a new operation_id: %w",
+				id, what, later, fault.ErrFailedPrecondition)
+		}
 		return op, false, nil
 	}
 	op = &operation{what: what, done: make(chan struct{})}
 	t.ops[id] = op
 	return op, true, nil
+}
+
+// supersededBy returns the id of a successful operation on what's device completed after id, or
+// "". t.mu is held.
+func (t *opTable) supersededBy(id, what string) string {
+	dev := deviceOf(what)
+	found := false
+	for _, o := range t.order {
+		switch {
+		case o == id:
+			found = true
+		case found && deviceOf(t.ops[o].what) == dev:
+			return o
+		}
+	}
+	return ""
+}
+
+// deviceOf is the device key of an operation's what ("<action> on <device key>").
+func deviceOf(what string) string {
+	if i := strings.LastIndex(what, " on "); i >= 0 {
+		return what[i+len(" on "):]
+	}
+	return what
 }
 
 // finish records the result and wakes the waiters.

@@ -1,6 +1,7 @@
 package kit
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+	"github.com/nodefence/nodefence/services/fault"
 )
 
 func lines(t *testing.T, dir string) int {
@@ -76,5 +78,35 @@ func TestOperationsFileIsBounded(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(dir, opsFile)); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("operations file mode: %v %v", st.Mode(), err)
+	}
+}
+
+// The repeat of an operation that a later successful operation on the same device superseded is
+// refused, not answered from the table: a coordinator restored from a backup resends an off its
+// lost successor resolved and then undid (on); "confirmed off" would be a lie about a node that is
+// on. Repeats on other devices, and of the device's latest operation, are still answered.
+func TestSupersededOperationIsNotAnswered(t *testing.T) {
+	tab, err := loadOpTable(t.TempDir(), nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(id, what string) {
+		op, owner, err := tab.begin(id, what)
+		if err != nil || !owner {
+			t.Fatalf("begin %s: owner %v, %v", id, owner, err)
+		}
+		tab.finish(id, op, &driverv1.PowerOffResponse{State: driverv1.PowerState_POWER_STATE_OFF}, nil)
+	}
+	run("f/1/off", "power off on ipmi/bmc-1")
+	run("g/0/off", "power off on ipmi/bmc-2")
+	run("u/0/on", "power on on ipmi/bmc-1")
+	_, _, err = tab.begin("f/1/off", "power off on ipmi/bmc-1")
+	if !errors.Is(err, fault.ErrFailedPrecondition) || !strings.Contains(err.Error(), `superseded by the later operation "u/0/on"`) {
+		t.Fatalf("repeat of the superseded off: %v; want FailedPrecondition naming u/0/on", err)
+	}
+	for _, r := range []struct{ id, what string }{{"g/0/off", "power off on ipmi/bmc-2"}, {"u/0/on", "power on on ipmi/bmc-1"}} {
+		if _, owner, err := tab.begin(r.id, r.what); err != nil || owner {
+			t.Fatalf("repeat of %s: owner %v, %v; want the remembered answer", r.id, owner, err)
+		}
 	}
 }
