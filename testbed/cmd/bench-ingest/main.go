@@ -121,12 +121,12 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 		return nil, err
 	}
 	defer closeConns()
-	connectStart := time.Now()
-	wg, err := startAgents(ctx, runCtx, agents, agentRun, &connected, &sendErrs, &retries)
+	connectS, wg, err := timed(func() (*sync.WaitGroup, error) {
+		return startAgents(ctx, runCtx, agents, agentRun, &connected, &sendErrs, &retries)
+	})
 	if err != nil {
 		return nil, err
 	}
-	connectS := time.Since(connectStart).Seconds()
 	fmt.Printf("all %d agents connected in %.1fs (%d hellos refused and retried); warming up for %s\n", agents, connectS, retries.Load(), warmup)
 	time.Sleep(warmup)
 	metricsURL := "http://" + maddr + "/metrics"
@@ -134,11 +134,7 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 	if err != nil {
 		return nil, err
 	}
-	cpu0, err := cpuSeconds(coord.PID())
-	if err != nil {
-		return nil, err
-	}
-	gen0, err := cpuSeconds(os.Getpid())
+	cpu0, gen0, err := cpuBoth(coord.PID())
 	if err != nil {
 		return nil, err
 	}
@@ -240,6 +236,22 @@ func agentClients(ctx, runCtx context.Context, fleet *benchkit.Fleet, client, ad
 		}
 		return func(i int, up func()) error { return agentGRPC(runCtx, conns[i/perConn], i, rate, up) }, closeAll, nil
 	}
+}
+
+// cpuBoth reads the CPU seconds the coordinator (pid) and this generator used so far.
+func cpuBoth(pid int) (coord, gen float64, err error) {
+	if coord, err = cpuSeconds(pid); err != nil {
+		return 0, 0, err
+	}
+	gen, err = cpuSeconds(os.Getpid())
+	return coord, gen, err
+}
+
+// timed runs f and says how many seconds it took.
+func timed(f func() (*sync.WaitGroup, error)) (float64, *sync.WaitGroup, error) {
+	start := time.Now()
+	wg, err := f()
+	return time.Since(start).Seconds(), wg, err
 }
 
 // agentFunc runs agent i until its context ends; it calls up once its hello was answered.
