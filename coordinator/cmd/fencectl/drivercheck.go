@@ -42,16 +42,7 @@ func checkMethod(m fenceconfig.Resolved) []string {
 	if !ok {
 		return nil
 	}
-	params := map[string]string{}
-	for k, v := range m.Parameters {
-		if base, ok := strings.CutSuffix(k, "_file"); ok {
-			k, v = base, secretPlaceholder
-		} else if base, ok := strings.CutSuffix(k, "_secret"); ok {
-			k, v = base, secretPlaceholder
-		}
-		params[k] = v
-	}
-	canon, err := kit.Canonicalize(params, d.Describe())
+	canon, err := kit.Canonicalize(placeholderSecrets(m.Parameters), d.Describe())
 	if err == nil {
 		_, err = d.Parse(canon)
 	}
@@ -78,4 +69,19 @@ func secretFor(driver, k string) bool {
 		desc = d.Describe()
 	}
 	return kit.IsSecret(n, desc)
+}
+
+// placeholderSecrets is a method's parameters with every secret reference (NAME_file, NAME_secret)
+// replaced by NAME with a placeholder value, so a driver can check them without reading a secret.
+func placeholderSecrets(in map[string]string) map[string]string {
+	params := make(map[string]string, len(in))
+	for k, v := range in {
+		if base, ok := strings.CutSuffix(k, "_file"); ok {
+			k, v = base, secretPlaceholder
+		} else if base, ok := strings.CutSuffix(k, "_secret"); ok {
+			k, v = base, secretPlaceholder
+		}
+		params[k] = v
+	}
+	return params
 }

@@ -136,16 +136,7 @@ func deviceKey(node string, m fenceconfig.Resolved) (string, bool) {
 	} else if d = offlineDrivers[m.Driver]; d == nil {
 		return "", false
 	}
-	params := map[string]string{}
-	for k, v := range m.Parameters {
-		if b, ok := strings.CutSuffix(k, "_file"); ok {
-			k, v = b, secretPlaceholder
-		} else if b, ok := strings.CutSuffix(k, "_secret"); ok {
-			k, v = b, secretPlaceholder
-		}
-		params[k] = v
-	}
-	canon, err := kit.Canonicalize(params, d.Describe())
+	canon, err := kit.Canonicalize(placeholderSecrets(m.Parameters), d.Describe())
 	if err != nil {
 		return "", false
 	}
