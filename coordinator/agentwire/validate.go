@@ -2,6 +2,7 @@ package agentwire
 
 import (
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -50,6 +51,9 @@ func ValidateHello(h *agentv1.Hello) error {
 	if c := h.GetCapacity(); c != nil && (c.GetMemoryBytes() < 0 || c.GetCpuMillis() < 0 || c.GetPids() < 0) {
 		v.Add("hello.capacity", "must not be negative")
 	}
+	if w := h.GetWatchdog(); w != nil {
+		validateWatchdog(&v, "hello.watchdog", w)
+	}
 	return v.Err()
 }
 
@@ -97,6 +101,8 @@ func ValidateEvent(m *agentv1.ConnectRequest) error {
 		}
 	case *agentv1.ConnectRequest_Eviction:
 		validateEvictionReport(&v, msg.Eviction)
+	case *agentv1.ConnectRequest_Watchdog:
+		validateWatchdog(&v, "watchdog", msg.Watchdog)
 	}
 	return v.Err()
 }
@@ -200,4 +206,20 @@ func clip(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// MaxWatchdogTimeout bounds a reported watchdog timeout (node-agent/watchdog.MaxTimeout).
+const MaxWatchdogTimeout = 10 * time.Minute
+
+// validateWatchdog checks a watchdog report: an armed watchdog has a timeout from 1 s to
+// MaxWatchdogTimeout.
+func validateWatchdog(v *fault.Invalid, field string, w *agentv1.WatchdogState) {
+	t := w.GetTimeout()
+	if t != nil && t.CheckValid() != nil {
+		v.Add(field+".timeout", "not a valid duration")
+		return
+	}
+	if w.GetArmed() && (t.AsDuration() < time.Second || t.AsDuration() > MaxWatchdogTimeout) {
+		v.Add(field+".timeout", "an armed watchdog's timeout must be from 1s to %s, not %s", MaxWatchdogTimeout, t.AsDuration())
+	}
 }

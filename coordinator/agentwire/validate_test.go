@@ -113,3 +113,30 @@ func FuzzValidateHello(f *testing.F) {
 		}
 	})
 }
+
+// A watchdog report (in a hello or on its own) is bounded: an armed watchdog has a timeout from 1 s
+// to MaxWatchdogTimeout; a disarmed report needs none.
+func TestValidateWatchdog(t *testing.T) {
+	report := func(w *agentv1.WatchdogState) *agentv1.ConnectRequest {
+		return &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Watchdog{Watchdog: w}}
+	}
+	for _, tc := range []struct {
+		w    *agentv1.WatchdogState
+		want string
+	}{
+		{&agentv1.WatchdogState{Armed: true, Timeout: durationpb.New(15 * time.Second)}, ""},
+		{&agentv1.WatchdogState{Armed: false}, ""},
+		{&agentv1.WatchdogState{Armed: true}, "watchdog.timeout"},
+		{&agentv1.WatchdogState{Armed: true, Timeout: durationpb.New(time.Hour)}, "watchdog.timeout"},
+		{&agentv1.WatchdogState{Armed: true, Timeout: &durationpb.Duration{Seconds: 1, Nanos: -1}}, "watchdog.timeout"},
+	} {
+		err := ValidateEvent(report(tc.w))
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.w, err, tc.want)
+		}
+	}
+	h := &agentv1.Hello{NodeName: "n1", BootId: "b", Watchdog: &agentv1.WatchdogState{Armed: true, Timeout: durationpb.New(time.Hour)}}
+	if err := ValidateHello(h); err == nil || !strings.Contains(err.Error(), "hello.watchdog.timeout") {
+		t.Errorf("hello with a 1h watchdog: %v", err)
+	}
+}

@@ -66,7 +66,7 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	}
 	name := hello.NodeName
 	at := s.now()
-	if err := l.Loop.StepSync(ctx, engine.Hello{Node: name, Region: hello.Region, Zone: hello.Zone, BootID: hello.BootId, At: at}); err != nil {
+	if err := l.Loop.StepSync(ctx, engine.Hello{Node: name, Region: hello.Region, Zone: hello.Zone, BootID: hello.BootId, At: at, Watchdog: hello.Watchdog}); err != nil {
 		return err
 	}
 	defer l.Loop.Step(context.WithoutCancel(ctx), engine.Disconnected{Node: name})

@@ -17,8 +17,8 @@ import (
 // off is marked, so the alert leaves it out; the dashboard's node and zone selectors read the
 // node and zone labels. A follower reports none of these.
 type nodeMetrics struct {
-	a                                    *App
-	connected, poweredOff, ready, paused *prometheus.Desc
+	a                                              *App
+	connected, poweredOff, ready, paused, watchdog *prometheus.Desc
 }
 
 // nodeMetricsTimeout bounds the engine query of one scrape.
@@ -33,6 +33,8 @@ func newNodeMetrics(a *App) *nodeMetrics {
 			"1 while a fence has confirmed the node off and its agent has not said hello since, else 0.", labels, nil),
 		ready: prometheus.NewDesc("nodefence_node_ready",
 			"1 while the leader judges the node Ready, else 0.", labels, nil),
+		watchdog: prometheus.NewDesc("nodefence_node_watchdog_armed",
+			"1 while the node's agent reports its watchdog armed (node-agent --watchdog-device), else 0.", labels, nil),
 		paused: prometheus.NewDesc("nodefence_evictions_paused",
 			"1 while an operator has paused pod evictions and automatic fencing (fencectl pause), else 0.", nil, nil),
 	}
@@ -44,6 +46,7 @@ func (m *nodeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.poweredOff
 	ch <- m.ready
 	ch <- m.paused
+	ch <- m.watchdog
 }
 
 // Collect implements prometheus.Collector: one query of the leader's engine.
@@ -55,8 +58,8 @@ func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	type row struct {
-		node, zone              string
-		connected, off, isReady bool
+		node, zone                        string
+		connected, off, isReady, watchdog bool
 	}
 	var rows []row
 	var paused bool
@@ -65,7 +68,7 @@ func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 	err := l.Loop.Query(ctx, func(e *engine.Engine) {
 		for _, n := range e.Nodes() {
 			zone, _, _ := e.ZoneOf(n.Name)
-			rows = append(rows, row{n.Name, zone, n.Connected, e.PoweredOff(n.Name), n.Readiness == coordv1.Readiness_READINESS_READY})
+			rows = append(rows, row{n.Name, zone, n.Connected, e.PoweredOff(n.Name), n.Readiness == coordv1.Readiness_READINESS_READY, n.WatchdogArmed})
 		}
 		paused = e.Paused()
 	})
@@ -83,6 +86,7 @@ func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.connected, r.connected, r.node, r.zone)
 		gauge(m.poweredOff, r.off, r.node, r.zone)
 		gauge(m.ready, r.isReady, r.node, r.zone)
+		gauge(m.watchdog, r.watchdog, r.node, r.zone)
 	}
 	gauge(m.paused, paused)
 }

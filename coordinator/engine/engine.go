@@ -194,6 +194,7 @@ type node struct {
 	fenceBlocked       string     // why the storm guard holds fencing back
 	releasedAt         time.Time  // when pacing released the node (its taint was granted); zero otherwise
 	flap               flap       // the latest not-ready episode the node came back from (flap.go)
+	watchdog           watchdog   // the node's watchdog as its agent last reported it (watchdog.go)
 	guardClearSince    time.Time  // since when the storm guard has let the released node's fence pass
 	excluded           bool       // node.kubernetes.io/exclude-disruption: not counted in its zone's state
 	controlPlane       bool       // matches the control-plane selector

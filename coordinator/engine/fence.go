@@ -303,3 +303,11 @@ func (e *Engine) PoweredOff(name string) bool {
 	n, ok := e.nodes[name]
 	return ok && n.poweredOff != ""
 }
+
+// pausedWhy says that evictions are paused, by whom and why when the pause says so.
+func (e *Engine) pausedWhy() string {
+	if e.pauseNote == "" {
+		return "evictions paused by an operator"
+	}
+	return "evictions paused by an operator (" + e.pauseNote + ")"
+}

@@ -72,6 +72,8 @@ type APIServer struct {
 type Hello struct {
 	Node, Region, Zone, BootID string
 	At                         time.Time
+	// Watchdog is the node's watchdog as the agent's hello reports it (nil: none).
+	Watchdog *agentv1.WatchdogState
 }
 
 // Disconnected is the end of one agent stream of the node.
@@ -198,6 +200,7 @@ func (e *Engine) hello(in Hello) {
 	}
 	n.bootID = in.BootID
 	n.poweredOff, n.helloAt = "", in.At // the node is up again
+	e.watchdogReported(n, in.Watchdog, in.At)
 	n.streams++
 	n.contact(in.At)
 	if in.Region != "" || in.Zone != "" {
@@ -326,6 +329,8 @@ func (e *Engine) apply(n *node, in Message) {
 		e.onCandidates(n, m.Candidates, in.At)
 	case *agentv1.ConnectRequest_Eviction:
 		e.onEvictionReport(n, m.Eviction, in.At)
+	case *agentv1.ConnectRequest_Watchdog:
+		e.watchdogReported(n, m.Watchdog, in.At)
 	case *agentv1.ConnectRequest_Shutdown:
 		switch m.Shutdown.Phase {
 		case agentv1.ShutdownPhase_SHUTDOWN_PHASE_STARTED, agentv1.ShutdownPhase_SHUTDOWN_PHASE_PODS_TERMINATED:
@@ -532,6 +537,7 @@ func (e *Engine) view(n *node) *coordv1.Node {
 	if !n.kubeletProbe.IsZero() {
 		v.KubeletLastSeen = timestamppb.New(n.kubeletProbe)
 	}
+	n.watchdog.view(v)
 	for _, s := range n.signals {
 		v.Signals[s.name] = s.value
 		if p, ok := s.stalledPercent(); ok {
@@ -587,12 +593,4 @@ func (e *Engine) ZoneOf(name string) (string, coordv1.ZoneState, bool) {
 	}
 	k := n.zoneKey
 	return k, e.zones[k].state, true
-}
-
-// pausedWhy says that evictions are paused, by whom and why when the pause says so.
-func (e *Engine) pausedWhy() string {
-	if e.pauseNote == "" {
-		return "evictions paused by an operator"
-	}
-	return "evictions paused by an operator (" + e.pauseNote + ")"
 }

@@ -274,7 +274,7 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 	a.mu.Unlock()
 	hello := &agentv1.ConnectRequest{Seq: helloSeq, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
 		NodeName: a.cfg.NodeName, BootId: a.cfg.BootID, Zone: a.cfg.Zone, Region: a.cfg.Region,
-		Labels: a.cfg.Labels, Capacity: a.cfg.Capacity, AgentVersion: a.version, ResumeFromSeq: resume,
+		Labels: a.cfg.Labels, Capacity: a.cfg.Capacity, AgentVersion: a.version, ResumeFromSeq: resume, Watchdog: a.cfg.Watchdog,
 	}}}
 	if err := st.Send(hello); err != nil && !errors.Is(err, io.EOF) {
 		return result{err: err}

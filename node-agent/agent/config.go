@@ -40,6 +40,8 @@ type Config struct {
 	Labels map[string]string
 	// Capacity is the node's capacity sent in the Hello; nil sends none.
 	Capacity *agentv1.Capacity
+	// Watchdog is the node's armed watchdog, reported in every Hello; nil: the agent runs without one.
+	Watchdog *agentv1.WatchdogState
 	// HeartbeatInterval and SampleInterval are how often heartbeats and signal samples are sent
 	// until the coordinator's AgentConfig says otherwise. Defaults 1s and 1s.
 	HeartbeatInterval, SampleInterval time.Duration

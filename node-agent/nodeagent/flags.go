@@ -21,6 +21,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/pressure"
 	"github.com/nodefence/nodefence/node-agent/shutdown"
 	"github.com/nodefence/nodefence/node-agent/signals"
+	"github.com/nodefence/nodefence/node-agent/watchdog"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/identity/certs"
@@ -43,6 +44,10 @@ type Config struct {
 	logindConfDir string
 	// metricsListen is the metrics address ("" = no metrics endpoint).
 	metricsListen string
+	// watchdogDevice is the watchdog device the agent arms and feeds ("" = none); watchdogTimeout
+	// its timeout (watchdog.go).
+	watchdogDevice  string
+	watchdogTimeout time.Duration
 	// metricsTLS serves metricsListen over mutual TLS with the agent's --tls-* files, answering only
 	// callers the identity policy allows for /metrics.
 	metricsTLS bool
@@ -171,6 +176,9 @@ func (f *flags) registerAgent() {
 		return nil
 	}}, "label", "an extra node label key=value (repeatable)")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "file holding the boot id")
+	opts.watchdogTimeout = defaultWatchdogTimeout
+	fs.StringVar(&opts.watchdogDevice, "watchdog-device", "", "a Linux watchdog device to arm and feed, e.g. /dev/watchdog (default: none). A clean stop disarms it; an agent killed and not restarted within the timeout resets its node")
+	f.duration("watchdog-timeout", &opts.watchdogTimeout, "the watchdog's timeout (whole seconds); a device without the timeout ioctl keeps its own, and this value is reported")
 	f.duration("heartbeat-interval", &a.HeartbeatInterval, "heartbeat interval until the coordinator sets one")
 	f.duration("sample-interval", &a.SampleInterval, "signal sample interval until the coordinator sets one")
 	fs.StringVar(&opts.reader.ProcRoot, "proc-root", signals.DefaultProcRoot, "where procfs is mounted")
@@ -260,6 +268,9 @@ func (f *flags) registerNode() {
 
 // resolveAgent completes the stream's configuration and checks it.
 func (f *flags) resolveAgent() {
+	if w := f.opts.watchdogTimeout; f.opts.watchdogDevice != "" && (w < time.Second || w > watchdog.MaxTimeout || w%time.Second != 0) {
+		f.errs.add("--watchdog-timeout %s: want whole seconds from 1s to %s", w, watchdog.MaxTimeout)
+	}
 	errs, a := &f.errs, &f.opts.agent
 	for _, c := range strings.Split(f.coordinators, ",") {
 		if c = strings.TrimSpace(c); c != "" {

@@ -86,6 +86,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts.agent.Grants = relay
 	opts.agent.Connected = relay.connected
 
+	wd, ok := armWatchdog(&opts, log)
+	if !ok {
+		return 1
+	}
 	a, err := agent.New(opts.agent, signals.HostSampler{Reader: opts.reader})
 	if err != nil {
 		log.Error("invalid agent configuration", "error", err)
@@ -115,16 +119,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	logStart(log, &opts, version, dir, evCfg, layout, kube != nil)
-
-	tasks := []task{{"agent", a.Run}, {"pressure", mon.Run}}
+	tasks := append([]task{{"agent", a.Run}, {"pressure", mon.Run}}, kube.tasks()...)
 	if shut != nil {
 		tasks = append(tasks, task{"shutdown", shut.Run})
 	}
-	tasks = append(tasks, kube.tasks()...)
-	if metricsLis != nil {
-		tasks = append(tasks, task{"metrics", func(ctx context.Context) error { return met.Serve(ctx, metricsLis, authorizeMetrics, log) }})
-	}
-	code = runTasks(ctx, tasks, log)
+	tasks = append(tasks, metricsTask(met, metricsLis, authorizeMetrics, log)...)
+	code = runWithWatchdog(ctx, tasks, wd, a, log)
 	log.Info("node-agent stopped")
 	return code
 }
@@ -296,6 +296,14 @@ func startShutdown(ctx context.Context, opts *Config, shutOpts shutdown.Options,
 		return nil, nil, 2
 	}
 	return shut, func() { l.Close() }, 0
+}
+
+// metricsTask serves the metrics endpoint, if there is one.
+func metricsTask(met *metrics.Metrics, lis net.Listener, authorize func(http.Handler) http.Handler, log *slog.Logger) []task {
+	if lis == nil {
+		return nil
+	}
+	return []task{{"metrics", func(ctx context.Context) error { return met.Serve(ctx, lis, authorize, log) }}}
 }
 
 // task is one part of the running agent.

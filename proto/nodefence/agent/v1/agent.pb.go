@@ -276,6 +276,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Shutdown
 	//	*ConnectRequest_Candidates
 	//	*ConnectRequest_Eviction
+	//	*ConnectRequest_Watchdog
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -388,6 +389,15 @@ func (x *ConnectRequest) GetEviction() *EvictionReport {
 	return nil
 }
 
+func (x *ConnectRequest) GetWatchdog() *WatchdogState {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Watchdog); ok {
+			return x.Watchdog
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -428,6 +438,11 @@ type ConnectRequest_Eviction struct {
 	Eviction *EvictionReport `protobuf:"bytes,16,opt,name=eviction,proto3,oneof"`
 }
 
+type ConnectRequest_Watchdog struct {
+	// Watchdog reports a change of the node's watchdog (armed, disarmed before a clean stop).
+	Watchdog *WatchdogState `protobuf:"bytes,17,opt,name=watchdog,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -441,6 +456,75 @@ func (*ConnectRequest_Shutdown) isConnectRequest_Msg() {}
 func (*ConnectRequest_Candidates) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Eviction) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Watchdog) isConnectRequest_Msg() {}
+
+// WatchdogState is the node's watchdog as its agent keeps it (node-agent --watchdog-device): while
+// armed and unfed for timeout, the node is reset. A node whose last report was not "armed" is never
+// taken as self-fenced by time.
+type WatchdogState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Armed is true while the agent holds the device armed and feeds it.
+	Armed bool `protobuf:"varint,1,opt,name=armed,proto3" json:"armed,omitempty"`
+	// Timeout is the device's timeout (read back from the device, or as configured where the device
+	// has no timeout ioctl: see ioctl).
+	Timeout *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Ioctl is true when the timeout was set on the device and read back.
+	Ioctl         bool `protobuf:"varint,3,opt,name=ioctl,proto3" json:"ioctl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchdogState) Reset() {
+	*x = WatchdogState{}
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchdogState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchdogState) ProtoMessage() {}
+
+func (x *WatchdogState) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchdogState.ProtoReflect.Descriptor instead.
+func (*WatchdogState) Descriptor() ([]byte, []int) {
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchdogState) GetArmed() bool {
+	if x != nil {
+		return x.Armed
+	}
+	return false
+}
+
+func (x *WatchdogState) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *WatchdogState) GetIoctl() bool {
+	if x != nil {
+		return x.Ioctl
+	}
+	return false
+}
 
 // Hello introduces the agent.
 type Hello struct {
@@ -461,13 +545,15 @@ type Hello struct {
 	AgentVersion string `protobuf:"bytes,7,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// ResumeFromSeq is the lowest sequence number the agent still holds unacked (0 when none).
 	ResumeFromSeq uint64 `protobuf:"varint,8,opt,name=resume_from_seq,json=resumeFromSeq,proto3" json:"resume_from_seq,omitempty"`
+	// Watchdog is the node's watchdog at the start of the stream; unset when the agent runs without one.
+	Watchdog      *WatchdogState `protobuf:"bytes,9,opt,name=watchdog,proto3" json:"watchdog,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +565,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +578,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Hello) GetNodeName() string {
@@ -551,6 +637,13 @@ func (x *Hello) GetResumeFromSeq() uint64 {
 	return 0
 }
 
+func (x *Hello) GetWatchdog() *WatchdogState {
+	if x != nil {
+		return x.Watchdog
+	}
+	return nil
+}
+
 // Capacity is what the node has in total.
 type Capacity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -566,7 +659,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +671,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +684,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Capacity) GetMemoryBytes() int64 {
@@ -626,7 +719,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +731,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +744,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -674,7 +767,7 @@ type SignalSample struct {
 
 func (x *SignalSample) Reset() {
 	*x = SignalSample{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +779,7 @@ func (x *SignalSample) String() string {
 func (*SignalSample) ProtoMessage() {}
 
 func (x *SignalSample) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +792,7 @@ func (x *SignalSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalSample.ProtoReflect.Descriptor instead.
 func (*SignalSample) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SignalSample) GetObservedAt() *timestamppb.Timestamp {
@@ -732,7 +825,7 @@ type Signal struct {
 
 func (x *Signal) Reset() {
 	*x = Signal{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +837,7 @@ func (x *Signal) String() string {
 func (*Signal) ProtoMessage() {}
 
 func (x *Signal) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +850,7 @@ func (x *Signal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Signal.ProtoReflect.Descriptor instead.
 func (*Signal) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Signal) GetName() string {
@@ -800,7 +893,7 @@ type ConditionChange struct {
 
 func (x *ConditionChange) Reset() {
 	*x = ConditionChange{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +905,7 @@ func (x *ConditionChange) String() string {
 func (*ConditionChange) ProtoMessage() {}
 
 func (x *ConditionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +918,7 @@ func (x *ConditionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConditionChange.ProtoReflect.Descriptor instead.
 func (*ConditionChange) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConditionChange) GetType() ConditionType {
@@ -879,7 +972,7 @@ type ShutdownEvent struct {
 
 func (x *ShutdownEvent) Reset() {
 	*x = ShutdownEvent{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -891,7 +984,7 @@ func (x *ShutdownEvent) String() string {
 func (*ShutdownEvent) ProtoMessage() {}
 
 func (x *ShutdownEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -904,7 +997,7 @@ func (x *ShutdownEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownEvent.ProtoReflect.Descriptor instead.
 func (*ShutdownEvent) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ShutdownEvent) GetPhase() ShutdownPhase {
@@ -941,7 +1034,7 @@ type EvictionCandidates struct {
 
 func (x *EvictionCandidates) Reset() {
 	*x = EvictionCandidates{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1046,7 @@ func (x *EvictionCandidates) String() string {
 func (*EvictionCandidates) ProtoMessage() {}
 
 func (x *EvictionCandidates) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1059,7 @@ func (x *EvictionCandidates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionCandidates.ProtoReflect.Descriptor instead.
 func (*EvictionCandidates) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EvictionCandidates) GetSignal() string {
@@ -1000,7 +1093,7 @@ type EvictionCandidate struct {
 
 func (x *EvictionCandidate) Reset() {
 	*x = EvictionCandidate{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1105,7 @@ func (x *EvictionCandidate) String() string {
 func (*EvictionCandidate) ProtoMessage() {}
 
 func (x *EvictionCandidate) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1118,7 @@ func (x *EvictionCandidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionCandidate.ProtoReflect.Descriptor instead.
 func (*EvictionCandidate) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EvictionCandidate) GetNamespace() string {
@@ -1082,7 +1175,7 @@ type EvictionReport struct {
 
 func (x *EvictionReport) Reset() {
 	*x = EvictionReport{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1187,7 @@ func (x *EvictionReport) String() string {
 func (*EvictionReport) ProtoMessage() {}
 
 func (x *EvictionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1200,7 @@ func (x *EvictionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionReport.ProtoReflect.Descriptor instead.
 func (*EvictionReport) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EvictionReport) GetNamespace() string {
@@ -1183,7 +1276,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1288,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1301,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1281,7 +1374,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1386,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1399,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Ack) GetAckedSeq() uint64 {
@@ -1331,7 +1424,7 @@ type AgentConfig struct {
 
 func (x *AgentConfig) Reset() {
 	*x = AgentConfig{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1436,7 @@ func (x *AgentConfig) String() string {
 func (*AgentConfig) ProtoMessage() {}
 
 func (x *AgentConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1449,7 @@ func (x *AgentConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentConfig.ProtoReflect.Descriptor instead.
 func (*AgentConfig) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AgentConfig) GetHeartbeatInterval() *durationpb.Duration {
@@ -1393,7 +1486,7 @@ type EvictionGrant struct {
 
 func (x *EvictionGrant) Reset() {
 	*x = EvictionGrant{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1498,7 @@ func (x *EvictionGrant) String() string {
 func (*EvictionGrant) ProtoMessage() {}
 
 func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1511,7 @@ func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionGrant.ProtoReflect.Descriptor instead.
 func (*EvictionGrant) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EvictionGrant) GetSignal() string {
@@ -1439,7 +1532,7 @@ var File_nodefence_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1enodefence/agent/v1/agent.proto\x12\x12nodefence.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
+	"\x1enodefence/agent/v1/agent.proto\x12\x12nodefence.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x04\n" +
 	"\x0eConnectRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x121\n" +
 	"\x05hello\x18\n" +
@@ -1451,8 +1544,13 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"candidates\x18\x0f \x01(\v2&.nodefence.agent.v1.EvictionCandidatesH\x00R\n" +
 	"candidates\x12@\n" +
-	"\beviction\x18\x10 \x01(\v2\".nodefence.agent.v1.EvictionReportH\x00R\bevictionB\x05\n" +
-	"\x03msg\"\xea\x02\n" +
+	"\beviction\x18\x10 \x01(\v2\".nodefence.agent.v1.EvictionReportH\x00R\beviction\x12?\n" +
+	"\bwatchdog\x18\x11 \x01(\v2!.nodefence.agent.v1.WatchdogStateH\x00R\bwatchdogB\x05\n" +
+	"\x03msg\"p\n" +
+	"\rWatchdogState\x12\x14\n" +
+	"\x05armed\x18\x01 \x01(\bR\x05armed\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x14\n" +
+	"\x05ioctl\x18\x03 \x01(\bR\x05ioctl\"\xa9\x03\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
@@ -1461,7 +1559,8 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2%.nodefence.agent.v1.Hello.LabelsEntryR\x06labels\x128\n" +
 	"\bcapacity\x18\x06 \x01(\v2\x1c.nodefence.agent.v1.CapacityR\bcapacity\x12#\n" +
 	"\ragent_version\x18\a \x01(\tR\fagentVersion\x12&\n" +
-	"\x0fresume_from_seq\x18\b \x01(\x04R\rresumeFromSeq\x1a9\n" +
+	"\x0fresume_from_seq\x18\b \x01(\x04R\rresumeFromSeq\x12=\n" +
+	"\bwatchdog\x18\t \x01(\v2!.nodefence.agent.v1.WatchdogStateR\bwatchdog\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"`\n" +
@@ -1562,68 +1661,72 @@ func file_nodefence_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(ConditionType)(0),            // 0: nodefence.agent.v1.ConditionType
 	(ConditionStatus)(0),          // 1: nodefence.agent.v1.ConditionStatus
 	(ShutdownPhase)(0),            // 2: nodefence.agent.v1.ShutdownPhase
 	(EvictionKind)(0),             // 3: nodefence.agent.v1.EvictionKind
 	(*ConnectRequest)(nil),        // 4: nodefence.agent.v1.ConnectRequest
-	(*Hello)(nil),                 // 5: nodefence.agent.v1.Hello
-	(*Capacity)(nil),              // 6: nodefence.agent.v1.Capacity
-	(*Heartbeat)(nil),             // 7: nodefence.agent.v1.Heartbeat
-	(*SignalSample)(nil),          // 8: nodefence.agent.v1.SignalSample
-	(*Signal)(nil),                // 9: nodefence.agent.v1.Signal
-	(*ConditionChange)(nil),       // 10: nodefence.agent.v1.ConditionChange
-	(*ShutdownEvent)(nil),         // 11: nodefence.agent.v1.ShutdownEvent
-	(*EvictionCandidates)(nil),    // 12: nodefence.agent.v1.EvictionCandidates
-	(*EvictionCandidate)(nil),     // 13: nodefence.agent.v1.EvictionCandidate
-	(*EvictionReport)(nil),        // 14: nodefence.agent.v1.EvictionReport
-	(*ConnectResponse)(nil),       // 15: nodefence.agent.v1.ConnectResponse
-	(*Ack)(nil),                   // 16: nodefence.agent.v1.Ack
-	(*AgentConfig)(nil),           // 17: nodefence.agent.v1.AgentConfig
-	(*EvictionGrant)(nil),         // 18: nodefence.agent.v1.EvictionGrant
-	nil,                           // 19: nodefence.agent.v1.Hello.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*WatchdogState)(nil),         // 5: nodefence.agent.v1.WatchdogState
+	(*Hello)(nil),                 // 6: nodefence.agent.v1.Hello
+	(*Capacity)(nil),              // 7: nodefence.agent.v1.Capacity
+	(*Heartbeat)(nil),             // 8: nodefence.agent.v1.Heartbeat
+	(*SignalSample)(nil),          // 9: nodefence.agent.v1.SignalSample
+	(*Signal)(nil),                // 10: nodefence.agent.v1.Signal
+	(*ConditionChange)(nil),       // 11: nodefence.agent.v1.ConditionChange
+	(*ShutdownEvent)(nil),         // 12: nodefence.agent.v1.ShutdownEvent
+	(*EvictionCandidates)(nil),    // 13: nodefence.agent.v1.EvictionCandidates
+	(*EvictionCandidate)(nil),     // 14: nodefence.agent.v1.EvictionCandidate
+	(*EvictionReport)(nil),        // 15: nodefence.agent.v1.EvictionReport
+	(*ConnectResponse)(nil),       // 16: nodefence.agent.v1.ConnectResponse
+	(*Ack)(nil),                   // 17: nodefence.agent.v1.Ack
+	(*AgentConfig)(nil),           // 18: nodefence.agent.v1.AgentConfig
+	(*EvictionGrant)(nil),         // 19: nodefence.agent.v1.EvictionGrant
+	nil,                           // 20: nodefence.agent.v1.Hello.LabelsEntry
 	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
-	5,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
-	7,  // 1: nodefence.agent.v1.ConnectRequest.heartbeat:type_name -> nodefence.agent.v1.Heartbeat
-	8,  // 2: nodefence.agent.v1.ConnectRequest.sample:type_name -> nodefence.agent.v1.SignalSample
-	10, // 3: nodefence.agent.v1.ConnectRequest.condition:type_name -> nodefence.agent.v1.ConditionChange
-	11, // 4: nodefence.agent.v1.ConnectRequest.shutdown:type_name -> nodefence.agent.v1.ShutdownEvent
-	12, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
-	14, // 6: nodefence.agent.v1.ConnectRequest.eviction:type_name -> nodefence.agent.v1.EvictionReport
-	19, // 7: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
-	6,  // 8: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
-	20, // 9: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	20, // 10: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
-	9,  // 11: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
-	0,  // 12: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
-	1,  // 13: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
-	20, // 14: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
-	2,  // 15: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
-	20, // 16: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
-	21, // 17: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
-	13, // 18: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
-	21, // 19: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
-	3,  // 20: nodefence.agent.v1.EvictionReport.kind:type_name -> nodefence.agent.v1.EvictionKind
-	21, // 21: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
-	20, // 22: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
-	16, // 23: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
-	17, // 24: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
-	18, // 25: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
-	21, // 26: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	21, // 27: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
-	13, // 28: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
-	4,  // 29: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
-	15, // 30: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
-	30, // [30:31] is the sub-list for method output_type
-	29, // [29:30] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	6,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
+	8,  // 1: nodefence.agent.v1.ConnectRequest.heartbeat:type_name -> nodefence.agent.v1.Heartbeat
+	9,  // 2: nodefence.agent.v1.ConnectRequest.sample:type_name -> nodefence.agent.v1.SignalSample
+	11, // 3: nodefence.agent.v1.ConnectRequest.condition:type_name -> nodefence.agent.v1.ConditionChange
+	12, // 4: nodefence.agent.v1.ConnectRequest.shutdown:type_name -> nodefence.agent.v1.ShutdownEvent
+	13, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
+	15, // 6: nodefence.agent.v1.ConnectRequest.eviction:type_name -> nodefence.agent.v1.EvictionReport
+	5,  // 7: nodefence.agent.v1.ConnectRequest.watchdog:type_name -> nodefence.agent.v1.WatchdogState
+	21, // 8: nodefence.agent.v1.WatchdogState.timeout:type_name -> google.protobuf.Duration
+	20, // 9: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
+	7,  // 10: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
+	5,  // 11: nodefence.agent.v1.Hello.watchdog:type_name -> nodefence.agent.v1.WatchdogState
+	22, // 12: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	22, // 13: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
+	10, // 14: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
+	0,  // 15: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
+	1,  // 16: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
+	22, // 17: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
+	2,  // 18: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
+	22, // 19: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
+	21, // 20: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
+	14, // 21: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
+	21, // 22: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
+	3,  // 23: nodefence.agent.v1.EvictionReport.kind:type_name -> nodefence.agent.v1.EvictionKind
+	21, // 24: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
+	22, // 25: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
+	17, // 26: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
+	18, // 27: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
+	19, // 28: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
+	21, // 29: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	21, // 30: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
+	14, // 31: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
+	4,  // 32: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
+	16, // 33: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
+	33, // [33:34] is the sub-list for method output_type
+	32, // [32:33] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_agent_v1_agent_proto_init() }
@@ -1639,8 +1742,9 @@ func file_nodefence_agent_v1_agent_proto_init() {
 		(*ConnectRequest_Shutdown)(nil),
 		(*ConnectRequest_Candidates)(nil),
 		(*ConnectRequest_Eviction)(nil),
+		(*ConnectRequest_Watchdog)(nil),
 	}
-	file_nodefence_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_nodefence_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*ConnectResponse_Ack)(nil),
 		(*ConnectResponse_Config)(nil),
 		(*ConnectResponse_Grant)(nil),
@@ -1651,7 +1755,7 @@ func file_nodefence_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_agent_v1_agent_proto_rawDesc), len(file_nodefence_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

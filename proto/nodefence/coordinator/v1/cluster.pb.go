@@ -1056,8 +1056,13 @@ type Node struct {
 	// psi.<cpu|io|memory>.<some|full> -> the percentage of the last 10 s in which some (or all)
 	// runnable tasks were stalled on the resource (0 = no pressure). Empty where the kernel has no PSI.
 	StalledPercent map[string]float64 `protobuf:"bytes,23,rep,name=stalled_percent,json=stalledPercent,proto3" json:"stalled_percent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// WatchdogArmed is true while the node's agent reports its watchdog armed (node-agent
+	// --watchdog-device); false when it runs without one or reported it disarmed (a clean stop).
+	WatchdogArmed bool `protobuf:"varint,24,opt,name=watchdog_armed,json=watchdogArmed,proto3" json:"watchdog_armed,omitempty"`
+	// WatchdogTimeout is the armed watchdog's timeout as the agent reported it.
+	WatchdogTimeout *durationpb.Duration `protobuf:"bytes,25,opt,name=watchdog_timeout,json=watchdogTimeout,proto3" json:"watchdog_timeout,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1247,6 +1252,20 @@ func (x *Node) GetWouldFence() bool {
 func (x *Node) GetStalledPercent() map[string]float64 {
 	if x != nil {
 		return x.StalledPercent
+	}
+	return nil
+}
+
+func (x *Node) GetWatchdogArmed() bool {
+	if x != nil {
+		return x.WatchdogArmed
+	}
+	return false
+}
+
+func (x *Node) GetWatchdogTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.WatchdogTimeout
 	}
 	return nil
 }
@@ -2600,7 +2619,7 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0eafter_revision\x18\x02 \x01(\x03R\rafterRevision\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"S\n" +
 	"\x11ListAuditResponse\x12>\n" +
-	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xfc\b\n" +
+	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xe9\t\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
 	"\treadiness\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ReadinessR\treadiness\x12\x16\n" +
@@ -2629,7 +2648,9 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x15excluded_from_fencing\x18\x15 \x01(\bR\x13excludedFromFencing\x12\x1f\n" +
 	"\vwould_fence\x18\x16 \x01(\bR\n" +
 	"wouldFence\x12[\n" +
-	"\x0fstalled_percent\x18\x17 \x03(\v22.nodefence.coordinator.v1.Node.StalledPercentEntryR\x0estalledPercent\x1a:\n" +
+	"\x0fstalled_percent\x18\x17 \x03(\v22.nodefence.coordinator.v1.Node.StalledPercentEntryR\x0estalledPercent\x12%\n" +
+	"\x0ewatchdog_armed\x18\x18 \x01(\bR\rwatchdogArmed\x12D\n" +
+	"\x10watchdog_timeout\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\x0fwatchdogTimeout\x1a:\n" +
 	"\fSignalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
@@ -2823,46 +2844,47 @@ var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
 	42, // 14: nodefence.coordinator.v1.Node.readiness_changed_at:type_name -> google.protobuf.Timestamp
 	42, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
 	39, // 16: nodefence.coordinator.v1.Node.stalled_percent:type_name -> nodefence.coordinator.v1.Node.StalledPercentEntry
-	42, // 17: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
-	1,  // 18: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	14, // 19: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	14, // 20: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	16, // 21: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	33, // 22: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 23: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 24: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	42, // 25: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
-	34, // 26: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
-	2,  // 27: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
-	17, // 28: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	19, // 29: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	21, // 30: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	23, // 31: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	25, // 32: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	35, // 33: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	12, // 34: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	3,  // 35: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
-	6,  // 36: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
-	27, // 37: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
-	29, // 38: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
-	31, // 39: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
-	18, // 40: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	20, // 41: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	22, // 42: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	24, // 43: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	26, // 44: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	36, // 45: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	13, // 46: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	5,  // 47: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
-	10, // 48: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
-	28, // 49: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
-	30, // 50: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
-	32, // 51: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
-	40, // [40:52] is the sub-list for method output_type
-	28, // [28:40] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	41, // 17: nodefence.coordinator.v1.Node.watchdog_timeout:type_name -> google.protobuf.Duration
+	42, // 18: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	1,  // 19: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
+	14, // 20: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	14, // 21: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	16, // 22: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	33, // 23: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 24: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 25: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	42, // 26: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
+	34, // 27: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
+	2,  // 28: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
+	17, // 29: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	19, // 30: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	21, // 31: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	23, // 32: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	25, // 33: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	35, // 34: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	12, // 35: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	3,  // 36: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
+	6,  // 37: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
+	27, // 38: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
+	29, // 39: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
+	31, // 40: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
+	18, // 41: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	20, // 42: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	22, // 43: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	24, // 44: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	26, // 45: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	36, // 46: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	13, // 47: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	5,  // 48: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
+	10, // 49: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
+	28, // 50: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
+	30, // 51: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
+	32, // 52: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
+	41, // [41:53] is the sub-list for method output_type
+	29, // [29:41] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }

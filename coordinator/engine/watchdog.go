@@ -1,0 +1,48 @@
+package engine
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
+)
+
+// watchdog is a node's watchdog as its agent last reported it: in its hello, and in a report when
+// it changes (disarmed before a clean stop). Issue 24's proof by time may only ever use a node whose
+// last report was "armed".
+type watchdog struct {
+	armed   bool
+	timeout time.Duration
+	at      time.Time // when it was reported
+}
+
+// watchdogReported records a report (nil: the agent runs without a watchdog) and says so when the
+// state changes.
+func (e *Engine) watchdogReported(n *node, s *agentv1.WatchdogState, at time.Time) {
+	w := watchdog{armed: s.GetArmed(), timeout: s.GetTimeout().AsDuration(), at: at}
+	if !w.armed {
+		w.timeout = 0
+	}
+	if w.armed == n.watchdog.armed && w.timeout == n.watchdog.timeout {
+		n.watchdog.at = at
+		return
+	}
+	old := n.watchdog
+	n.watchdog = w
+	switch {
+	case w.armed:
+		e.event(at, "watchdog", n.name, "node %s: watchdog armed (timeout %s)", n.name, w.timeout)
+	case old.armed:
+		e.event(at, "watchdog", n.name, "node %s: watchdog disarmed by its agent (a clean stop, or an agent without one)", n.name)
+	}
+}
+
+// watchdogView fills the API view's watchdog fields.
+func (w watchdog) view(v *coordv1.Node) {
+	v.WatchdogArmed = w.armed
+	if w.armed {
+		v.WatchdogTimeout = durationpb.New(w.timeout)
+	}
+}
