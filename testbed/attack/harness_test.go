@@ -113,7 +113,10 @@ func start(t *testing.T, wrongBMC string, opts ...func(*app.Config)) *system {
 		Server:      server.Config{Listen: "127.0.0.1:0", TLS: coordTLS, DrainTimeout: time.Second},
 		DriverTLS:   coordTLS,
 		FenceConfig: cfgPath, DataDir: t.TempDir(), EtcdClientListen: "127.0.0.1:0", EtcdPeerListen: "127.0.0.1:0",
-		EtcdUnsafeNoFsync: true, ElectionTTL: 3 * time.Second, FenceOpTimeout: 10 * time.Second, Engine: eng,
+		// The production election TTL: one replica, no failover here, and under a loaded machine a
+		// 3 s lease lapsed mid-attack (a new term forgets the agent's contact, which the kdump case
+		// reads as a changed judgement).
+		EtcdUnsafeNoFsync: true, ElectionTTL: 5 * time.Second, FenceOpTimeout: 10 * time.Second, Engine: eng,
 		Fencing:                fencing.Policy{Retries: 1, Backoff: 100 * time.Millisecond, IsolationWait: time.Second, Polls: 3, PollInterval: 100 * time.Millisecond},
 		AgentHeartbeatInterval: 200 * time.Millisecond, AgentSampleInterval: 200 * time.Millisecond,
 	}
