@@ -46,6 +46,5 @@ func (k *kubeMode) Maintenance(ctx context.Context, node string) (*coordv1.Maint
 	if mc := k.maint.Load(); mc != nil {
 		return mc.View(ctx, node)
 	}
-	m, _, err := k.writer.MaintenanceView(ctx, node, nil)
-	return m, err
+	return k.writer.MaintenanceView(ctx, node, nil)
 }

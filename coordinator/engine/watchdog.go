@@ -15,18 +15,16 @@ import (
 type watchdog struct {
 	armed   bool
 	timeout time.Duration
-	at      time.Time // when it was reported
 }
 
 // watchdogReported records a report (nil: the agent runs without a watchdog) and says so when the
 // state changes.
 func (e *Engine) watchdogReported(n *node, s *agentv1.WatchdogState, at time.Time) {
-	w := watchdog{armed: s.GetArmed(), timeout: s.GetTimeout().AsDuration(), at: at}
+	w := watchdog{armed: s.GetArmed(), timeout: s.GetTimeout().AsDuration()}
 	if !w.armed {
 		w.timeout = 0
 	}
-	if w.armed == n.watchdog.armed && w.timeout == n.watchdog.timeout {
-		n.watchdog.at = at
+	if w == n.watchdog {
 		return
 	}
 	old := n.watchdog

@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -73,7 +72,7 @@ func drainKeeps(p *corev1.Pod) bool {
 // kube-controller-manager owns; kubectl cordon writes the same field). Calling it again updates
 // the reason and the drain choice and keeps the start time and who cordoned.
 func (w *Writer) StartMaintenance(ctx context.Context, node, reason, requester string, drain bool) error {
-	return w.patchNode(ctx, node, func(n *corev1.Node) (map[string]any, error) {
+	return w.maintenancePatch(ctx, node, func(n *corev1.Node) (map[string]any, error) {
 		active, _, st := MaintenanceOf(n)
 		if !active || st.By == "" {
 			st = MaintenanceState{By: requester, Since: w.now().UTC().Truncate(time.Second), Cordoned: !n.Spec.Unschedulable}
@@ -93,7 +92,7 @@ func (w *Writer) StartMaintenance(ctx context.Context, node, reason, requester s
 // StopMaintenance ends node's maintenance: both annotations go, and the Node is made schedulable
 // again if nodefence cordoned it. A Node not in maintenance is left as it is.
 func (w *Writer) StopMaintenance(ctx context.Context, node string) error {
-	return w.patchNode(ctx, node, func(n *corev1.Node) (map[string]any, error) {
+	return w.maintenancePatch(ctx, node, func(n *corev1.Node) (map[string]any, error) {
 		active, _, st := MaintenanceOf(n)
 		_, hasState := n.Annotations[AnnotationMaintenanceState]
 		if !active && !hasState {
@@ -107,29 +106,10 @@ func (w *Writer) StopMaintenance(ctx context.Context, node string) error {
 	})
 }
 
-// patchNode applies the merge patch edit computes from the current Node (nil: nothing to do),
-// guarded by the resourceVersion it read, re-reading on conflict.
-func (w *Writer) patchNode(ctx context.Context, node string, edit func(*corev1.Node) (map[string]any, error)) error {
-	err := retry.RetryOnConflict(conflictBackoff, func() error {
-		n, err := w.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		p, err := edit(n)
-		if err != nil || p == nil {
-			return err
-		}
-		md, _ := p["metadata"].(map[string]any)
-		md["resourceVersion"] = n.ResourceVersion
-		raw, err := json.Marshal(p)
-		if err != nil {
-			return err
-		}
-		_, err = w.core.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, raw, metav1.PatchOptions{FieldManager: FieldManager})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("node %s: %w", node, err)
+// maintenancePatch is patchNode with the error naming the node's maintenance.
+func (w *Writer) maintenancePatch(ctx context.Context, node string, edit func(*corev1.Node) (map[string]any, error)) error {
+	if err := w.patchNode(ctx, node, edit); err != nil {
+		return fmt.Errorf("node %s maintenance: %w", node, err)
 	}
 	return nil
 }
@@ -152,10 +132,10 @@ func (w *Writer) Evict(ctx context.Context, p *corev1.Pod) error {
 
 // MaintenanceView reads node's maintenance and the pods its drain still has to move, with states
 // from the last eviction attempts (tried, by pod UID; nil for none).
-func (w *Writer) MaintenanceView(ctx context.Context, node string, tried map[types.UID]PodAttempt) (*coordv1.Maintenance, []corev1.Pod, error) {
+func (w *Writer) MaintenanceView(ctx context.Context, node string, tried map[types.UID]PodAttempt) (*coordv1.Maintenance, error) {
 	n, err := w.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("node %s: %w", node, err)
+		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	active, reason, st := MaintenanceOf(n)
 	m := &coordv1.Maintenance{Node: node, Active: active, Reason: reason, Requester: st.By, Drain: active && st.Drain, Cordoned: n.Spec.Unschedulable}
@@ -163,13 +143,12 @@ func (w *Writer) MaintenanceView(ctx context.Context, node string, tried map[typ
 		m.StartedAt = timestamppb.New(st.Since)
 	}
 	if !m.Drain {
-		return m, nil, nil
+		return m, nil
 	}
-	pods, err := w.nodePods(ctx, node)
+	move, kept, err := w.drainPlan(ctx, node)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	move, kept := DrainPlan(pods)
 	m.Kept = int32(kept)
 	for _, p := range move {
 		mp := &coordv1.MaintenancePod{Namespace: p.Namespace, Name: p.Name, State: coordv1.MaintenancePodState_MAINTENANCE_POD_STATE_PENDING}
@@ -182,7 +161,17 @@ func (w *Writer) MaintenanceView(ctx context.Context, node string, tried map[typ
 		m.Pods = append(m.Pods, mp)
 	}
 	m.Drained = len(move) == 0
-	return m, move, nil
+	return m, nil
+}
+
+// drainPlan is DrainPlan of the pods bound to node now.
+func (w *Writer) drainPlan(ctx context.Context, node string) (move []corev1.Pod, kept int, err error) {
+	pods, err := w.nodePods(ctx, node)
+	if err != nil {
+		return nil, 0, err
+	}
+	move, kept = DrainPlan(pods)
+	return move, kept, nil
 }
 
 // PodAttempt is the outcome of the last eviction of a pod.

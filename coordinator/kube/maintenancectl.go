@@ -93,7 +93,7 @@ func (c *MaintenanceController) Pass(ctx context.Context) error {
 
 // drain evicts the node's pods that are due.
 func (c *MaintenanceController) drain(ctx context.Context, node string) error {
-	_, move, err := c.w.MaintenanceView(ctx, node, nil)
+	move, _, err := c.w.drainPlan(ctx, node)
 	if err != nil {
 		return err
 	}
@@ -148,6 +148,5 @@ func (c *MaintenanceController) View(ctx context.Context, node string) (*coordv1
 		tried[uid] = a
 	}
 	c.mu.Unlock()
-	m, _, err := c.w.MaintenanceView(ctx, node, tried)
-	return m, err
+	return c.w.MaintenanceView(ctx, node, tried)
 }

@@ -2,14 +2,11 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 )
 
 // Taint keys. nodefence writes only the out-of-service taint; the not-ready and unreachable taints
@@ -31,43 +28,20 @@ func OutOfServiceTaint() corev1.Taint {
 // guarded by the resourceVersion it read, re-reading on conflict. It reports whether it wrote.
 func (w *Writer) updateTaints(ctx context.Context, node string, add, remove []corev1.Taint) (bool, error) {
 	changed := false
-	err := retry.RetryOnConflict(conflictBackoff, func() error {
-		n, err := w.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
+	err := w.patchNode(ctx, node, func(n *corev1.Node) (map[string]any, error) {
+		taints, ok := EditTaints(n.Spec.Taints, add, remove, metav1.NewTime(w.now()))
+		if changed = ok; !ok {
+			return nil, nil
 		}
-		now := metav1.NewTime(w.now())
-		taints, ok := EditTaints(n.Spec.Taints, add, remove, now)
-		if !ok {
-			changed = false
-			return nil
+		if taints == nil {
+			taints = []corev1.Taint{}
 		}
-		patch, err := taintPatch(n.ResourceVersion, taints)
-		if err != nil {
-			return err
-		}
-		if _, err := w.core.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-			return err
-		}
-		changed = true
-		return nil
+		return map[string]any{"spec": map[string]any{"taints": taints}}, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("node %s taints: %w", node, err)
 	}
 	return changed, nil
-}
-
-// taintPatch is a JSON merge patch replacing the node's taints, valid only at resourceVersion rv
-// (the apiserver answers 409 Conflict otherwise).
-func taintPatch(rv string, taints []corev1.Taint) ([]byte, error) {
-	if taints == nil {
-		taints = []corev1.Taint{}
-	}
-	return json.Marshal(map[string]any{
-		"metadata": map[string]any{"resourceVersion": rv},
-		"spec":     map[string]any{"taints": taints},
-	})
 }
 
 // EditTaints returns taints without those matching remove (by key and effect) and with every taint

@@ -18,14 +18,20 @@
 package kube
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 )
 
 // FieldManager names the coordinator in managedFields and server-side apply.
@@ -82,4 +88,32 @@ func NewWithClients(core kubernetes.Interface, dyn dynamic.Interface, opts Optio
 		w.log = slog.New(slog.DiscardHandler)
 	}
 	return w
+}
+
+// patchNode applies the JSON merge patch edit computes from the current Node (nil: nothing to
+// do), guarded by the resourceVersion it read, re-reading on conflict: every Node write of the
+// coordinator (its taint, the maintenance annotations and cordon) goes through it.
+func (w *Writer) patchNode(ctx context.Context, node string, edit func(*corev1.Node) (map[string]any, error)) error {
+	return retry.RetryOnConflict(conflictBackoff, func() error {
+		n, err := w.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		p, err := edit(n)
+		if err != nil || p == nil {
+			return err
+		}
+		md, _ := p["metadata"].(map[string]any)
+		if md == nil {
+			md = map[string]any{}
+			p["metadata"] = md
+		}
+		md["resourceVersion"] = n.ResourceVersion
+		raw, err := json.Marshal(p)
+		if err != nil {
+			return err
+		}
+		_, err = w.core.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, raw, metav1.PatchOptions{FieldManager: FieldManager})
+		return err
+	})
 }

@@ -68,7 +68,7 @@ func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n Registra
 	if err != nil {
 		return err
 	}
-	data, k := string(raw), s.nodeKey(n.Name)
+	data := string(raw)
 	if same, err := s.storedNode(ctx, t, n.Name, data); err != nil || same {
 		return err
 	}
@@ -76,7 +76,7 @@ func (s *Store) PutNodeIfChanged(ctx context.Context, t *leader.Term, n Registra
 		s.regHeld.Add(1)
 		return nil
 	}
-	s.queueRegistration(t, k, n.Name, data)
+	s.queueRegistration(t, n.Name, data)
 	return nil
 }
 
@@ -93,22 +93,22 @@ const (
 // regQueue is one term's registrations waiting to be written, the newest per node.
 type regQueue struct {
 	term    *leader.Term
-	pending map[string][2]string // node -> key, data
-	busy    int                  // batches being written
+	pending map[string]string // node -> registration (JSON)
+	busy    int               // batches being written
 	kick    chan struct{}
 }
 
 // queueRegistration queues node's registration for term t's writer, starting the writer for a new
 // term; the writer ends with the term.
-func (s *Store) queueRegistration(t *leader.Term, key, node, data string) {
+func (s *Store) queueRegistration(t *leader.Term, node, data string) {
 	s.regMu.Lock()
 	q := s.regQ
 	if q == nil || q.term != t {
-		q = &regQueue{term: t, pending: map[string][2]string{}, kick: make(chan struct{}, 1)}
+		q = &regQueue{term: t, pending: map[string]string{}, kick: make(chan struct{}, 1)}
 		s.regQ = q
 		go s.writeRegistrations(q)
 	}
-	q.pending[node] = [2]string{key, data}
+	q.pending[node] = data
 	s.regMu.Unlock()
 	select {
 	case q.kick <- struct{}{}:
@@ -142,29 +142,27 @@ func (s *Store) writeRegistrations(q *regQueue) {
 // transaction; it reports whether it took any.
 func (s *Store) writeRegistrationBatch(ctx context.Context, q *regQueue) bool {
 	s.regMu.Lock()
-	nodes := make([]string, 0, min(len(q.pending), maxRegistrationBatch))
-	var ops []clientv3.Op
+	batch := make(map[string]string, min(len(q.pending), maxRegistrationBatch))
 	q.busy++
 	defer func() {
 		s.regMu.Lock()
 		q.busy--
 		s.regMu.Unlock()
 	}()
-	for node, kd := range q.pending {
-		if len(ops) == maxRegistrationBatch {
+	for node, data := range q.pending {
+		if len(batch) == maxRegistrationBatch {
 			break
 		}
-		nodes = append(nodes, node)
-		ops = append(ops, clientv3.OpPut(kd[0], kd[1]))
-	}
-	batch := make(map[string]string, len(nodes))
-	for _, node := range nodes {
-		batch[node] = q.pending[node][1]
+		batch[node] = data
 		delete(q.pending, node)
 	}
 	s.regMu.Unlock()
-	if len(ops) == 0 {
+	if len(batch) == 0 {
 		return false
+	}
+	ops := make([]clientv3.Op, 0, len(batch))
+	for node, data := range batch {
+		ops = append(ops, clientv3.OpPut(s.nodeKey(node), data))
 	}
 	wctx, cancel := context.WithTimeout(ctx, registrationWriteTimeout)
 	_, err := q.term.Txn(wctx, nil, ops...)

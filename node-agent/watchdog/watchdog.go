@@ -62,18 +62,18 @@ func Open(path string, timeout time.Duration) (*Device, error) {
 	case err == nil:
 		got, err := unix.IoctlGetInt(int(f.Fd()), wdiocGetTimeout)
 		if err != nil || got <= 0 {
-			d.disarmAndClose()
+			_ = d.Disarm()
 			return nil, fmt.Errorf("watchdog %s: read back the timeout: %v (got %d)", path, err, got)
 		}
 		d.timeout, d.Ioctl = time.Duration(got)*time.Second, true
 	case errors.Is(err, unix.ENOTTY), errors.Is(err, unix.EINVAL) && !isCharDevice(f), errors.Is(err, unix.EOPNOTSUPP):
 		// Not a watchdog character device (a testbed stand-in): the configured timeout stands.
 	default:
-		d.disarmAndClose()
+		_ = d.Disarm()
 		return nil, fmt.Errorf("watchdog %s refuses a %ds timeout: %w", path, secs, err)
 	}
 	if err := d.Feed(); err != nil {
-		d.disarmAndClose()
+		_ = d.Disarm()
 		return nil, err
 	}
 	return d, nil
@@ -116,8 +116,6 @@ func (d *Device) Disarm() error {
 	cerr := d.f.Close()
 	return errors.Join(werr, cerr)
 }
-
-func (d *Device) disarmAndClose() { _ = d.Disarm() }
 
 // Abandon closes the device WITHOUT the magic close: the watchdog stays armed and resets the machine
 // after its timeout unless someone opens and feeds it again. For a feeder that must stop feeding now

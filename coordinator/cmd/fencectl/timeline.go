@@ -36,7 +36,6 @@ var timelineAuditKinds = map[string]string{
 	"fence-requested": "requested",
 	"release":         "released",
 	"proof":           "proof",
-	"wrong-machine":   "wrong machine",
 	"maintenance":     "maintenance",
 	"kdump":           "kdump",
 }
