@@ -269,7 +269,7 @@ func (c *Config) registerFenceFlags(fs *flag.FlagSet, d Config) {
 	fs.DurationVar(&c.Engine.KdumpTimeout, "kdump-timeout", d.Engine.KdumpTimeout, "longest wait of power management for a kernel dump")
 	f := d.Engine.Fence
 	fs.BoolVar(&c.Engine.Fence.Enabled, "auto-fence", f.Enabled, "fence not-ready nodes automatically (manual fencing is always available)")
-	fs.DurationVar(&c.Engine.Fence.Timeout, "fence-timeout", f.Timeout, "how long a released node must be not ready before it is fenced")
+	fs.DurationVar(&c.Engine.Fence.Timeout, "fence-timeout", f.Timeout, "how long a node must stay a fence candidate before it is fenced: counted from both witnesses silent past their windows (--fence-detect witnesses) or from its release (grace)")
 	fs.Float64Var(&c.Engine.Fence.MaxUnresponsivePercent, "max-unresponsive-percent", f.MaxUnresponsivePercent, "no automatic fencing while more than this % of the cluster or zone is not ready (0: no limit)")
 	fs.IntVar(&c.Engine.Fence.Budget, "fence-budget", f.Budget, "automatic fences per zone per --fence-budget-window (0: no budget)")
 	fs.DurationVar(&c.Engine.Fence.BudgetWindow, "fence-budget-window", f.BudgetWindow, "window of --fence-budget")
@@ -279,6 +279,11 @@ func (c *Config) registerFenceFlags(fs *flag.FlagSet, d Config) {
 	fs.Func("fence-mode", `"enforce" (default): automatic decisions fence; "observe": every decision is made, recorded and counted as would fence / would release, and nothing is switched, tainted or deleted (see docs/observe.md)`, func(v string) error {
 		m, err := engine.ParseFenceMode(v)
 		c.Engine.Fence.Mode = m
+		return err
+	})
+	fs.Func("fence-detect", `what starts the fence clock in Kubernetes mode: "witnesses" (default): the node's agent and its kubelet both silent past their own windows (3 heartbeats + 1s; 2 Lease renewals + 2s); "grace": not ready past --node-monitor-grace-period and released by the zone's pacing, as kube-controller-manager would evict (standalone mode always uses grace)`, func(v string) error {
+		m, err := engine.ParseFenceDetect(v)
+		c.Engine.Fence.Detect = m
 		return err
 	})
 	fs.DurationVar(&c.FenceOpTimeout, "fence-op-timeout", d.FenceOpTimeout, "deadline of one driver call including read-back")

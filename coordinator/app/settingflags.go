@@ -17,6 +17,7 @@ var funcFlags = map[string]string{
 	"kubelet-down-policy": "Engine.KubeletDownPolicy",
 	"unhealthy-condition": "Engine.UnhealthyConditions",
 	"fence-mode":          "Engine.Fence.Mode",
+	"fence-detect":        "Engine.Fence.Detect",
 }
 
 // settingFlags maps a setting's field path ("Engine.NodeMonitorGracePeriod") to the flag that

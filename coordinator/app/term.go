@@ -234,8 +234,7 @@ func (t *termParts) facts(ctx context.Context, node string) (bool, time.Time) {
 	var ready bool
 	var kdumpUntil time.Time
 	_ = t.loop.Query(ctx, func(e *engine.Engine) {
-		n := e.Node(node)
-		ready = n != nil && n.Readiness == coordv1.Readiness_READINESS_READY
+		ready = fencing.Alive(e.Node(node))
 		kdumpUntil = e.KdumpUntil(node)
 	})
 	return ready, kdumpUntil
@@ -247,8 +246,7 @@ func (t *termParts) facts(ctx context.Context, node string) (bool, time.Time) {
 func (t *termParts) contact(ctx context.Context, node string) fencing.Contact {
 	c := fencing.Contact{Witness: "witness (the engine did not answer)", At: t.a.now(), Grace: t.a.cfg.Engine.NodeMonitorGracePeriod}
 	_ = t.loop.Query(ctx, func(e *engine.Engine) {
-		c.Witness, c.At = e.LastWitness(node)
-		c.Grace = e.Config().NodeMonitorGracePeriod
+		c = e.Contact(node)
 	})
 	return c
 }

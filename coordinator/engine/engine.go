@@ -58,7 +58,7 @@ type Config struct {
 func DefaultConfig() Config {
 	c := Config{NodeEvictionRate: DefaultNodeEvictionRate, SecondaryNodeEvictionRate: DefaultSecondaryNodeEvictionRate,
 		Fence: FenceConfig{Enabled: DefaultFenceEnabled, Timeout: DefaultFenceTimeout, MaxUnresponsivePercent: DefaultMaxUnresponsivePercent,
-			Budget: DefaultFenceBudget, BudgetWindow: DefaultFenceBudgetWindow, Settle: DefaultFenceSettle},
+			Budget: DefaultFenceBudget, BudgetWindow: DefaultFenceBudgetWindow, Settle: DefaultFenceSettle, Detect: DetectWitnesses},
 		PodEviction: PodEvictionConfig{Rate: DefaultPodEvictionRate}}
 	c.SetDefaults()
 	return c
@@ -114,11 +114,14 @@ const (
 	// DefaultKdumpIdle is three of fence_kdump_send's default 10 s intervals.
 	DefaultKdumpIdle    = 30 * time.Second
 	DefaultKdumpTimeout = 10 * time.Minute
-	// Automatic fencing is on by default: a node not ready for a minute after its release is
-	// fenced, unless more than half of the cluster or zone is not ready, or its zone used its
-	// three fences in ten minutes.
+	// Automatic fencing is on by default: a node whose agent and kubelet have both been silent
+	// past their own windows for five more seconds (Kubernetes mode; in standalone mode: not ready
+	// past the grace and released by its zone's pacing five seconds ago) is fenced, unless more than
+	// half of the cluster or zone is not ready, or its zone used its three fences in ten minutes.
+	// The timeout is a margin on top of the witnesses' windows, not a wait: each window already
+	// spans more than one missed heartbeat (the agent's three, the kubelet's two renewals).
 	DefaultFenceEnabled           = true
-	DefaultFenceTimeout           = time.Minute
+	DefaultFenceTimeout           = 5 * time.Second
 	DefaultMaxUnresponsivePercent = 50.0
 	DefaultFenceBudget            = 3
 	DefaultFenceBudgetWindow      = 10 * time.Minute
@@ -165,6 +168,9 @@ type Engine struct {
 	pending  []*node             // nodes with a candidate waiting for a grant
 	limited  []*node             // nodes whose agent limit holds or counts something (agentlimit.go)
 	stormAt  time.Time           // the last time the storm guard held a fence back for a storm (fence.go)
+	// kubeletLast is when any kubelet's heartbeat was last seen advancing; kubeletResumed when they
+	// resumed after a cluster-wide quiet (silence.go).
+	kubeletLast, kubeletResumed time.Time
 }
 
 type node struct {
@@ -210,6 +216,11 @@ type node struct {
 	kubeletRenew       time.Duration
 	kubeletBack        time.Time // when kubeletBeat last advanced after a silence past its window (nodes.KubeletWindow)
 	fence              *standing // the node's newest fence record and its proof (proof.go)
+	silentSince        time.Time // both witnesses silent past their windows since (silence.go); zero otherwise
+	silentJudged       time.Time // when this silence began (silentSince may be an earlier episode's, flap.go)
+	silentWhy          string    // which witness fell silent last
+	silentEarlier      time.Time // the silence of the episode the node last came back from
+	silentBack         time.Time // when a witness was heard again after it
 	limit              *agentLimit
 	observeMode        bool                     // the node alone is in observe mode (observe.go)
 	excludeFencing     bool                     // never fenced automatically (observe.go)
@@ -325,6 +336,7 @@ func (e *Engine) judge(n *node, now time.Time) {
 		w := nodes.Combine(rd, reason, silent, why, e.cfg.KubeletDownPolicy)
 		rd, reason = w.Readiness, w.Reason
 		e.setWitnesses(n, w, now)
+		e.judgeSilence(n, now)
 	}
 	if n.kdumpCancel != "" {
 		e.event(now, "kdump", n.name, "node %s: its %s reported after the first fence_kdump message: not dumping (the messages were stale or spoofed)", n.name, n.kdumpCancel)

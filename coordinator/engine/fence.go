@@ -42,6 +42,10 @@ type FenceConfig struct {
 	// released again, its first release — so the fence timeout is not waited a second time for a
 	// flapping node (the coordinator's --release-healthy-delay; 0: off).
 	FlapWindow time.Duration
+	// Detect is what starts the fence clock: the release of a node not ready past the grace
+	// (DetectGrace), or in Kubernetes mode both witnesses silent past their own windows
+	// (DetectWitnesses; silence.go).
+	Detect FenceDetect
 }
 
 // DefaultFenceSettle is FenceConfig.Settle's default: five heartbeats of the agent's default
@@ -85,8 +89,9 @@ func (e *Engine) fence(now time.Time) {
 	var count *unhealthy // counted once per pass, when a node is due to be judged
 	for _, n := range e.order {
 		name := n.name
-		if n.taint == TaintNone || n.fenceRequested || !n.fenceable || n.shuttingDown || n.releasedAt.IsZero() || (n.wouldFence && e.observing(n)) {
-			if n.taint == TaintNone || n.shuttingDown {
+		judged, start := e.fenceClock(n, now)
+		if !judged || n.fenceRequested || !n.fenceable || n.shuttingDown || (n.wouldFence && e.observing(n)) {
+			if !judged || n.shuttingDown {
 				n.fenceBlocked = ""
 			}
 			n.guardClearSince = time.Time{}
@@ -114,8 +119,8 @@ func (e *Engine) fence(now time.Time) {
 		} else if n.guardClearSince.IsZero() {
 			n.guardClearSince = now
 		}
-		if now.Sub(n.releasedAt) < fc.Timeout || (!e.kdumpDown(n, now) && e.silence(n, now) <= e.cfg.NodeMonitorGracePeriod) {
-			continue // not due yet (the fence timeout counts from the release; the grace from its last restart)
+		if !e.due(n, z, start, now) {
+			continue
 		}
 		if reason != "" {
 			if reason != n.fenceBlocked {
@@ -132,6 +137,19 @@ func (e *Engine) fence(now time.Time) {
 	}
 }
 
+// due tells whether the fence timeout of n, counted from start, has run: under DetectGrace also
+// the grace since its last restart (a node dumping its memory aside); on the witnesses' silence
+// also the zone's pacing.
+func (e *Engine) due(n *node, z *zone, start time.Time, now time.Time) bool {
+	switch {
+	case start.IsZero() || now.Sub(start) < e.cfg.Fence.Timeout:
+		return false
+	case start.Equal(n.silentSince):
+		return e.paced(z, now)
+	}
+	return e.kdumpDown(n, now) || e.silence(n, now) > e.cfg.NodeMonitorGracePeriod
+}
+
 // request decides the node's automatic fence now (the trigger and the storm guard let it pass):
 // requested in enforce mode, observed as would fence in observe mode, once per not-ready episode.
 func (e *Engine) request(n *node, z *zone, now time.Time) {
@@ -145,10 +163,12 @@ func (e *Engine) request(n *node, z *zone, now time.Time) {
 	}
 	// A would-fence spends the budget as the fence would have: observe mode decides as enforce.
 	z.fences = append(z.fences, now)
-	ev := []string{
-		fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason),
-		fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size),
+	since, judged := n.notReadySince, fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason)
+	if fast := !n.silentSince.IsZero(); fast && (since.IsZero() || n.silentSince.Before(since)) {
+		since, judged = n.silentSince, fmt.Sprintf("agent and kubelet silent past their windows since %s (%s; the last to fall silent: %s)",
+			n.silentSince.UTC().Format(time.RFC3339), now.Sub(n.silentSince).Round(time.Second), n.silentWhy)
 	}
+	ev := []string{judged, fmt.Sprintf("zone %s %s: %d of %d ready", k, word(z.state), z.ready, z.size)}
 	if !n.lastContact.IsZero() {
 		ev = append(ev, "last agent contact "+n.lastContact.UTC().Format(time.RFC3339Nano))
 	}
@@ -157,18 +177,20 @@ func (e *Engine) request(n *node, z *zone, now time.Time) {
 			ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
 		}
 	}
-	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: n.notReadySince, At: now, Observe: observe}
+	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: since, At: now, Observe: observe}
 	if e.dumping(n, now) {
 		req.KdumpSince = n.kdumpFirst
 		req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
 	}
 	e.ready.Fences = append(e.ready.Fences, req)
+	clock := fmt.Sprintf("not ready for %s, released %s ago", now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second))
+	if since.Equal(n.silentSince) {
+		clock = fmt.Sprintf("agent and kubelet silent past their windows for %s", now.Sub(since).Round(time.Second))
+	}
 	if observe {
-		e.event(now, "would-fence", name, "node %s: would fence (observe mode: nothing is switched; not ready for %s, released %s ago, fence timeout %s)",
-			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+		e.event(now, "would-fence", name, "node %s: would fence (observe mode: nothing is switched; %s, fence timeout %s)", name, clock, fc.Timeout)
 	} else {
-		e.event(now, "fence-requested", name, "node %s: fence requested (not ready for %s, released %s ago, fence timeout %s)",
-			name, now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second), fc.Timeout)
+		e.event(now, "fence-requested", name, "node %s: fence requested (%s, fence timeout %s)", name, clock, fc.Timeout)
 	}
 	e.persistNode(n)
 }

@@ -187,10 +187,8 @@ func (h *harness) handleDecide(pos []string) []string {
 	var out []string
 	for range 50 {
 		n := h.e.Node(node)
-		who, at := h.e.LastWitness(node)
 		d := fencing.Decide(rec, fencing.Facts{Now: h.now, Plan: h.plan(node), Policy: h.fence.policy,
-			NodeReady: n != nil && n.Readiness == coordv1.Readiness_READINESS_READY, KdumpUntil: h.e.KdumpUntil(node),
-			Contact: fencing.Contact{Witness: who, At: at, Grace: h.e.Config().NodeMonitorGracePeriod}})
+			NodeReady: fencing.Alive(n), KdumpUntil: h.e.KdumpUntil(node), Contact: h.e.Contact(node)})
 		switch {
 		case d.Resend != nil:
 			// The runner sends this term's epoch, even for an operation a previous leader wrote.

@@ -224,6 +224,7 @@ func (e *Engine) kubelet(in Kubelet) {
 			n.kubeletBack = in.At // silent past its window, and back
 		}
 		n.kubeletAdvanced = in.At // the kubelet spoke while this engine listened (first sight: not)
+		e.heardKubelet(n, in.At)
 	}
 	if !n.kubeletSeen || in.Heartbeat.After(n.kubeletBeat) {
 		n.kubeletSeen, n.kubeletBeat, n.kubeletProbe = true, in.Heartbeat, in.At
@@ -536,6 +537,12 @@ func (e *Engine) view(n *node) *coordv1.Node {
 	}
 	if !n.kubeletProbe.IsZero() {
 		v.KubeletLastSeen = timestamppb.New(n.kubeletProbe)
+	}
+	if !n.silentSince.IsZero() {
+		v.SilentSince = timestamppb.New(n.silentSince)
+	}
+	if !n.silentBack.IsZero() {
+		v.HeardAgainAt = timestamppb.New(n.silentBack)
 	}
 	n.watchdog.view(v)
 	for _, s := range n.signals {

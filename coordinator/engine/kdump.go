@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/nodes"
 )
 
@@ -112,6 +113,28 @@ func (e *Engine) LastWitness(name string) (who string, at time.Time) {
 		return "kubelet", kubelet
 	}
 	return witnessAt("agent", n.lastContact)
+}
+
+// Contact is the node's latest witness contact for the fence runner's re-check (fencing.Reaching):
+// LastWitness, with the grace period as the silence after which it no longer counts — or, under fast
+// detection, with the span that reaches to the end of the later of the witnesses' own windows, so
+// that the re-check lets a call go exactly when the fence decision could have been made.
+func (e *Engine) Contact(name string) fencing.Contact {
+	who, at := e.LastWitness(name)
+	c := fencing.Contact{Witness: who, At: at, Grace: e.cfg.NodeMonitorGracePeriod}
+	n, ok := e.nodes[name]
+	if !ok || !e.fastDetect() || at.IsZero() {
+		return c
+	}
+	r := e.proofRule()
+	end := n.lastContact.Add(r.AgentWindow())
+	if k := n.kubeletAdvanced; !k.IsZero() {
+		if kend := k.Add(nodes.KubeletWindow(n.renew())); kend.After(end) {
+			end = kend
+		}
+	}
+	c.Grace = end.Sub(at)
+	return c
 }
 
 // witnessAt names the witness heard at at, or none when at is zero.

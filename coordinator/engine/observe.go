@@ -151,7 +151,7 @@ func (e *Engine) counted(n *node) string {
 	case n.excludeFencing:
 		return "excluded from fencing"
 	}
-	return ""
+	return e.suspect(n, e.now)
 }
 
 // unhealthy is the storm guard's count: the cluster's nodes and how many of them are not ready

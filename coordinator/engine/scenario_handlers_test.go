@@ -43,6 +43,12 @@ func (h *harness) handleConfig(args map[string]string) []string {
 				h.t.Fatal(err)
 			}
 			h.cfg.KubeletDownPolicy = p
+		case "detect":
+			d, err := ParseFenceDetect(v)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			h.cfg.Fence.Detect = d
 		case "fence-mode":
 			m, err := ParseFenceMode(v)
 			if err != nil {
@@ -334,6 +340,9 @@ func (h *harness) handleNodes() []string {
 		}
 		if n.KubeletDown {
 			line += " (kubelet down)"
+		}
+		if n.SilentSince != nil {
+			line += " (silent since " + n.SilentSince.AsTime().Sub(h.start).String() + ")"
 		}
 		if n.Observed {
 			line += " (observe mode)"

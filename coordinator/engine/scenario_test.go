@@ -23,7 +23,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //
 //	config grace=40s startup=60s rate=0.1 secondary=0.01 large=50 threshold=0.55
 //	       fence-timeout=1m max-unresponsive=50 budget=3 budget-window=10m settle=5s
-//	       kube=true kubelet-policy=wait|fence allow-control-plane=true kdump-idle=30s kdump-timeout=10m
+//	       detect=grace|witnesses kube=true kubelet-policy=wait|fence allow-control-plane=true kdump-idle=30s kdump-timeout=10m
 //	       fence-mode=enforce|observe
 //	add-nodes zone=a [region=r] n=10 [hello=false]  nodes a1..a10 say hello now (or never report)
 //	configure a1..a3 [exclude=true] [control-plane=true] [observe=true] [exclude-fencing=true]
@@ -97,8 +97,11 @@ func runScript(t *testing.T, path string) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	// The scripts count in a 40 s grace period (kube-controller-manager's default before 1.32);
 	// DefaultConfig's 50 s is checked by TestDefaults.
+	// They were written for the grace detection and a one-minute fence timeout (the defaults
+	// before fast detection); scripts of the witnesses' detection say detect=witnesses.
 	cfg := DefaultConfig()
 	cfg.NodeMonitorGracePeriod = 40 * time.Second
+	cfg.Fence.Detect, cfg.Fence.Timeout = DetectGrace, time.Minute
 	h := &harness{t: t, cfg: cfg, start: start, now: start, silent: map[string]bool{}, dumping: map[string]bool{}, kubelet: map[string]time.Time{}, kdead: map[string]bool{}, configs: map[string]Configured{}, persist: map[string]NodeRecord{}, zoneOf: map[string][2]string{}}
 	h.e = New(h.cfg)
 	h.e.Step(LeaderElected{At: start})

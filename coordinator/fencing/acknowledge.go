@@ -43,12 +43,19 @@ func Witness(n *coordv1.Node, kubeletReports bool) string {
 	switch {
 	case n != nil && n.Connected:
 		return "its agent is connected"
-	case n != nil && n.Readiness == coordv1.Readiness_READINESS_READY:
+	case Alive(n):
 		return "its agent reported within the grace period"
 	case kubeletReports:
 		return "its kubelet reports Ready"
 	}
 	return ""
+}
+
+// Alive is the one reading of the engine's view of a node as running: it is Ready and its
+// witnesses are not both silent past their own windows (Node.silent_since, fast detection). A node
+// the engine does not know (nil) is not alive by this rule; callers decide what that means.
+func Alive(n *coordv1.Node) bool {
+	return n != nil && n.GetReadiness() == coordv1.Readiness_READINESS_READY && n.GetSilentSince() == nil
 }
 
 // AckNote applies the witness rule: a node with a live witness (live, from Witness) is refused

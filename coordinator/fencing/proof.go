@@ -190,24 +190,36 @@ func Verdict(f *coordv1.NodeFence, w Witnessed, now time.Time, r ProofRule) (Pro
 	}
 	dark := off.Add(slack)
 	why := "messages sent before the power-off"
+	if at, last := r.SilentAt(w); at.After(dark) {
+		dark, why = at, last
+	}
+	if now.Before(dark) {
+		return ProofPending, fmt.Sprintf("waiting until %s for %s", stamp(dark), why)
+	}
+	return ProofDark, fmt.Sprintf("every witness silent past its window since the power-off at %s (the last to fall silent: %s)", stamp(off), why)
+}
+
+// SilentAt is the one definition of a node that does not run: the moment from which every witness
+// of the node has been silent for its own window (AgentWindow; nodes.KubeletWindow of the Lease's
+// renewal), each counted from the last time this term heard it or from w.Since, whichever is later.
+// A live node's witnesses speak within their windows, so before SilentAt the node may be running;
+// from it on, none of them can still be heard from. why names the last witness to fall silent.
+// The proof judges a power-off against it; the engine's fast detection decides a fence with it.
+func (r ProofRule) SilentAt(w Witnessed) (at time.Time, why string) {
 	silentFrom := func(heard time.Time) time.Time {
 		if heard.Before(w.Since) {
 			return w.Since
 		}
 		return heard
 	}
-	if at := silentFrom(w.Agent).Add(r.AgentWindow()); at.After(dark) {
-		dark, why = at, fmt.Sprintf("the agent (silent since %s, window %s)", stamp(silentFrom(w.Agent)), r.AgentWindow())
-	}
+	at = silentFrom(w.Agent).Add(r.AgentWindow())
+	why = fmt.Sprintf("the agent (silent since %s, window %s)", stamp(silentFrom(w.Agent)), r.AgentWindow())
 	if kw := nodes.KubeletWindow(w.KubeletRenew); kw > 0 {
-		if at := silentFrom(w.Kubelet).Add(kw); at.After(dark) {
-			dark, why = at, fmt.Sprintf("the kubelet (silent since %s, window %s)", stamp(silentFrom(w.Kubelet)), kw)
+		if k := silentFrom(w.Kubelet).Add(kw); k.After(at) {
+			at, why = k, fmt.Sprintf("the kubelet (silent since %s, window %s)", stamp(silentFrom(w.Kubelet)), kw)
 		}
 	}
-	if now.Before(dark) {
-		return ProofPending, fmt.Sprintf("waiting until %s for %s", stamp(dark), why)
-	}
-	return ProofDark, fmt.Sprintf("every witness silent past its window since the power-off at %s (the last to fall silent: %s)", stamp(off), why)
+	return at, why
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -296,9 +296,12 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 			return 0, err
 		}
 	}
-	if view != nil && view.GetReadiness() == coordv1.Readiness_READINESS_READY {
+	if fencing.Alive(view) {
 		st.WitnessesBack = true
 		st.BackSince = view.GetReadinessChangedAt().AsTime()
+		if back := view.GetHeardAgainAt(); back != nil && back.AsTime().After(st.BackSince) {
+			st.BackSince = back.AsTime()
+		}
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {

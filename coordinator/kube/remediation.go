@@ -104,9 +104,13 @@ func DecideRemediation(s RemediationState) RemediationVerdict {
 		r.Fence = f.GetId()
 		return r
 	}
-	if s.View != nil && s.View.GetReadiness() != coordv1.Readiness_READINESS_READY {
+	if s.View != nil && !fencing.Alive(s.View) {
+		state := s.View.GetReadiness().String()
+		if s.View.GetSilentSince() != nil {
+			state = "silent (agent and kubelet past their windows)"
+		}
 		return v(T, U, ReasonWaiting, "node %s is %s to nodefence (%s): its own decision fences it (%s)", s.Node,
-			s.View.GetReadiness().String(), s.View.GetReason(), orNone(s.View.GetFenceBlocked(), "fence timeout and zone pacing"))
+			state, s.View.GetReason(), orNone(s.View.GetFenceBlocked(), "fence timeout and zone pacing"))
 	}
 	if s.AllowLiveWitnesses {
 		r := v(T, U, ReasonFencing, "the remediation allows fencing a node whose witnesses report: fencing %s", s.Node)

@@ -1061,8 +1061,16 @@ type Node struct {
 	WatchdogArmed bool `protobuf:"varint,24,opt,name=watchdog_armed,json=watchdogArmed,proto3" json:"watchdog_armed,omitempty"`
 	// WatchdogTimeout is the armed watchdog's timeout as the agent reported it.
 	WatchdogTimeout *durationpb.Duration `protobuf:"bytes,25,opt,name=watchdog_timeout,json=watchdogTimeout,proto3" json:"watchdog_timeout,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// SilentSince is set (Kubernetes mode, --fence-detect witnesses) while the node's agent and its
+	// kubelet are both silent past their own windows: since when. The node may still be Ready by the
+	// grace period, but no witness of it can be heard: it is a fence candidate, and it counts as
+	// unhealthy for the storm guard. Unset while either witness reports.
+	SilentSince *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=silent_since,json=silentSince,proto3" json:"silent_since,omitempty"`
+	// HeardAgainAt is when a witness was last heard again after both had been silent past their
+	// windows (unset if that never happened in this leader's term).
+	HeardAgainAt  *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=heard_again_at,json=heardAgainAt,proto3" json:"heard_again_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1266,6 +1274,20 @@ func (x *Node) GetWatchdogArmed() bool {
 func (x *Node) GetWatchdogTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.WatchdogTimeout
+	}
+	return nil
+}
+
+func (x *Node) GetSilentSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SilentSince
+	}
+	return nil
+}
+
+func (x *Node) GetHeardAgainAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HeardAgainAt
 	}
 	return nil
 }
@@ -2619,7 +2641,8 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"\x0eafter_revision\x18\x02 \x01(\x03R\rafterRevision\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"S\n" +
 	"\x11ListAuditResponse\x12>\n" +
-	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xe9\t\n" +
+	"\aentries\x18\x01 \x03(\v2$.nodefence.coordinator.v1.AuditEntryR\aentries\"\xea\n" +
+	"\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
 	"\treadiness\x18\x02 \x01(\x0e2#.nodefence.coordinator.v1.ReadinessR\treadiness\x12\x16\n" +
@@ -2650,7 +2673,9 @@ const file_nodefence_coordinator_v1_cluster_proto_rawDesc = "" +
 	"wouldFence\x12[\n" +
 	"\x0fstalled_percent\x18\x17 \x03(\v22.nodefence.coordinator.v1.Node.StalledPercentEntryR\x0estalledPercent\x12%\n" +
 	"\x0ewatchdog_armed\x18\x18 \x01(\bR\rwatchdogArmed\x12D\n" +
-	"\x10watchdog_timeout\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\x0fwatchdogTimeout\x1a:\n" +
+	"\x10watchdog_timeout\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\x0fwatchdogTimeout\x12=\n" +
+	"\fsilent_since\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\x12@\n" +
+	"\x0eheard_again_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\fheardAgainAt\x1a:\n" +
 	"\fSignalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
@@ -2845,46 +2870,48 @@ var file_nodefence_coordinator_v1_cluster_proto_depIdxs = []int32{
 	42, // 15: nodefence.coordinator.v1.Node.kubelet_last_seen:type_name -> google.protobuf.Timestamp
 	39, // 16: nodefence.coordinator.v1.Node.stalled_percent:type_name -> nodefence.coordinator.v1.Node.StalledPercentEntry
 	41, // 17: nodefence.coordinator.v1.Node.watchdog_timeout:type_name -> google.protobuf.Duration
-	42, // 18: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
-	1,  // 19: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
-	14, // 20: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
-	14, // 21: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
-	16, // 22: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
-	33, // 23: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 24: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	33, // 25: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
-	42, // 26: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
-	34, // 27: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
-	2,  // 28: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
-	17, // 29: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
-	19, // 30: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
-	21, // 31: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
-	23, // 32: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
-	25, // 33: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
-	35, // 34: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
-	12, // 35: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
-	3,  // 36: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
-	6,  // 37: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
-	27, // 38: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
-	29, // 39: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
-	31, // 40: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
-	18, // 41: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
-	20, // 42: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
-	22, // 43: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
-	24, // 44: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
-	26, // 45: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
-	36, // 46: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
-	13, // 47: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
-	5,  // 48: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
-	10, // 49: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
-	28, // 50: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
-	30, // 51: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
-	32, // 52: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
-	41, // [41:53] is the sub-list for method output_type
-	29, // [29:41] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	42, // 18: nodefence.coordinator.v1.Node.silent_since:type_name -> google.protobuf.Timestamp
+	42, // 19: nodefence.coordinator.v1.Node.heard_again_at:type_name -> google.protobuf.Timestamp
+	42, // 20: nodefence.coordinator.v1.NodeCondition.transition_time:type_name -> google.protobuf.Timestamp
+	1,  // 21: nodefence.coordinator.v1.Zone.state:type_name -> nodefence.coordinator.v1.ZoneState
+	14, // 22: nodefence.coordinator.v1.ListNodesResponse.nodes:type_name -> nodefence.coordinator.v1.Node
+	14, // 23: nodefence.coordinator.v1.GetNodeResponse.node:type_name -> nodefence.coordinator.v1.Node
+	16, // 24: nodefence.coordinator.v1.ListZonesResponse.zones:type_name -> nodefence.coordinator.v1.Zone
+	33, // 25: nodefence.coordinator.v1.StartMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 26: nodefence.coordinator.v1.StopMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	33, // 27: nodefence.coordinator.v1.GetMaintenanceResponse.maintenance:type_name -> nodefence.coordinator.v1.Maintenance
+	42, // 28: nodefence.coordinator.v1.Maintenance.started_at:type_name -> google.protobuf.Timestamp
+	34, // 29: nodefence.coordinator.v1.Maintenance.pods:type_name -> nodefence.coordinator.v1.MaintenancePod
+	2,  // 30: nodefence.coordinator.v1.MaintenancePod.state:type_name -> nodefence.coordinator.v1.MaintenancePodState
+	17, // 31: nodefence.coordinator.v1.ClusterService.ListNodes:input_type -> nodefence.coordinator.v1.ListNodesRequest
+	19, // 32: nodefence.coordinator.v1.ClusterService.GetNode:input_type -> nodefence.coordinator.v1.GetNodeRequest
+	21, // 33: nodefence.coordinator.v1.ClusterService.ListZones:input_type -> nodefence.coordinator.v1.ListZonesRequest
+	23, // 34: nodefence.coordinator.v1.ClusterService.PauseEvictions:input_type -> nodefence.coordinator.v1.PauseEvictionsRequest
+	25, // 35: nodefence.coordinator.v1.ClusterService.ResumeEvictions:input_type -> nodefence.coordinator.v1.ResumeEvictionsRequest
+	35, // 36: nodefence.coordinator.v1.ClusterService.GetLeader:input_type -> nodefence.coordinator.v1.GetLeaderRequest
+	12, // 37: nodefence.coordinator.v1.ClusterService.ListAudit:input_type -> nodefence.coordinator.v1.ListAuditRequest
+	3,  // 38: nodefence.coordinator.v1.ClusterService.CheckNode:input_type -> nodefence.coordinator.v1.CheckNodeRequest
+	6,  // 39: nodefence.coordinator.v1.ClusterService.GetConfig:input_type -> nodefence.coordinator.v1.GetConfigRequest
+	27, // 40: nodefence.coordinator.v1.ClusterService.StartMaintenance:input_type -> nodefence.coordinator.v1.StartMaintenanceRequest
+	29, // 41: nodefence.coordinator.v1.ClusterService.StopMaintenance:input_type -> nodefence.coordinator.v1.StopMaintenanceRequest
+	31, // 42: nodefence.coordinator.v1.ClusterService.GetMaintenance:input_type -> nodefence.coordinator.v1.GetMaintenanceRequest
+	18, // 43: nodefence.coordinator.v1.ClusterService.ListNodes:output_type -> nodefence.coordinator.v1.ListNodesResponse
+	20, // 44: nodefence.coordinator.v1.ClusterService.GetNode:output_type -> nodefence.coordinator.v1.GetNodeResponse
+	22, // 45: nodefence.coordinator.v1.ClusterService.ListZones:output_type -> nodefence.coordinator.v1.ListZonesResponse
+	24, // 46: nodefence.coordinator.v1.ClusterService.PauseEvictions:output_type -> nodefence.coordinator.v1.PauseEvictionsResponse
+	26, // 47: nodefence.coordinator.v1.ClusterService.ResumeEvictions:output_type -> nodefence.coordinator.v1.ResumeEvictionsResponse
+	36, // 48: nodefence.coordinator.v1.ClusterService.GetLeader:output_type -> nodefence.coordinator.v1.GetLeaderResponse
+	13, // 49: nodefence.coordinator.v1.ClusterService.ListAudit:output_type -> nodefence.coordinator.v1.ListAuditResponse
+	5,  // 50: nodefence.coordinator.v1.ClusterService.CheckNode:output_type -> nodefence.coordinator.v1.CheckNodeResponse
+	10, // 51: nodefence.coordinator.v1.ClusterService.GetConfig:output_type -> nodefence.coordinator.v1.GetConfigResponse
+	28, // 52: nodefence.coordinator.v1.ClusterService.StartMaintenance:output_type -> nodefence.coordinator.v1.StartMaintenanceResponse
+	30, // 53: nodefence.coordinator.v1.ClusterService.StopMaintenance:output_type -> nodefence.coordinator.v1.StopMaintenanceResponse
+	32, // 54: nodefence.coordinator.v1.ClusterService.GetMaintenance:output_type -> nodefence.coordinator.v1.GetMaintenanceResponse
+	43, // [43:55] is the sub-list for method output_type
+	31, // [31:43] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_cluster_proto_init() }
