@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: promtool run-tools run-deps chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
+.PHONY: promtool run-tools run-deps chaos chaos-cluster bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -191,6 +191,16 @@ CHAOS_SEED ?= 0
 CHAOS_STEPS ?= 40
 chaos: deps kube-assets
 	$(GO) test -count=1 -v -timeout 70m -run TestChaosLong ./testbed/chaos -args -chaos.long -chaos.seed=$(CHAOS_SEED) -chaos.steps=$(CHAOS_STEPS)
+
+# chaos-cluster: the long no-fence scenarios on the real multi-node cluster (their short variants are
+# part of make test, testbed/clustere2e TestNoFence): the coordinators on deploy/'s settings only, the
+# apiserver stalled 20 s with a node's agent dead and the leader killed halfway, the apiserver slow
+# (every request 2-5 s) for 2 min, a node's link flapping 3 s down / 3 s up for 1 min, its agent and
+# kubelet at 1% of a CPU for 30 s, a 5 s grace below the kubelet's 10 s Lease renewal; nothing may be
+# fenced or released. CHAOS_CLUSTER_ARGS adds coordinator flags (docs/no-fence.md).
+CHAOS_CLUSTER_ARGS ?=
+chaos-cluster: deps kube-assets
+	$(GO) test -count=1 -v -timeout 60m -run 'TestNoFenceLong' ./testbed/clustere2e -args -nofence.long -nofence.args='$(CHAOS_CLUSTER_ARGS)'
 
 # bench-failover: 3 coordinators on a 3-member etcd, N agents, a fence in flight, the leader killed
 # with SIGKILL, 10 rounds; the last line is JSON. Smaller: make bench-failover FAILOVER_FLAGS="--agents 1000".

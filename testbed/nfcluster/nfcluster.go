@@ -85,6 +85,14 @@ type Options struct {
 	// CoordinatorArgs are extra coordinator flags (the pod-eviction budget), added after the
 	// deployment's own.
 	CoordinatorArgs []string
+	// Shipped runs the coordinators with what deploy/coordinator.yaml passes and nothing else
+	// (ShippedFlags: where things are, no lifecycle setting), so they decide on the shipped
+	// defaults; Grace, FenceTimeout, FenceOpTimeout, Retries and Backoff are then ignored.
+	// CoordinatorArgs are still added.
+	Shipped bool
+	// APIServer, when set, is the host:port the coordinators reach the apiserver at (a proxy in
+	// front of it); they still verify the apiserver's own certificate.
+	APIServer string
 	// AgentArgs, when set, returns extra node-agent flags for a node (eviction thresholds, grant
 	// timeout, shutdown grace periods), added after the deployment's own.
 	AgentArgs func(n *cluster.Node) []string
@@ -327,6 +335,11 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 	if err != nil {
 		return "", err
 	}
+	if d.Opts.APIServer != "" {
+		if err := viaProxy(kc, d.Opts.APIServer, c.APIServerAddr().Addr().String()); err != nil {
+			return "", err
+		}
+	}
 	objs := []any{
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bmc-credentials", Namespace: Namespace},
 			StringData: map[string]string{"password": c.BMCPassword()}},
@@ -362,6 +375,18 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 		}
 	}
 	return kc, nil
+}
+
+// viaProxy points the kubeconfig at addr, verifying the server's certificate for serverName.
+func viaProxy(path, addr, serverName string) error {
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return err
+	}
+	for _, cl := range cfg.Clusters {
+		cl.Server, cl.TLSServerName = "https://"+addr, serverName
+	}
+	return clientcmd.WriteToFile(*cfg, path)
 }
 
 // AgentKubeconfig is the kubeconfig the node's agent runs with.

@@ -126,13 +126,12 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	args = append(args,
 		"--id="+co.ID, "--listen="+co.Addr,
 		"--etcd-endpoints="+d.etcdURL, "--kubeconfig="+kubeconfig, "--fence-namespace="+Namespace,
-		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=", "--admission-listen="+co.AdmissionAddr,
-		"--node-monitor-grace-period="+o.Grace.String(), "--node-startup-grace-period="+(2*o.Grace).String(),
-		"--fence-timeout="+o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
-		"--fence-op-timeout="+o.FenceOpTimeout.String(), "--fence-retries="+strconv.Itoa(o.Retries),
-		"--fence-retry-backoff="+o.Backoff.String(), "--election-ttl=2s",
-		"--power-management-polls=3", "--power-management-poll-interval=1s",
-		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s")
+		"--driver-endpoint=ipmi="+d.DriverAddr, "--kdump-listen=", "--admission-listen="+co.AdmissionAddr)
+	if o.Shipped {
+		args = append(args, ShippedFlags...)
+	} else {
+		args = append(args, testbedFlags(o)...)
+	}
 	co.p, err = procs.StartAppend(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)...)
 	if err != nil {
 		return nil, err
@@ -141,4 +140,21 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 		return nil, err
 	}
 	return co, nil
+}
+
+// ShippedFlags are the flags deploy/coordinator.yaml passes besides where things are (addresses,
+// certificates, kubeconfig, namespace, drivers): with Options.Shipped the coordinators get these
+// and no other setting.
+var ShippedFlags = []string{"--fence-policy=stateful"}
+
+// testbedFlags are the testbed's lifecycle settings: short grace periods and timeouts, no fence
+// budget, a fast election and heartbeat.
+func testbedFlags(o Options) []string {
+	return []string{
+		"--node-monitor-grace-period=" + o.Grace.String(), "--node-startup-grace-period=" + (2 * o.Grace).String(),
+		"--fence-timeout=" + o.FenceTimeout.String(), "--node-eviction-rate=1", "--fence-budget=0",
+		"--fence-op-timeout=" + o.FenceOpTimeout.String(), "--fence-retries=" + strconv.Itoa(o.Retries),
+		"--fence-retry-backoff=" + o.Backoff.String(), "--election-ttl=2s",
+		"--power-management-polls=3", "--power-management-poll-interval=1s",
+		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s"}
 }
