@@ -171,8 +171,10 @@ bench-drivers: deps
 # bench-recovery: first, seconds from a node's agent going silent to its StatefulSet pod being
 # released (power-off confirmed first), against a real kube-apiserver; 5 rounds, grace 2 s, fence
 # timeout 2 s. Then, on the real multi-node cluster, seconds from a node's death to its StatefulSet
-# pod Running and Ready on another node: nodefence vs Kubernetes alone vs an operator's taint
-# script, grace 20 s for all; its JSON is the last line.
+# pod Running and Ready on another node, with each nodefence round's phases: the defaults row first
+# (kube-controller-manager's and nodefence's shipped settings, the operator's taint script beside
+# it), then the short-settings row (grace 20 s for all: nodefence vs the taint script vs Kubernetes
+# alone); its JSON is the last line.
 bench-recovery: deps kube-assets build
 	$(GO) run ./testbed/cmd/bench-recovery --rounds 5 --grace 2s --fence-timeout 2s
 	$(GO) run ./testbed/cmd/bench-recovery-cluster --bin $(BIN) --rounds 3 --grace 20s --fence-timeout 2s

@@ -32,6 +32,7 @@ var timelineAuditKinds = map[string]string{
 	"readiness":       "readiness",
 	"agent-down":      "agent",
 	"kubelet-down":    "kubelet",
+	"witness":         "witnesses",
 	"fence-held-back": "held back",
 	"fence-requested": "requested",
 	"release":         "released",

@@ -10,9 +10,15 @@
 //     node.kubernetes.io/out-of-service=nodeshutdown:NoExecute the moment its Ready condition
 //     stops being True.
 //
-// The failure is the same each round: every process of the node running the pod is SIGKILLed
-// while its BMC still says on. kube-controller-manager and nodefence share --grace as their
-// node-monitor grace period. The LAST line of output is one JSON object.
+// Two rows, each on its own cluster bring-up: first the DEFAULTS row — kube-controller-manager on
+// its own defaults and nodefence with nothing but what deploy/ ships (nfcluster.Options.Shipped) —
+// with the manual taint beside it; then the short-settings row, where kube-controller-manager and
+// nodefence share --grace as their node-monitor grace period, with the manual taint and Kubernetes
+// alone beside it. Each nodefence round prints its phases (seconds from the kill): the agent's last
+// contact, the kubelet's last Lease renewal, both witnesses judged silent, the decision, the driver
+// call, the confirmed power-off, the out-of-service taint, the old pod deleted, the new pod
+// scheduled and Running. The failure is the same each round: every process of the node running the
+// pod is SIGKILLed while its BMC still says on. The LAST line of output is one JSON object.
 package main
 
 import (
@@ -38,8 +44,21 @@ import (
 )
 
 type result struct {
-	Bench            string    `json:"bench"`
-	Rounds           int       `json:"rounds"`
+	Bench  string `json:"bench"`
+	Rounds int    `json:"rounds"`
+	// The defaults row.
+	DefaultsP50        float64            `json:"defaults_p50_s"`
+	DefaultsMax        float64            `json:"defaults_max_s"`
+	DefaultsEach       []float64          `json:"defaults_each_s"`
+	DefaultsPhasesP50  map[string]float64 `json:"defaults_phase_p50_s"`
+	DefaultsManualP50  float64            `json:"defaults_manual_taint_p50_s"`
+	DefaultsManualMax  float64            `json:"defaults_manual_taint_max_s"`
+	DefaultsManualEach []float64          `json:"defaults_manual_taint_each_s"`
+	DefaultsGoalP50S   float64            `json:"defaults_goal_p50_s"`
+	DefaultsGoalMaxS   float64            `json:"defaults_goal_max_s"`
+	DefaultsGoalMet    bool               `json:"defaults_goal_met"`
+	ShortPhasesP50     map[string]float64 `json:"short_phase_p50_s"`
+	// The short-settings row.
 	GraceS           float64   `json:"grace_s"`
 	FenceTimeoutS    float64   `json:"fence_timeout_s"`
 	NodefenceP50     float64   `json:"nodefence_p50_s"`
@@ -60,6 +79,7 @@ type options struct {
 	grace, fenceTimeout time.Duration
 	aloneWait           time.Duration
 	binDir, dir         string
+	defaults, short     bool
 }
 
 func main() {
@@ -70,6 +90,8 @@ func main() {
 	flag.DurationVar(&o.aloneWait, "alone-wait", 330*time.Second, "how long to wait for Kubernetes alone (past the default 300 s toleration of unreachable nodes)")
 	flag.StringVar(&o.binDir, "bin", "bin", "directory with coordinator, node-agent, fence-driver, fencectl (make build)")
 	flag.StringVar(&o.dir, "dir", "", "working directory (default: a new temporary directory, removed at the end)")
+	flag.BoolVar(&o.defaults, "defaults", true, "run the defaults row (kube-controller-manager's and nodefence's shipped settings)")
+	flag.BoolVar(&o.short, "short", true, "run the short-settings row (--grace, --fence-timeout) with Kubernetes alone")
 	flag.Parse()
 	if o.rounds < 1 || o.rounds > 10 || o.grace < 5*time.Second || o.fenceTimeout < 0 || o.aloneWait < time.Second {
 		fmt.Fprintln(os.Stderr, "bench-recovery-cluster: --rounds 1..10, --grace >= 5s, --fence-timeout >= 0, --alone-wait >= 1s")
@@ -85,7 +107,7 @@ func main() {
 }
 
 func run(o options) (*result, error) {
-	budget := time.Duration(2*o.rounds)*(3*o.grace+90*time.Second) + o.aloneWait + 5*time.Minute
+	budget := time.Duration(4*o.rounds)*(3*o.grace+3*time.Minute) + o.aloneWait + 10*time.Minute
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if o.dir == "" {
@@ -100,47 +122,87 @@ func run(o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.binDir = bin
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster"), NodeMonitorGracePeriod: o.grace, NodeMonitorPeriod: 2 * time.Second}, log)
+	res := &result{Bench: "recovery-cluster", Rounds: o.rounds, GraceS: o.grace.Seconds(), FenceTimeoutS: o.fenceTimeout.Seconds()}
+	if o.defaults {
+		if err := defaultsRow(ctx, o, log, res); err != nil {
+			return nil, fmt.Errorf("defaults row: %w", err)
+		}
+	}
+	if o.short {
+		if err := shortRow(ctx, o, log, res); err != nil {
+			return nil, fmt.Errorf("short-settings row: %w", err)
+		}
+	}
+	return res, nil
+}
+
+// Goals of the defaults row (issue 25): from the death to the pod Running elsewhere.
+const (
+	defaultsGoalP50 = 30.0
+	defaultsGoalMax = 40.0
+)
+
+// defaultsRow runs nodefence on the shipped settings and the manual taint on a cluster whose
+// kube-controller-manager keeps its own defaults.
+func defaultsRow(ctx context.Context, o options, log *slog.Logger, res *result) error {
+	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster-defaults")}, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer c.Down()
-	b := &bench{o: o, c: c, log: log}
-	if b.admin, err = c.Admin(); err != nil {
-		return nil, err
-	}
-	res := &result{Bench: "recovery-cluster", Rounds: o.rounds, GraceS: o.grace.Seconds(), FenceTimeoutS: o.fenceTimeout.Seconds()}
-
-	d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: bin, Dir: filepath.Join(o.dir, "nodefence"), Grace: o.grace, FenceTimeout: o.fenceTimeout, Log: log})
+	b, err := newBench(o, c, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for i := 1; i <= o.rounds; i++ {
-		if err := d.WaitAgents(ctx, 90*time.Second); err != nil {
-			d.Stop()
-			return nil, err
-		}
-		s, ok, err := b.round(ctx, fmt.Sprintf("nf-%d", i), 3*o.grace+90*time.Second, false)
-		if err != nil || !ok {
-			d.Stop()
-			return nil, fmt.Errorf("nodefence round %d: recovered=%v: %v", i, ok, err)
-		}
-		fmt.Fprintf(os.Stderr, "nodefence round %d: %.2f s\n", i, s)
-		res.NodefenceEach = append(res.NodefenceEach, s)
+	d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: o.binDir, Dir: filepath.Join(o.dir, "nodefence-defaults"), Shipped: true, Log: log})
+	if err != nil {
+		return err
 	}
+	each, phases, err := b.nodefenceRounds(ctx, d, "defaults", 3*time.Minute)
 	d.Stop()
-	for i := 1; i <= o.rounds; i++ {
-		s, ok, err := b.round(ctx, fmt.Sprintf("manual-%d", i), 3*o.grace+90*time.Second, true)
-		if err != nil || !ok {
-			return nil, fmt.Errorf("manual-taint round %d: recovered=%v: %v", i, ok, err)
-		}
-		fmt.Fprintf(os.Stderr, "manual taint round %d: %.2f s\n", i, s)
-		res.ManualTaintEach = append(res.ManualTaintEach, s)
+	if err != nil {
+		return err
+	}
+	res.DefaultsEach, res.DefaultsP50, res.DefaultsMax, res.DefaultsPhasesP50 = each, p50(each), maxOf(each), phaseMedians(phases)
+	if res.DefaultsManualEach, err = b.manualRounds(ctx, "defaults-manual", 4*time.Minute); err != nil {
+		return err
+	}
+	res.DefaultsManualP50, res.DefaultsManualMax = p50(res.DefaultsManualEach), maxOf(res.DefaultsManualEach)
+	res.DefaultsGoalP50S, res.DefaultsGoalMaxS = defaultsGoalP50, defaultsGoalMax
+	res.DefaultsGoalMet = res.DefaultsP50 <= defaultsGoalP50 && res.DefaultsMax <= defaultsGoalMax
+	return nil
+}
+
+// shortRow is the short-settings row: kube-controller-manager and nodefence on --grace, nodefence
+// on --fence-timeout, then the manual taint and Kubernetes alone.
+func shortRow(ctx context.Context, o options, log *slog.Logger, res *result) error {
+	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster"), NodeMonitorGracePeriod: o.grace, NodeMonitorPeriod: 2 * time.Second}, log)
+	if err != nil {
+		return err
+	}
+	defer c.Down()
+	b, err := newBench(o, c, log)
+	if err != nil {
+		return err
+	}
+	d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: o.binDir, Dir: filepath.Join(o.dir, "nodefence"), Grace: o.grace, FenceTimeout: o.fenceTimeout, Log: log})
+	if err != nil {
+		return err
+	}
+	each, phases, err := b.nodefenceRounds(ctx, d, "nf", 3*o.grace+90*time.Second)
+	d.Stop()
+	if err != nil {
+		return err
+	}
+	res.NodefenceEach, res.ShortPhasesP50 = each, phaseMedians(phases)
+	if res.ManualTaintEach, err = b.manualRounds(ctx, "manual", 3*o.grace+90*time.Second); err != nil {
+		return err
 	}
 	s, ok, err := b.round(ctx, "alone", o.aloneWait, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res.AloneRecovered, res.AloneWaitedS = ok, o.aloneWait.Seconds()
 	if ok {
@@ -153,7 +215,48 @@ func run(o options) (*result, error) {
 	res.ManualTaintP50, res.ManualTaintMax = p50(res.ManualTaintEach), maxOf(res.ManualTaintEach)
 	res.NodefenceGoalS = o.grace.Seconds() + o.fenceTimeout.Seconds() + 10
 	res.NodefenceGoalMet = res.NodefenceP50 <= res.NodefenceGoalS && res.NodefenceP50 < res.ManualTaintP50
-	return res, nil
+	return nil
+}
+
+func newBench(o options, c *cluster.Cluster, log *slog.Logger) (*bench, error) {
+	b := &bench{o: o, c: c, log: log}
+	var err error
+	b.admin, err = c.Admin()
+	return b, err
+}
+
+// nodefenceRounds runs o.rounds rounds with nodefence deployed, each with its phases.
+func (b *bench) nodefenceRounds(ctx context.Context, d *nfcluster.Deployment, name string, timeout time.Duration) ([]float64, []phases, error) {
+	var each []float64
+	var all []phases
+	for i := 1; i <= b.o.rounds; i++ {
+		if err := d.WaitAgents(ctx, 90*time.Second); err != nil {
+			return nil, nil, err
+		}
+		b.d = d
+		s, ok, err := b.round(ctx, fmt.Sprintf("%s-%d", name, i), timeout, false)
+		b.d = nil
+		if err != nil || !ok {
+			return nil, nil, fmt.Errorf("nodefence round %d: recovered=%v: %v", i, ok, err)
+		}
+		fmt.Fprintf(os.Stderr, "%s round %d: %.2f s; phases %s\n", name, i, s, b.last)
+		each, all = append(each, s), append(all, b.last)
+	}
+	return each, all, nil
+}
+
+// manualRounds runs o.rounds rounds of the operator's taint script.
+func (b *bench) manualRounds(ctx context.Context, name string, timeout time.Duration) ([]float64, error) {
+	var each []float64
+	for i := 1; i <= b.o.rounds; i++ {
+		s, ok, err := b.round(ctx, fmt.Sprintf("%s-%d", name, i), timeout, true)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("manual-taint round %d: recovered=%v: %v", i, ok, err)
+		}
+		fmt.Fprintf(os.Stderr, "%s round %d: %.2f s\n", name, i, s)
+		each = append(each, s)
+	}
+	return each, nil
 }
 
 type bench struct {
@@ -161,6 +264,8 @@ type bench struct {
 	c     *cluster.Cluster
 	admin *kubernetes.Clientset
 	log   *slog.Logger
+	d     *nfcluster.Deployment // set during nodefence rounds: their phases are read from it
+	last  phases                // the phases of the latest nodefence round
 }
 
 // round creates a writer, kills the node it runs on and measures until the writer runs on
@@ -187,14 +292,20 @@ func (b *bench) round(ctx context.Context, name string, timeout time.Duration, t
 	if taint {
 		go b.operator(rctx, victim.Name)
 	}
+	deleted := make(chan time.Time, 1)
+	go b.watchDeleted(rctx, w, pod.UID, deleted)
 	np, err := w.RunningPod(ctx, pod.UID, timeout)
 	if err != nil {
 		return 0, false, nil
 	}
+	running := time.Now()
 	if np.Spec.NodeName == victim.Name {
 		return 0, false, fmt.Errorf("the new pod runs on the dead node %s", victim.Name)
 	}
-	return math.Round(time.Since(t0).Seconds()*100) / 100, true, nil
+	if b.d != nil {
+		b.last = b.phasesOf(ctx, victim.Name, t0, deleted, np, running)
+	}
+	return math.Round(running.Sub(t0).Seconds()*100) / 100, true, nil
 }
 
 // operator is the on-call operator's script: poll the Node every 500 ms and taint it
