@@ -83,7 +83,7 @@ func (m *Metrics) ObserveFence(f *coordv1.NodeFence) {
 
 // Recovery phases (nodefence_recovery_seconds{phase}).
 const (
-	RecoveryNotReady     = "not-ready"     // judged not ready (the grace period ended)
+	RecoveryNotReady     = "not-ready"     // judged failed: not ready past the grace, or (--fence-detect witnesses) both witnesses silent past their windows
 	RecoveryDecision     = "decision"      // the automatic fence decided (record created)
 	RecoveryConfirmedOff = "confirmed-off" // a driver's read-back confirmed the node off
 	RecoveryReleased     = "released"      // its pods released (Kubernetes mode)

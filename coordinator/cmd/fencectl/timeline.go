@@ -15,7 +15,7 @@ import (
 
 const timelineHelp = `The node's newest fence record and its audit trail, merged into phases in time order: for an
 automatic fence the node's last witness contact (where the recovery's clock starts), when it was
-judged not ready (after the grace period), every time the storm guard or a policy held the fence
+judged failed (both witnesses silent past their windows, or not ready after the grace period), every time the storm guard or a policy held the fence
 back, the decision, each driver call and its read-back, the confirmed power-off, the release of its
 pods (Kubernetes mode) and the end. SINCE counts from the first phase, so an operator can tell which
 wait a recovery spent its time in. The phases of nodefence_recovery_seconds are the same.`
@@ -112,7 +112,7 @@ func timelinePhases(rec *coordv1.NodeFence, audit []*coordv1.AuditEntry) []phase
 		}
 	}
 	add(rec.LastContactAt, "last contact", "the node's last witness contact (agent or kubelet): the recovery's clock starts")
-	add(rec.NotReadySince, "not ready", "judged not ready: no witness within the grace period (--node-monitor-grace-period)")
+	add(rec.NotReadySince, "judged failed", "the fence clock started: agent and kubelet silent past their own windows (--fence-detect witnesses), or not ready past --node-monitor-grace-period and released by the zone's pacing (grace); the fence timeout counts from here")
 	decided := "requested by " + rec.RequestedBy + ": " + rec.Reason
 	if rec.Automatic {
 		decided = "automatic fence decided after the fence timeout (--fence-timeout) and the storm guard's settle window: " + strings.Join(rec.Evidence, "; ")

@@ -35,7 +35,7 @@ func TestTimelinePhases(t *testing.T) {
 	for _, p := range timelinePhases(rec, audit) {
 		got = append(got, p.At.Sub(t0).String()+" "+p.Phase)
 	}
-	want := "0s last contact|20s not ready|21s held back|22.5s decision|22.6s driver call|23.4s driver answer|23.4s confirmed off|23.5s finished|25s released"
+	want := "0s last contact|20s judged failed|21s held back|22.5s decision|22.6s driver call|23.4s driver answer|23.4s confirmed off|23.5s finished|25s released"
 	if g := strings.Join(got, "|"); g != want {
 		t.Fatalf("timeline\n got %s\nwant %s", g, want)
 	}
