@@ -81,7 +81,7 @@ func (e *Engine) configureModes(n *node, in Configured) {
 			n.floor = in.At
 		}
 		n.guardClearSince, n.wouldFence = time.Time{}, false
-		e.event(in.At, "fence-mode", n.name, "node %s: fence mode observe -> enforce: a fresh grace period from now; nothing decided while observing is acted on", n.name)
+		e.event(in.At, "fence-mode", n.name, "node %s: fence mode observe -> enforce: a fresh grace period (and fresh witness windows) from now; nothing decided while observing is acted on", n.name)
 	case !was && now:
 		e.event(in.At, "fence-mode", n.name, "node %s: fence mode enforce -> observe: automatic fences are recorded as would fence, nothing is switched", n.name)
 	}

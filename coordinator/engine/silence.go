@@ -105,13 +105,20 @@ func (e *Engine) silentAt(n *node, now time.Time) (time.Time, string) {
 		return time.Time{}, ""
 	}
 	w := e.witnessed(n)
-	if f := e.graceFloor(n); f.After(w.Since) {
+	if f := e.silenceFloor(n); f.After(w.Since) {
 		w.Since = f
 	}
-	if e.kubeletResumed.After(w.Since) {
-		w.Since = e.kubeletResumed
-	}
 	return e.proofRule().SilentAt(w)
+}
+
+// silenceFloor is the latest fresh start of n's witnesses' silence: its grace floor (a new term,
+// the apiserver readable again, the end of observe mode) or the resumption of kubelet heartbeats.
+func (e *Engine) silenceFloor(n *node) time.Time {
+	f := e.graceFloor(n)
+	if e.kubeletResumed.After(f) {
+		f = e.kubeletResumed
+	}
+	return f
 }
 
 // judgeSilence keeps n's fast-detection state: when both witnesses went silent, and the end of the
@@ -121,6 +128,11 @@ func (e *Engine) judgeSilence(n *node, now time.Time) {
 	if !e.fastDetect() || n.shuttingDown {
 		n.silentSince, n.silentWhy = time.Time{}, ""
 		return
+	}
+	if floor := e.silenceFloor(n); !n.silentSince.IsZero() && n.silentJudged.Before(floor) {
+		// A fresh start (a new term's, the apiserver readable again, kubelet heartbeats resumed, the
+		// node out of observe mode): silence judged before it is no evidence now.
+		n.silentSince, n.silentJudged, n.silentWhy = time.Time{}, time.Time{}, ""
 	}
 	at, why := e.silentAt(n, now)
 	silent := !at.IsZero() && !now.Before(at)
