@@ -328,14 +328,24 @@ func (b *bench) operator(ctx context.Context, node string) {
 	}
 }
 
-// restore powers every node on (through its BMC), removes out-of-service taints and NodeFence
-// leftovers are none of its business; it waits until every node is Ready.
+// restore powers every node on, removes out-of-service taints and waits until every node is
+// Ready. With nodefence deployed it powers a node on as an operator does, with `fencectl unfence`:
+// a power-on that nodefence records, so the node's confirmed power-off no longer stands (a node
+// powered on behind nodefence's back stays counted as fenced, and holds the next round's fence
+// back); otherwise through its BMC.
 func (b *bench) restore(ctx context.Context) {
 	for _, n := range b.c.Nodes {
-		if !n.Running() {
-			if err := ipmisim.IpmitoolChassisPower(ctx, n.BMC.Port, cluster.BMCUser, b.c.BMCPassword(), "on"); err != nil {
-				b.log.Error("power on", "node", n.Name, "err", err)
+		if n.Running() {
+			continue
+		}
+		if b.d != nil {
+			if out, err := b.d.Fencectl(ctx, "unfence", n.Name); err != nil {
+				b.log.Error("unfence", "node", n.Name, "err", err, "out", out)
 			}
+			continue
+		}
+		if err := ipmisim.IpmitoolChassisPower(ctx, n.BMC.Port, cluster.BMCUser, b.c.BMCPassword(), "on"); err != nil {
+			b.log.Error("power on", "node", n.Name, "err", err)
 		}
 	}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
