@@ -70,6 +70,9 @@ type FenceRequest struct {
 	// Observe marks a decision made in observe mode: the caller records it as would fence
 	// (fencing.ObservedRecord) and never executes it.
 	Observe bool
+	// Silent marks a decision made on the witnesses' silence (fast detection): NotReadySince is
+	// then when both fell silent past their windows.
+	Silent bool
 }
 
 // Skip records that automatic fencing of a node was held back, and why. Kind is one of fenced,
@@ -177,7 +180,8 @@ func (e *Engine) request(n *node, z *zone, now time.Time) {
 			ev = append(ev, fmt.Sprintf("last %s=%d", sig, v))
 		}
 	}
-	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: since, At: now, Observe: observe}
+	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: since, At: now, Observe: observe,
+		Silent: !n.silentSince.IsZero() && since.Equal(n.silentSince)}
 	if e.dumping(n, now) {
 		req.KdumpSince = n.kdumpFirst
 		req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))

@@ -118,7 +118,7 @@ func (h *harness) autoFences(reqs []FenceRequest) []string {
 		if !ok {
 			continue
 		}
-		auto := fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()}
+		auto := fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Silent: req.Silent}
 		if req.Observe {
 			// Observe mode: the record says would fence and is finished when written.
 			out = append(out, h.create(fencing.ObservedRecord(auto, h.plan(req.Node), h.fence.epoch, h.now))...)

@@ -49,20 +49,30 @@ type AutoRequest struct {
 	// LastContact and NotReadySince are the engine's: the node's last witness contact and when it
 	// was judged not ready (zero: unknown).
 	LastContact, NotReadySince time.Time
+	// Silent is set when the decision was made on the witnesses' silence (the engine's fast
+	// detection) rather than on the node's readiness.
+	Silent bool
 }
 
 // AutoRebootReason is the reason of an automatic power cycle.
 const AutoRebootReason = "node condition trigger: alive but broken"
 
-// AutoReason is the reason of every automatic fence record.
-const AutoReason = "node not ready past the fence timeout"
+// AutoReason is the reason of an automatic fence record decided on the node's readiness, and
+// AutoSilentReason of one decided on its witnesses' silence (AutoRequest.Silent).
+const (
+	AutoReason       = "node not ready past the fence timeout"
+	AutoSilentReason = "agent and kubelet silent past their own windows and the fence timeout"
+)
 
 // AutoRecord returns the record an automatic fence creates under the leader's epoch: a power-off
 // requested by the coordinator, held back by the node's delay.
 func AutoRecord(req AutoRequest, plan func(string) ([]fenceconfig.Resolved, error), delay time.Duration, epoch int64, now time.Time) *coordv1.NodeFence {
 	action, reason := coordv1.FenceAction_FENCE_ACTION_OFF, AutoReason
-	if req.Reboot {
+	switch {
+	case req.Reboot:
 		action, reason = coordv1.FenceAction_FENCE_ACTION_REBOOT, AutoRebootReason
+	case req.Silent:
+		reason = AutoSilentReason
 	}
 	rec := NewRecord(NewID(req.Node, now), req.Node, action, plan, delay, now)
 	rec.Reason, rec.RequestedBy, rec.Automatic, rec.Epoch = reason, "coordinator", true, epoch
