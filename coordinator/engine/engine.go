@@ -115,13 +115,13 @@ const (
 	DefaultKdumpIdle    = 30 * time.Second
 	DefaultKdumpTimeout = 10 * time.Minute
 	// Automatic fencing is on by default: a node whose agent and kubelet have both been silent
-	// past their own windows for five more seconds (Kubernetes mode; in standalone mode: not ready
-	// past the grace and released by its zone's pacing five seconds ago) is fenced, unless more than
+	// past their own windows for three more seconds (Kubernetes mode; in standalone mode: not ready
+	// past the grace and released by its zone's pacing three seconds ago) is fenced, unless more than
 	// half of the cluster or zone is not ready, or its zone used its three fences in ten minutes.
 	// The timeout is a margin on top of the witnesses' windows, not a wait: each window already
 	// spans more than one missed heartbeat (the agent's three, the kubelet's two renewals).
 	DefaultFenceEnabled           = true
-	DefaultFenceTimeout           = 5 * time.Second
+	DefaultFenceTimeout           = 3 * time.Second
 	DefaultMaxUnresponsivePercent = 50.0
 	DefaultFenceBudget            = 3
 	DefaultFenceBudgetWindow      = 10 * time.Minute

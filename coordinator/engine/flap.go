@@ -14,8 +14,8 @@ type flap struct {
 
 // cameBack is what a node coming back at now keeps of the episode that ends.
 func cameBack(n *node, now time.Time) flap {
-	if n.notReadySince.IsZero() {
-		return flap{}
+	if n.notReadySince.IsZero() || n.fenceRequested || n.wouldFence {
+		return flap{} // never not ready, or the episode ended with its fence: nothing to keep
 	}
 	f := flap{notReadySince: n.notReadySince, releasedAt: n.releasedAt, back: now}
 	if n.flap.kept { // an episode that itself kept earlier evidence passes the first one on

@@ -140,7 +140,7 @@ func (e *Engine) judgeSilence(n *node, now time.Time) {
 	switch {
 	case silent && n.silentSince.IsZero():
 		n.silentSince, n.silentJudged, n.silentWhy = at, at, why
-		if w := e.cfg.Fence.FlapWindow; w > 0 && !n.silentBack.IsZero() && e.contact(n).Sub(n.silentBack) <= w && n.silentEarlier.Before(at) {
+		if w := e.cfg.Fence.FlapWindow; w > 0 && !n.silentEarlier.IsZero() && e.contact(n).Sub(n.silentBack) <= w && n.silentEarlier.Before(at) {
 			n.silentSince = n.silentEarlier
 			e.event(now, "witness", n.name, "node %s: agent and kubelet silent past their windows again (%s), %s after coming back: keeps its earlier evidence (silent since %s)",
 				n.name, why, e.contact(n).Sub(n.silentBack).Round(time.Second), n.silentSince.UTC().Format(time.RFC3339))
@@ -150,6 +150,9 @@ func (e *Engine) judgeSilence(n *node, now time.Time) {
 			n.name, at.UTC().Format(time.RFC3339), why)
 	case !n.silentSince.IsZero() && heard:
 		n.silentEarlier, n.silentBack = n.silentSince, now
+		if n.fenceRequested || n.wouldFence {
+			n.silentEarlier = time.Time{} // fenced (or observed so): the episode ended with its fence
+		}
 		n.silentSince, n.silentWhy = time.Time{}, ""
 		e.event(now, "witness", n.name, "node %s: a witness is heard again: no longer silent", n.name)
 		if n.readiness == coordv1.Readiness_READINESS_READY {
