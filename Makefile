@@ -137,7 +137,7 @@ cluster-down:
 	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
 	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) down
 
-# run-tools: the tools the README's "Calling it" uses besides bin/ (curl comes with deps).
+# run-tools: the tools the README tour and docs/testbed.md's "Calling it" use besides bin/ (curl comes with deps).
 run-tools:
 	$(call tool,grpcurl,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION))
 
