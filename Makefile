@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: promtool run-tools run-deps chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
+.PHONY: promtool run-tools run-deps chaos bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down docs
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -98,6 +98,11 @@ lint: tools
 		buf breaking --against '.git#branch=main'; \
 	fi
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null | grep -v '\.pb\.go$$'))" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+
+# docs: the flag reference at the end of docs/configuration.md, from the programs' -h
+# (testbed/cmd/flagdoc; its test fails when the page is stale).
+docs:
+	$(GO) run ./testbed/cmd/flagdoc
 
 # check-generated: the committed generated code must be exactly what `make generate` produces.
 check-generated: tools
