@@ -127,9 +127,19 @@ promtool:
 		cd testbed/tools/promtool && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$(PROMTOOL_BIN).tmp" github.com/prometheus/prometheus/cmd/promtool && mv "$(PROMTOOL_BIN).tmp" "$(PROMTOOL_BIN)"; \
 	fi
 
+# test: go test's events are kept in bin/test.json; testreport shows them as plain `go test` would
+# (ok/FAIL per package, failing tests' output) and, at the very end, the ten slowest tests. The
+# exit code is go test's (pipefail), then the demo's; the demo runs only after the tests passed.
+TEST_JSON := $(BIN)/test.json
 test: deps tools check-generated lint kube-assets promtool
-	$(GO) test -race -count=1 -timeout 30m ./...
-	$(MAKE) demo
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/testreport ./testbed/cmd/testreport
+	@echo "$(GO) test -race -count=1 -timeout 30m -json ./... (events in $(TEST_JSON))"
+	@set -o pipefail; rc=0; \
+	$(GO) test -race -count=1 -timeout 30m -json ./... | tee $(TEST_JSON) | $(BIN)/testreport || rc=$$?; \
+	if [ $$rc = 0 ]; then $(MAKE) demo || rc=$$?; fi; \
+	$(BIN)/testreport -slowest 10 < $(TEST_JSON); \
+	exit $$rc
 
 # cluster: the testbed's multi-node Kubernetes (3 nodes, each in its own network namespace with its own
 # containerd and kubelet, and a BMC that really powers it) in the background; prints how to use kubectl.
