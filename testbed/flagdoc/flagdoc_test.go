@@ -1,44 +1,10 @@
-package main
+package flagdoc
 
 import (
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 )
-
-// The committed flag reference is what the programs' help says today: a flag added, removed or
-// reworded without `make docs` fails here, as a stale generated file fails check-generated.
-func TestConfigurationReferenceFresh(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binaries")
-	}
-	root, err := filepath.Abs("../../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	generated, err := Generate(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, err := os.ReadFile(filepath.Join(root, Page))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := Splice(string(page), generated)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want != string(page) {
-		t.Fatalf("%s is stale: run `make docs` (go run ./testbed/cmd/flagdoc); the reference should read:\n%s", Page, generated)
-	}
-	for _, f := range []string{"`--listen`", "`--node-monitor-grace-period`", "`--eviction-hard`", "`--driver`"} {
-		if !strings.Contains(generated, f) {
-			t.Errorf("the reference has no %s", f)
-		}
-	}
-}
 
 func TestParseHelp(t *testing.T) {
 	help := "Usage of x:\n" +
