@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.8.2
 BINARIES := coordinator node-agent fence-driver fencectl nodefence-testbed bench-ingest bench-failover
 APT_PACKAGES := openipmi ipmitool fence-agents dbus snmpsim snmp telnet containerd runc busybox-static containernetworking-plugins gcc curl
 
-.PHONY: promtool run-tools run-deps chaos chaos-cluster bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down
+.PHONY: promtool run-tools run-deps chaos chaos-cluster bench-failover images kube-assets build tools deps generate lint check-generated test run demo clean bench bench-ingest bench-agent bench-drivers bench-recovery bench-pressure cluster cluster-down docs
 
 # VERSION is stamped into every binary (`<binary> --version`, services/buildinfo) and names the
 # images; the same commit gives the same VERSION, so builds stay reproducible.
@@ -99,6 +99,11 @@ lint: tools
 	fi
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null | grep -v '\.pb\.go$$'))" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
+# docs: the flag reference at the end of docs/configuration.md, from the programs' -h
+# (testbed/cmd/flagdoc; its test fails when the page is stale).
+docs:
+	$(GO) run ./testbed/cmd/flagdoc
+
 # check-generated: the committed generated code must be exactly what `make generate` produces.
 check-generated: tools
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
@@ -122,9 +127,19 @@ promtool:
 		cd testbed/tools/promtool && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$(PROMTOOL_BIN).tmp" github.com/prometheus/prometheus/cmd/promtool && mv "$(PROMTOOL_BIN).tmp" "$(PROMTOOL_BIN)"; \
 	fi
 
+# test: go test's events are kept in bin/test.json; testreport shows them as plain `go test` would
+# (ok/FAIL per package, failing tests' output) and, at the very end, the ten slowest tests. The
+# exit code is go test's (pipefail), then the demo's; the demo runs only after the tests passed.
+TEST_JSON := $(BIN)/test.json
 test: deps tools check-generated lint kube-assets promtool
-	$(GO) test -race -count=1 -timeout 30m ./...
-	$(MAKE) demo
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/testreport ./testbed/cmd/testreport
+	@echo "$(GO) test -race -count=1 -timeout 30m -json ./... (events in $(TEST_JSON))"
+	@set -o pipefail; rc=0; \
+	$(GO) test -race -count=1 -timeout 30m -json ./... | tee $(TEST_JSON) | $(BIN)/testreport || rc=$$?; \
+	if [ $$rc = 0 ]; then $(MAKE) demo || rc=$$?; fi; \
+	$(BIN)/testreport -slowest 10 < $(TEST_JSON); \
+	exit $$rc
 
 # cluster: the testbed's multi-node Kubernetes (3 nodes, each in its own network namespace with its own
 # containerd and kubelet, and a BMC that really powers it) in the background; prints how to use kubectl.
@@ -137,7 +152,7 @@ cluster-down:
 	$(GO) build -o $(BIN)/testbed-cluster ./testbed/cmd/testbed-cluster
 	$(BIN)/testbed-cluster $(CLUSTER_FLAGS) down
 
-# run-tools: the tools the README's "Calling it" uses besides bin/ (curl comes with deps).
+# run-tools: the tools the README tour and docs/testbed.md's "Calling it" use besides bin/ (curl comes with deps).
 run-tools:
 	$(call tool,grpcurl,github.com/fullstorydev/grpcurl/cmd/grpcurl,$(GRPCURL_VERSION))
 

@@ -579,19 +579,6 @@ func (e *Engine) Zones() []*coordv1.Zone {
 	return out
 }
 
-// Witnesses counts the nodes whose agent alone, or kubelet alone, is down (Kubernetes mode).
-func (e *Engine) Witnesses() (agentDown, kubeletDown int) {
-	for _, n := range e.order {
-		if n.agentDown {
-			agentDown++
-		}
-		if n.kubeletDown {
-			kubeletDown++
-		}
-	}
-	return agentDown, kubeletDown
-}
-
 // ZoneOf returns a node's zone key and state.
 func (e *Engine) ZoneOf(name string) (string, coordv1.ZoneState, bool) {
 	n, ok := e.nodes[name]

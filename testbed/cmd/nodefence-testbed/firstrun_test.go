@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,8 +22,8 @@ import (
 )
 
 // TestFirstRun starts the testbed as `make run` does (the built binary, its default run directory
-// bin/run, ports from $NODEFENCE_TESTBED_PORT_BASE), runs every command of the README's "Calling it"
-// block as written there, crashes a node from the console through it, and then stops the testbed
+// bin/run, ports from $NODEFENCE_TESTBED_PORT_BASE), runs every command of the README's tour and then
+// of docs/testbed.md's "Calling it" as written there, crashes a node from the console through the tour, and then stops the testbed
 // every way a user can: Ctrl-C, SIGTERM, SIGHUP, SIGKILL, Ctrl-C with stdout a closed pipe, Ctrl-C
 // while starting. Each time no process it started may survive (checked by PID) and the run directory
 // must be gone (after SIGKILL: cleared by the next start).
@@ -157,15 +158,28 @@ func TestFirstRun(t *testing.T) {
 	})
 }
 
-// runReadme runs each command of the README's "Calling it" sh block, in root (a checkout's layout),
-// each after the block's `. FILE` lines, and checks the block sources the env file and crashes a
-// node whose BMC then reads off.
+// The sections whose sh blocks TestFirstRun runs, in this order: the README's tour (which must stay
+// a tour: at most tourMaxLines command lines), then the rest of the commands in docs/testbed.md.
+const (
+	tourSection     = "## A tour of `make run`"
+	callingSection  = "## Calling it"
+	tourMaxLines    = 10
+	callingItMinLen = 5
+)
+
+// runReadme runs each command of the README's tour and then of docs/testbed.md's "Calling it", in
+// root (a checkout's layout), each after the `. FILE` lines before it, and checks the tour sources the
+// env file and crashes a node whose BMC then reads off.
 func runReadme(t *testing.T, repo, root, runDir string) {
-	readme, err := os.ReadFile(filepath.Join(repo, "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	tour := shLines(t, filepath.Join(repo, "README.md"), tourSection)
+	if len(tour) > tourMaxLines {
+		t.Errorf("the README's tour has %d command lines; a tour has at most %d (move the rest to docs/testbed.md)", len(tour), tourMaxLines)
 	}
-	lines := callingIt(t, string(readme))
+	more := shLines(t, filepath.Join(repo, "docs", "testbed.md"), callingSection)
+	if len(more) < callingItMinLen {
+		t.Fatalf("docs/testbed.md's Calling it has only %d command lines", len(more))
+	}
+	lines := append(tour, more...)
 	// grpcurl must come from the env file's PATH, not from the caller's (make exports bin/tools).
 	var path []string
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
@@ -176,13 +190,15 @@ func runReadme(t *testing.T, repo, root, runDir string) {
 	env := []string{"PATH=" + strings.Join(path, ":"), "HOME=" + os.Getenv("HOME")}
 	var setup []string
 	sourced, crashed := false, ""
-	for _, line := range lines {
+	for i, line := range lines {
 		if strings.HasPrefix(line, ". ") || strings.HasPrefix(line, "source ") {
-			setup = append(setup, line)
-			sourced = sourced || strings.Contains(line, "bin/run/env")
+			if !slices.Contains(setup, line) {
+				setup = append(setup, line)
+			}
+			sourced = sourced || i < len(tour) && strings.Contains(line, "bin/run/env")
 			continue
 		}
-		if m := regexp.MustCompile(`nodefence-testbed crash (\S+)`).FindStringSubmatch(line); m != nil {
+		if m := regexp.MustCompile(`nodefence-testbed crash (\S+)`).FindStringSubmatch(line); m != nil && i < len(tour) {
 			crashed = m[1]
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -192,16 +208,16 @@ func runReadme(t *testing.T, repo, root, runDir string) {
 		out, err := cmd.CombinedOutput()
 		cancel()
 		if err != nil {
-			t.Errorf("README command failed (%v):\n  %s\n%s", err, line, out)
+			t.Errorf("command of the README tour or docs/testbed.md failed (%v):\n  %s\n%s", err, line, out)
 			continue
 		}
 		t.Logf("ok in %s: %s", time.Since(start).Round(time.Millisecond), line)
 	}
 	if !sourced {
-		t.Error("the README's Calling it block does not source bin/run/env")
+		t.Error("the README's tour does not source bin/run/env")
 	}
 	if crashed == "" {
-		t.Fatal("the README's Calling it block has no `nodefence-testbed crash NODE`")
+		t.Fatal("the README's tour has no `nodefence-testbed crash NODE`")
 	}
 	power, err := os.ReadFile(filepath.Join(runDir, "bmc-"+crashed, "state", "power"))
 	if err != nil || strings.TrimSpace(string(power)) != "0" {
@@ -231,31 +247,38 @@ func runReadme(t *testing.T, repo, root, runDir string) {
 	}
 }
 
-// callingIt returns the command lines of the first sh block under "## Calling it": comments and
-// blank lines dropped.
-func callingIt(t *testing.T, readme string) []string {
-	_, section, ok := strings.Cut(readme, "\n## Calling it\n")
+// shLines returns the command lines of every sh block in the file's section (a "## " heading to the
+// next): comments and blank lines dropped.
+func shLines(t *testing.T, path, heading string) []string {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(text), "\n"+heading+"\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Calling it" section`)
+		t.Fatalf("%s has no %q section", path, heading)
 	}
 	if i := strings.Index(section, "\n## "); i >= 0 {
 		section = section[:i]
 	}
-	_, block, ok := strings.Cut(section, "\n```sh\n")
-	if !ok {
-		t.Fatal(`README.md's "Calling it" has no sh block`)
-	}
-	block, _, _ = strings.Cut(block, "\n```")
 	var lines []string
-	for _, l := range strings.Split(block, "\n") {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
-			lines = append(lines, l)
+	for blocks := 0; ; blocks++ {
+		_, rest, ok := strings.Cut(section, "\n```sh\n")
+		if !ok {
+			if blocks == 0 {
+				t.Fatalf("%s's %q has no sh block", path, heading)
+			}
+			return lines
 		}
+		block, after, _ := strings.Cut(rest, "\n```")
+		for _, l := range strings.Split(block, "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+		section = after
 	}
-	if len(lines) < 5 {
-		t.Fatalf("README.md's Calling it block has only %d commands", len(lines))
-	}
-	return lines
 }
 
 // freePortBlock finds a base with n free TCP and UDP ports on 127.0.0.1 above the ephemeral range's
