@@ -28,12 +28,13 @@ var programs = map[string]struct {
 // foreignFlags are flags the README and docs/ name that belong to programs we do not build, each with its
 // owner. A name ending in "-" is a family (`--etcd-tls-*` in the README).
 var foreignFlags = map[string]string{
-	"--auto-compaction-":    "etcd's own flags, for an etcd the operator runs",
-	"--listen-client-urls":  "etcd's, in docs/operations.md (ports)",
-	"--listen-peer-urls":    "etcd's, in docs/operations.md (ports)",
-	"--listen-metrics-urls": "etcd's, in docs/operations.md (ports)",
-	"--bump-revision":       "etcdutl snapshot restore's, in docs/operations.md (restore)",
-	"--mark-compacted":      "etcdutl snapshot restore's, in docs/operations.md (restore)",
+	"--auto-compaction-":            "etcd's own flags, for an etcd the operator runs",
+	"--listen-client-urls":          "etcd's, in docs/operations.md (ports)",
+	"--listen-peer-urls":            "etcd's, in docs/operations.md (ports)",
+	"--listen-metrics-urls":         "etcd's, in docs/operations.md (ports)",
+	"--bump-revision":               "etcdutl snapshot restore's, in docs/operations.md (restore)",
+	"--mark-compacted":              "etcdutl snapshot restore's, in docs/operations.md (restore)",
+	"--node-lease-duration-seconds": "the kubelet's, in docs/how-it-decides.md (its Lease sets the kubelet window)",
 }
 
 // foreignPrograms are programs we do not build whose command lines the documents show: their flags
