@@ -269,6 +269,9 @@ func nodeTable(n *coordv1.Node, last *coordv1.NodeFence) table {
 	if n.AgentDown {
 		t.rows = append(t.rows, []string{"agent down:", "its kubelet reports: never tainted or fenced for it"})
 	}
+	if n.SilentSince != nil {
+		t.rows = append(t.rows, []string{"silent:", fmt.Sprintf("agent and kubelet silent past their own windows since %s: a fence candidate (--fence-detect witnesses)", when(n.SilentSince))})
+	}
 	if n.WatchdogArmed {
 		t.rows = append(t.rows, []string{"watchdog:", fmt.Sprintf("armed, timeout %s (reported by its agent)", n.WatchdogTimeout.AsDuration())})
 	}
