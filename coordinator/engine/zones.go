@@ -196,7 +196,7 @@ func (e *Engine) release(now time.Time) {
 			z.queue = z.queue[1:]
 			n.queued = false
 			n.taint = taintFor(n.readiness)
-			n.releasedAt, n.guardClearSince = n.flap.release(now), time.Time{}
+			n.releasedAt = n.flap.release(now) // the guard judged it from the release on, or earlier (fast detection): its settle window keeps running
 			e.ready.Taints = append(e.ready.Taints, TaintChange{Node: n.name, From: TaintNone, To: n.taint})
 			e.ready.Evictions = append(e.ready.Evictions, Eviction{Node: n.name, Zone: k, At: now, NotReadySince: n.notReadySince})
 			e.event(now, "eviction", n.name, "node %s: eviction granted in zone %s (taint %s)", n.name, k, n.taint)
