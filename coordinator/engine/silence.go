@@ -210,16 +210,3 @@ func (e *Engine) paced(z *zone, now time.Time) bool {
 	gap := time.Duration(float64(time.Second) / z.rate)
 	return now.Sub(z.fences[len(z.fences)-1]) >= gap
 }
-
-// Witnesses counts the nodes whose agent alone, or kubelet alone, is down (Kubernetes mode).
-func (e *Engine) Witnesses() (agentDown, kubeletDown int) {
-	for _, n := range e.order {
-		if n.agentDown {
-			agentDown++
-		}
-		if n.kubeletDown {
-			kubeletDown++
-		}
-	}
-	return agentDown, kubeletDown
-}
