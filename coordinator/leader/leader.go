@@ -194,13 +194,23 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 				e.unwritable(t, UnwritableFailing)
 				return
 			}
-			switch live, err := t.keyLive(tctx, readTimeout); {
+			// The read never runs past the step-down deadline: a read that hangs (etcd blackholed)
+			// would otherwise hold the check for readTimeout, and the next tick's read as long,
+			// stepping down a whole read late — after another replica may have been elected.
+			deadline := lastRead.Add(ttl * 4 / 5)
+			timeout := min(readTimeout, time.Until(deadline))
+			var live bool
+			err := context.DeadlineExceeded
+			if timeout > 0 {
+				live, err = t.keyLive(tctx, timeout)
+			}
+			switch {
 			case err == nil && !live:
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
 			case err == nil:
 				lastRead = now
-			case time.Since(lastRead) >= ttl*4/5 && tctx.Err() == nil:
+			case !time.Now().Before(deadline) && tctx.Err() == nil:
 				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
 				return
 			}
