@@ -189,7 +189,8 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 		case reason := <-t.writes.refusing:
 			e.unwritable(t, reason)
 			return
-		case now := <-check.C:
+		case <-check.C:
+			start := time.Now() // not the tick's time: a tick that waited behind a hung read is stale
 			if failing = t.writes.failingTicks(failing); unwritableFor(failing, every, ttl) {
 				e.unwritable(t, UnwritableFailing)
 				return
@@ -197,21 +198,22 @@ func (e *Elector) guard(tctx context.Context, t *Term, session *concurrency.Sess
 			// The read never runs past the step-down deadline: a read that hangs (etcd blackholed)
 			// would otherwise hold the check for readTimeout, and the next tick's read as long,
 			// stepping down a whole read late — after another replica may have been elected.
-			deadline := lastRead.Add(ttl * 4 / 5)
-			timeout := min(readTimeout, time.Until(deadline))
+			timeout := min(readTimeout, ttl*4/5-start.Sub(lastRead))
 			var live bool
 			err := context.DeadlineExceeded
 			if timeout > 0 {
 				live, err = t.keyLive(tctx, timeout)
 			}
-			switch {
-			case err == nil && !live:
+			if err == nil && !live {
 				e.log.Warn("leadership lost: election key gone", "epoch", t.Epoch)
 				return
-			case err == nil:
-				lastRead = now
-			case !time.Now().Before(deadline) && tctx.Err() == nil:
-				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", time.Since(lastRead).Round(time.Millisecond), "err", err)
+			}
+			if err == nil {
+				lastRead = start
+				continue
+			}
+			if held := time.Since(lastRead); held >= ttl*4/5 && tctx.Err() == nil {
+				e.log.Error("stepping down: this coordinator cannot reach etcd", "epoch", t.Epoch, "for", held.Round(time.Millisecond), "err", err)
 				return
 			}
 		case wr, ok := <-watch:
