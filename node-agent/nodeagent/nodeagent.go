@@ -86,7 +86,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts.agent.Grants = relay
 	opts.agent.Connected = relay.connected
 
-	wd, ok := armWatchdog(&opts, log)
+	wd, ok := prepareWatchdog(&opts, log)
 	if !ok {
 		return 1
 	}

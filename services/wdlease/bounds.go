@@ -80,6 +80,12 @@ func (b Bounds) Validate() error {
 	return errors.Join(errs...)
 }
 
+// withWatchdog is b for a node whose watchdog's timeout is t.
+func (b Bounds) withWatchdog(t time.Duration) Bounds {
+	b.Watchdog = t
+	return b
+}
+
 // mulDiv returns d·num/den rounded up (up) or down. Validated bounds keep d·num well inside int64:
 // d ≤ 20 min = 1.2·10¹² ns, num ≤ 1.2·10⁶.
 func mulDiv(d time.Duration, num, den int64, up bool) time.Duration {

@@ -103,21 +103,23 @@ func (n *nodeLease) held(from, until time.Time) {
 // Forget drops a node that left the cluster.
 func (l *Leader) Forget(name string) { delete(l.nodes, name) }
 
-// SafeTime is the earliest time (the leader's clock) at which the node's watchdog has certainly
-// reset it, if it has had no grant since: its last grant of this term, or the term's start if
-// later (a grant of an earlier leader left before this term began), plus SafeAfterGrant.
-func (l *Leader) SafeTime(name string) time.Time {
+// SafeTime is the earliest time (the leader's clock) at which the node's watchdog, of timeout t as
+// its agent reported it, has certainly reset it, if it has had no grant since: its last grant of
+// this term, or the term's start if later (a grant of an earlier leader left before this term
+// began), plus SafeAfterGrant.
+func (l *Leader) SafeTime(name string, t time.Duration) time.Time {
 	last := l.start
 	if n := l.nodes[name]; n != nil && n.lastGrant.After(last) {
 		last = n.lastGrant
 	}
-	return last.Add(l.b.SafeAfterGrant())
+	return last.Add(l.b.withWatchdog(t).SafeAfterGrant())
 }
 
 // MajorityHeld says whether, of a cluster of n agents, a majority other than except provably held
-// this leader's lease throughout [now - Window, now].
-func (l *Leader) MajorityHeld(except string, n int, now time.Time) bool {
-	from := now.Add(-l.b.Window())
+// this leader's lease throughout [now - Window, now], the window of a node whose watchdog's timeout
+// is t.
+func (l *Leader) MajorityHeld(except string, t time.Duration, n int, now time.Time) bool {
+	from := now.Add(-l.b.withWatchdog(t).Window())
 	count := 0
 	for name, nl := range l.nodes {
 		if name != except && !nl.runFrom.After(from) && nl.runUntil.After(now) && !nl.runUntil.IsZero() {
@@ -150,16 +152,22 @@ func (r Refusal) String() string {
 	return "self-fenced"
 }
 
+// Watchdog is a node's watchdog as its agent last reported it.
+type Watchdog struct {
+	Armed   bool
+	Timeout time.Duration
+}
+
 // SelfFenced says whether the leader may take the silent node name, whose agent last reported its
-// watchdog armed (armed), as self-fenced at now in a cluster of n agents; when not, why not.
-func (l *Leader) SelfFenced(name string, armed bool, n int, now time.Time) (bool, Refusal) {
-	if !armed {
+// watchdog w, as self-fenced at now in a cluster of n agents; when not, why not.
+func (l *Leader) SelfFenced(name string, w Watchdog, n int, now time.Time) (bool, Refusal) {
+	if !w.Armed || w.Timeout <= 0 || w.Timeout > MaxWatchdog {
 		return false, NotArmed
 	}
-	if now.Before(l.SafeTime(name)) {
+	if now.Before(l.SafeTime(name, w.Timeout)) {
 		return false, BeforeSafe
 	}
-	if l.b.weaken&noMajority == 0 && !l.MajorityHeld(name, n, now) {
+	if l.b.weaken&noMajority == 0 && !l.MajorityHeld(name, w.Timeout, n, now) {
 		return false, NoMajority
 	}
 	return true, Allowed

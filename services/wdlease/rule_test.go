@@ -120,6 +120,7 @@ func TestLeaderRule(t *testing.T) {
 	b := Defaults(15 * time.Second)
 	t0 := time.Unix(5000, 0)
 	l := NewLeader(b, 3, t0)
+	wd := Watchdog{Armed: true, Timeout: 15 * time.Second}
 	echo := map[string]uint64{}
 	now := t0
 	for range 30 { // 30 s of heartbeats from n1..n4; n0 sent one at the start only
@@ -131,23 +132,23 @@ func TestLeaderRule(t *testing.T) {
 		}
 		now = now.Add(time.Second)
 	}
-	if ok, why := l.SelfFenced("n0", false, 5, now); ok || why != NotArmed {
+	if ok, why := l.SelfFenced("n0", Watchdog{false, 15 * time.Second}, 5, now); ok || why != NotArmed {
 		t.Errorf("not armed: %v %s", ok, why)
 	}
-	if ok, why := l.SelfFenced("n0", true, 5, t0.Add(29*time.Second)); ok || why != BeforeSafe {
+	if ok, why := l.SelfFenced("n0", wd, 5, t0.Add(29*time.Second)); ok || why != BeforeSafe {
 		t.Errorf("29 s after its grant: %v %s", ok, why)
 	}
-	if ok, why := l.SelfFenced("n0", true, 5, now); !ok {
+	if ok, why := l.SelfFenced("n0", wd, 5, now); !ok {
 		t.Errorf("30 s after its grant, four others holding: %s", why)
 	}
-	if ok, why := l.SelfFenced("n0", true, 9, now); ok || why != NoMajority {
+	if ok, why := l.SelfFenced("n0", wd, 9, now); ok || why != NoMajority {
 		t.Errorf("four of nine holding: %v %s", ok, why)
 	}
 	l2 := NewLeader(b, 4, now)
-	if got := l2.SafeTime("n0"); !got.Equal(now.Add(30 * time.Second)) {
+	if got := l2.SafeTime("n0", 15*time.Second); !got.Equal(now.Add(30 * time.Second)) {
 		t.Errorf("a new term's safe time %s, want its start + 30 s", got.Sub(now))
 	}
-	if ok, why := l2.SelfFenced("n0", true, 5, now.Add(31*time.Second)); ok || why != NoMajority {
+	if ok, why := l2.SelfFenced("n0", wd, 5, now.Add(31*time.Second)); ok || why != NoMajority {
 		t.Errorf("a new term without proven leases: %v %s", ok, why)
 	}
 }
