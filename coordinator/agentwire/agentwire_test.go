@@ -143,7 +143,8 @@ func TestDecodeAllocates(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	mem := &agentv1.Signal{Name: "memory.available", Available: 8 << 30, Capacity: 64 << 30}
 	for _, m := range []proto.Message{sample(1, mem), sample(2), heartbeat(3), sample(4, manySignals(3)...),
-		&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "n1"}}}} {
+		&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "n1"}}},
+		&agentv1.ConnectRequest{Seq: 5, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{LeaseWanted: true, LeaseEpoch: 9, LeaseGrantId: 3}}}} {
 		b, err := proto.Marshal(m)
 		if err != nil {
 			f.Fatal(err)
