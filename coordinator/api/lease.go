@@ -38,11 +38,3 @@ func (ls *Leases) grant(node string, seq uint64, hb *agentv1.Heartbeat, at time.
 		Epoch: g.Epoch, GrantId: g.ID, Duration: durationpb.New(g.Duration), RequestSeq: seq,
 	}}}
 }
-
-// SelfFenced is the leader's rule for a silent node whose agent last reported watchdog w, in a
-// cluster of n agents (for the proof by time, issue 24 item 3; not used by the engine yet).
-func (ls *Leases) SelfFenced(node string, w wdlease.Watchdog, n int, now time.Time) (bool, wdlease.Refusal) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	return ls.l.SelfFenced(node, w, n, now)
-}
