@@ -80,7 +80,8 @@ type Config struct {
 	AgentHeartbeatInterval, AgentSampleInterval time.Duration
 	// WatchdogLease is the watchdog lease the leader grants an agent with each heartbeat that asks
 	// for one (services/wdlease): more than three heartbeat intervals, so that a majority's holding
-	// stays provable between renewals; 0 means DefaultWatchdogLeaseHeartbeats of them.
+	// stays provable between renewals, and at most wdlease.MaxGrant; 0 means
+	// DefaultWatchdogLeaseHeartbeats of them (at most wdlease.MaxGrant).
 	WatchdogLease time.Duration
 	// AdmissionListen is the HTTPS IP:PORT of the admission webhook that checks the node agents'
 	// evictions and Events against the node their token names (Kubernetes mode; "" turns it off).
@@ -437,8 +438,8 @@ func (c *Config) validateEngine() []error {
 	errs = appendNotPositive(errs, "pod-eviction-max-in-flight", e.PodEviction.MaxInFlight < 1)
 	errs = appendNotPositive(errs, "pod-eviction-grant-ttl", e.PodEviction.GrantTTL <= 0)
 	errs = appendNotPositive(errs, "agent-heartbeat-interval", c.AgentHeartbeatInterval <= 0)
-	if l := c.watchdogLease(); l <= 3*c.AgentHeartbeatInterval || l > wdlease.MaxLease {
-		errs = append(errs, fmt.Errorf("--watchdog-lease: %s is not more than 3 heartbeat intervals (%s) and at most %s", l, 3*c.AgentHeartbeatInterval, wdlease.MaxLease))
+	if l := c.WatchdogLease; l != 0 && (l <= 3*c.AgentHeartbeatInterval || l > wdlease.MaxGrant) {
+		errs = append(errs, fmt.Errorf("--watchdog-lease: %s is not more than 3 heartbeat intervals (%s) and at most %s (the longest an agent takes)", l, 3*c.AgentHeartbeatInterval, wdlease.MaxGrant))
 	}
 	return appendNotPositive(errs, "agent-sample-interval", c.AgentSampleInterval <= 0)
 }
@@ -498,10 +499,11 @@ func (c *Config) driverMap() map[string]fenceconfig.Driver {
 	return m
 }
 
-// watchdogLease is WatchdogLease in force: DefaultWatchdogLeaseHeartbeats heartbeat intervals when 0.
+// watchdogLease is WatchdogLease in force: when 0, DefaultWatchdogLeaseHeartbeats heartbeat
+// intervals, at most the longest lease an agent takes.
 func (c *Config) watchdogLease() time.Duration {
 	if c.WatchdogLease == 0 {
-		return DefaultWatchdogLeaseHeartbeats * c.AgentHeartbeatInterval
+		return min(DefaultWatchdogLeaseHeartbeats*c.AgentHeartbeatInterval, wdlease.MaxGrant)
 	}
 	return c.WatchdogLease
 }

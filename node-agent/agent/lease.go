@@ -84,3 +84,10 @@ func (l *Lease) Expiry() time.Time {
 	defer l.mu.Unlock()
 	return l.rule.Expiry()
 }
+
+// AnswerNoLease is this agent's answer to a peer asking whether it holds a lease (PeerService).
+func (l *Lease) AnswerNoLease(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rule.AnswerNoLease(now)
+}

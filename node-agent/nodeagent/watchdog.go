@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nodefence/nodefence/node-agent/agent"
+	"github.com/nodefence/nodefence/node-agent/peer"
 	"github.com/nodefence/nodefence/node-agent/watchdog"
 	"github.com/nodefence/nodefence/services/wdlease"
 
@@ -26,11 +28,6 @@ const defaultWatchdogTimeout = 15 * time.Second
 // "disarmed" report before the magic close.
 const disarmReportWait = 2 * time.Second
 
-// maxAgentLease is the longest watchdog lease the agent takes (a longer grant is refused, so it
-// neither holds nor echoes it): it is also how long a restarted agent tells its peers it may still
-// hold its previous incarnation's lease (wdlease.Bounds.NoLeaseGuard).
-const maxAgentLease = time.Minute
-
 // feeder keeps the node's watchdog: it opens (arms) the device only when the lease rule first lets
 // the agent feed — opening feeds it, so an agent restarted without a lease must not open it — and
 // feeds it every third of its timeout while the rule says so. The rule (services/wdlease) is the
@@ -42,6 +39,9 @@ type feeder struct {
 	lease   *agent.Lease
 	log     *slog.Logger
 	now     func() time.Time
+	bounds  wdlease.Bounds
+	peers   *peer.Checker // nil: no peers to ask (--peer)
+	vouched string        // the agents whose word the feeder last fed on, as logged
 
 	mu      sync.Mutex
 	dev     *watchdog.Device // nil until armed
@@ -60,10 +60,10 @@ func prepareWatchdog(opts *Config, log *slog.Logger) (*feeder, bool) {
 		return nil, false
 	}
 	b := wdlease.Defaults(opts.watchdogTimeout)
-	b.Lease = maxAgentLease
+	b.Lease = wdlease.MaxGrant // a longer grant is refused: neither held nor echoed
 	now := time.Now
 	f := &feeder{path: opts.watchdogDevice, timeout: opts.watchdogTimeout, self: opts.agent.NodeName, log: log, now: now,
-		lease: agent.NewLease(b, now(), log)}
+		bounds: b, lease: agent.NewLease(b, now(), log)}
 	opts.agent.Lease = f.lease
 	log.Info("watchdog mode: the device is armed once the leader grants a lease; a clean stop disarms it; a killed agent not restarted within the timeout resets this node",
 		"device", f.path, "timeout", f.timeout)
@@ -111,7 +111,7 @@ func (f *feeder) run(a *agent.Agent) func(context.Context) error {
 				return nil
 			case <-t.C:
 			}
-			d := f.lease.MayFeed(f.now(), f.self, 0, wdlease.Confirmation{})
+			d := f.decide(ctx)
 			if d == wdlease.Stop {
 				if feeding {
 					f.log.Warn("watchdog: no lease from the leader; not feeding — this node resets unless a lease comes back within the timeout",
@@ -134,6 +134,28 @@ func (f *feeder) run(a *agent.Agent) func(context.Context) error {
 			t.Reset(next)
 		}
 	}
+}
+
+// decide asks the rule: on the lease alone, and when it holds none, on the peers' answers.
+func (f *feeder) decide(ctx context.Context) wdlease.Decision {
+	d := f.lease.MayFeed(f.now(), f.self, 0, wdlease.Confirmation{})
+	if d != wdlease.Stop || f.peers == nil {
+		return d
+	}
+	n := f.peers.Cluster()
+	conf := f.peers.Confirm(ctx, f.now, f.bounds.PeerAge/2, f.bounds.PeerQuorum(n))
+	d = f.lease.MayFeed(f.now(), f.self, n, conf)
+	if d == wdlease.FeedPeers {
+		ids := make([]string, len(conf.NoLease))
+		for i, p := range conf.NoLease {
+			ids[i] = "agent/" + p // each verified in the TLS handshake: a liar is named here
+		}
+		if said := strings.Join(ids, ","); said != f.vouched { // once per set, not every feed
+			f.vouched = said
+			f.log.Warn("watchdog: no lease from the leader; feeding because these agents say nobody holds one", "peers", ids, "cluster", n)
+		}
+	}
+	return d
 }
 
 // feed arms the device on the first call (reporting it armed) and feeds it after.
@@ -199,6 +221,9 @@ func runWithWatchdog(ctx context.Context, tasks []task, f *feeder, a *agent.Agen
 	}()
 	code := runTasks(runCtx, tasks, log)
 	f.stop(ctx.Err() != nil, log)
+	if f.peers != nil {
+		f.peers.Close()
+	}
 	return code
 }
 

@@ -15,6 +15,11 @@ const (
 	DefaultLiars   = 1
 )
 
+// MaxGrant is the longest lease a leader grants and an agent takes. It is also how long a restarted
+// agent tells its peers it may still hold its previous incarnation's lease (NoLeaseGuard of an agent
+// whose Lease is MaxGrant): short enough that a rollout does not keep the peer check closed long.
+const MaxGrant = time.Minute
+
 // Limits on the bounds: beyond them a proof by time is no proof anyone would wait for.
 const (
 	MaxLease    = 10 * time.Minute
