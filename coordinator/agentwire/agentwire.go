@@ -24,6 +24,9 @@ const (
 	fieldHeartbeat = 11 // ConnectRequest.heartbeat
 	fieldSample    = 12 // ConnectRequest.sample
 	fieldSentAt    = 1  // Heartbeat.sent_at
+	fieldWanted    = 2  // Heartbeat.lease_wanted
+	fieldLeaseEp   = 3  // Heartbeat.lease_epoch
+	fieldLeaseID   = 4  // Heartbeat.lease_grant_id
 	fieldObserved  = 1  // SignalSample.observed_at
 	fieldSignals   = 2  // SignalSample.signals
 	fieldName      = 1  // Signal.name
@@ -174,12 +177,20 @@ func (d *Decoder) decodeHot(b []byte) bool {
 }
 
 func (d *Decoder) decodeHeartbeat(b []byte) bool {
-	d.hb.SentAt = nil
+	d.hb.SentAt, d.hb.LeaseWanted, d.hb.LeaseEpoch, d.hb.LeaseGrantId = nil, false, 0, 0
 	return eachField(b, 0, func(f field) bool {
-		if f.num != fieldSentAt || f.typ != protowire.BytesType || !decodeTimestamp(f.bytes, &d.ts) {
+		switch {
+		case f.num == fieldSentAt && f.typ == protowire.BytesType && decodeTimestamp(f.bytes, &d.ts):
+			d.hb.SentAt = &d.ts
+		case f.num == fieldWanted && f.typ == protowire.VarintType:
+			d.hb.LeaseWanted = protowire.DecodeBool(f.varint)
+		case f.num == fieldLeaseEp && f.typ == protowire.VarintType:
+			d.hb.LeaseEpoch = int64(f.varint)
+		case f.num == fieldLeaseID && f.typ == protowire.VarintType:
+			d.hb.LeaseGrantId = f.varint
+		default:
 			return false
 		}
-		d.hb.SentAt = &d.ts
 		return true
 	})
 }

@@ -68,6 +68,10 @@ func TestDecode(t *testing.T) {
 		{name: "sample of two signals", in: mustMarshal(t, sample(7, mem, pid)), reused: true},
 		{name: "sample of one signal", in: mustMarshal(t, sample(8, pid)), reused: true},
 		{name: "heartbeat", in: mustMarshal(t, heartbeat(9)), reused: true},
+		{name: "heartbeat asking for a lease", in: mustMarshal(t, &agentv1.ConnectRequest{Seq: 20, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{
+			SentAt: &timestamppb.Timestamp{Seconds: 7}, LeaseWanted: true, LeaseEpoch: -3, LeaseGrantId: 1 << 63}}}), reused: true},
+		{name: "lease epoch as bytes", in: appendField(nil, fieldHeartbeat, appendField(nil, fieldLeaseEp, []byte{1}))},
+		{name: "lease wanted as 2 (a bool)", in: appendField(nil, fieldHeartbeat, appendField(nil, fieldWanted, uint64(2))), reused: true},
 		{name: "sample without signals", in: mustMarshal(t, sample(10)), reused: true},
 		{name: "sample without a time", in: mustMarshal(t, &agentv1.ConnectRequest{Seq: 11, Msg: &agentv1.ConnectRequest_Sample{Sample: &agentv1.SignalSample{Signals: []*agentv1.Signal{mem}}}}), reused: true},
 		{name: "empty heartbeat", in: mustMarshal(t, &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}), reused: true},
@@ -139,7 +143,8 @@ func TestDecodeAllocates(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	mem := &agentv1.Signal{Name: "memory.available", Available: 8 << 30, Capacity: 64 << 30}
 	for _, m := range []proto.Message{sample(1, mem), sample(2), heartbeat(3), sample(4, manySignals(3)...),
-		&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "n1"}}}} {
+		&agentv1.ConnectRequest{Seq: 1, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{NodeName: "n1"}}},
+		&agentv1.ConnectRequest{Seq: 5, Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{LeaseWanted: true, LeaseEpoch: 9, LeaseGrantId: 3}}}} {
 		b, err := proto.Marshal(m)
 		if err != nil {
 			f.Fatal(err)

@@ -156,6 +156,11 @@ func (s *AgentServer) receive(ctx context.Context, in *agentStream, l *Leading, 
 			}
 			return err
 		}
+		if g := l.Leases.grant(name, m.Seq, m.GetHeartbeat(), at); g != nil {
+			if err := in.send(g); err != nil {
+				return err
+			}
+		}
 		if event || at.Sub(lastAck) >= ackEvery {
 			if err := in.ack(m.Seq); err != nil {
 				return err

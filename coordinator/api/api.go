@@ -30,6 +30,8 @@ type Leading struct {
 	Term   *leader.Term
 	Runner *fencing.Runner
 	Loop   *loop.Loop
+	// Leases grants the agents' watchdog leases of this term (nil: none are granted).
+	Leases *Leases
 }
 
 // Leadership tells handlers whether this replica leads. Leading returns the current term's resources

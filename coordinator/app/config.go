@@ -23,6 +23,7 @@ import (
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
+	"github.com/nodefence/nodefence/services/wdlease"
 )
 
 // Config is the coordinator's configuration; every field is a flag.
@@ -77,6 +78,11 @@ type Config struct {
 	Fencing fencing.Policy
 	// AgentHeartbeatInterval and AgentSampleInterval are sent to agents.
 	AgentHeartbeatInterval, AgentSampleInterval time.Duration
+	// WatchdogLease is the watchdog lease the leader grants an agent with each heartbeat that asks
+	// for one (services/wdlease): more than three heartbeat intervals, so that a majority's holding
+	// stays provable between renewals, and at most wdlease.MaxGrant; 0 means
+	// DefaultWatchdogLeaseHeartbeats of them (at most wdlease.MaxGrant).
+	WatchdogLease time.Duration
 	// AdmissionListen is the HTTPS IP:PORT of the admission webhook that checks the node agents'
 	// evictions and Events against the node their token names (Kubernetes mode; "" turns it off).
 	AdmissionListen string
@@ -128,7 +134,10 @@ const (
 	DefaultDeviceCheckInterval    = 5 * time.Minute
 	DefaultAgentHeartbeatInterval = time.Second
 	DefaultAgentSampleInterval    = time.Second
-	DefaultGCPercent              = 200
+	// DefaultWatchdogLeaseHeartbeats is WatchdogLease's default in heartbeat intervals (4 s with
+	// the default heartbeat, wdlease.DefaultLease).
+	DefaultWatchdogLeaseHeartbeats = 4
+	DefaultGCPercent               = 200
 	// DefaultControlPlaneSelector selects the nodes kubeadm and most installers label control plane.
 	DefaultControlPlaneSelector = "node-role.kubernetes.io/control-plane"
 	// DefaultReleaseHealthyDelay is ReleaseHealthyDelay's default (medik8s NHC's healthyDelay is
@@ -173,6 +182,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", d.ElectionTTL, "leader lease TTL (whole seconds)")
 	fs.DurationVar(&c.AgentHeartbeatInterval, "agent-heartbeat-interval", d.AgentHeartbeatInterval, "heartbeat interval sent to agents")
 	fs.DurationVar(&c.AgentSampleInterval, "agent-sample-interval", d.AgentSampleInterval, "sample interval sent to agents")
+	fs.DurationVar(&c.WatchdogLease, "watchdog-lease", 0, "the watchdog lease granted to agents that keep a watchdog, renewed with each heartbeat; more than 3 heartbeat intervals (default 4 heartbeat intervals; docs/watchdog.md)")
 	fs.IntVar(&c.GCPercent, "gc-percent", d.GCPercent, "garbage-collection target (GOGC; the GOGC variable wins), 50..1000; the soft memory limit is 90% of the container's")
 }
 
@@ -433,6 +443,9 @@ func (c *Config) validateEngine() []error {
 	errs = appendNotPositive(errs, "pod-eviction-max-in-flight", e.PodEviction.MaxInFlight < 1)
 	errs = appendNotPositive(errs, "pod-eviction-grant-ttl", e.PodEviction.GrantTTL <= 0)
 	errs = appendNotPositive(errs, "agent-heartbeat-interval", c.AgentHeartbeatInterval <= 0)
+	if l := c.WatchdogLease; l != 0 && (l <= 3*c.AgentHeartbeatInterval || l > wdlease.MaxGrant) {
+		errs = append(errs, fmt.Errorf("--watchdog-lease: %s is not more than 3 heartbeat intervals (%s) and at most %s (the longest an agent takes)", l, 3*c.AgentHeartbeatInterval, wdlease.MaxGrant))
+	}
 	return appendNotPositive(errs, "agent-sample-interval", c.AgentSampleInterval <= 0)
 }
 
@@ -489,4 +502,13 @@ func (c *Config) driverMap() map[string]fenceconfig.Driver {
 		m[name] = fenceconfig.Driver{Endpoint: addrs[0], Endpoints: addrs[1:], Identity: c.DriverIdentities[name]}
 	}
 	return m
+}
+
+// watchdogLease is WatchdogLease in force: when 0, DefaultWatchdogLeaseHeartbeats heartbeat
+// intervals, at most the longest lease an agent takes.
+func (c *Config) watchdogLease() time.Duration {
+	if c.WatchdogLease == 0 {
+		return min(DefaultWatchdogLeaseHeartbeats*c.AgentHeartbeatInterval, wdlease.MaxGrant)
+	}
+	return c.WatchdogLease
 }

@@ -67,7 +67,7 @@ func TestValidateNamesEveryFlag(t *testing.T) {
 	e.NodeMonitorGracePeriod, e.NodeStartupGracePeriod, e.UnhealthyZoneThreshold = 0, -1, 1.5
 	e.NodeEvictionRate, e.SecondaryNodeEvictionRate, e.LargeClusterSizeThreshold = -1, -1, -1
 	e.PodEviction.Rate, e.PodEviction.Burst, e.PodEviction.MaxInFlight, e.PodEviction.GrantTTL = -1, 0, 0, 0
-	c.AgentHeartbeatInterval, c.AgentSampleInterval = 0, -1
+	c.AgentHeartbeatInterval, c.AgentSampleInterval, c.WatchdogLease = 0, -1, -1
 	e.Fence.Timeout, e.Fence.Budget, e.Fence.BudgetWindow, e.Fence.Settle, e.Fence.MaxUnresponsivePercent = -1, -1, 0, -1, 101
 	c.ReleaseHealthyDelay, c.DeviceCheckInterval, c.FenceOpTimeout = -1, -1, 0
 	c.Fencing.Retries, c.Fencing.Backoff, c.Fencing.IsolationWait, c.Fencing.Polls, c.Fencing.PollInterval = 101, 0, -1, -1, 0
@@ -77,7 +77,7 @@ func TestValidateNamesEveryFlag(t *testing.T) {
 		"node-monitor-grace-period", "node-startup-grace-period", "unhealthy-zone-threshold",
 		"node-eviction-rate", "secondary-node-eviction-rate", "large-cluster-size-threshold",
 		"pod-eviction-rate", "pod-eviction-burst", "pod-eviction-max-in-flight", "pod-eviction-grant-ttl",
-		"agent-heartbeat-interval", "agent-sample-interval",
+		"agent-heartbeat-interval", "agent-sample-interval", "watchdog-lease",
 		"fence-timeout", "fence-budget", "fence-budget-window", "fence-guard-settle", "max-unresponsive-percent",
 		"release-healthy-delay", "device-check-interval", "fence-op-timeout",
 		"fence-retries", "fence-retry-backoff", "isolation-wait", "power-management-polls", "power-management-poll-interval"}

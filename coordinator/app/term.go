@@ -17,6 +17,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/wdlease"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -266,7 +267,7 @@ func (t *termParts) start() {
 		}
 	}()
 	a.mu.Lock()
-	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop}
+	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: a.leases(term)}
 	a.mu.Unlock()
 	go a.devices.run(term.Context(), a, t.secrets, a.cfg.DeviceCheckInterval)
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
@@ -370,4 +371,12 @@ func (a *App) pruneHistory(term *leader.Term) {
 		case <-time.After(pruneEvery):
 		}
 	}
+}
+
+// leases starts the term's watchdog leases at the term's start: no grant of an earlier leader left
+// after it (services/wdlease).
+func (a *App) leases(term *leader.Term) *api.Leases {
+	b := wdlease.Defaults(0)
+	b.Lease = a.cfg.watchdogLease()
+	return api.NewLeases(b, term.Epoch, a.now())
 }

@@ -66,9 +66,10 @@ type Agent struct {
 
 	mu        sync.Mutex
 	out       *Outbox
-	heartbeat time.Duration        // current heartbeat interval (coordinator's when it sent one)
-	sample    time.Duration        // current sample interval
-	newConfig *agentv1.AgentConfig // the latest AgentConfig not yet applied by the stream loop
+	heartbeat time.Duration          // current heartbeat interval (coordinator's when it sent one)
+	sample    time.Duration          // current sample interval
+	newConfig *agentv1.AgentConfig   // the latest AgentConfig not yet applied by the stream loop
+	watchdog  *agentv1.WatchdogState // what every Hello reports (ReportWatchdog)
 }
 
 // New validates cfg (after SetDefaults) and returns an agent that samples with s.
@@ -92,6 +93,7 @@ func New(cfg Config, s Sampler) (*Agent, error) {
 		cfg: cfg, sampler: s, log: cfg.Log, version: version, certs: certs,
 		notify: make(chan struct{}, 1), cfgNotify: make(chan struct{}, 1),
 		out: NewOutbox(cfg.BufferSize), heartbeat: cfg.HeartbeatInterval, sample: cfg.SampleInterval,
+		watchdog: cfg.Watchdog,
 	}, nil
 }
 
@@ -114,9 +116,39 @@ func (a *Agent) Send(msg *agentv1.ConnectRequest) {
 	a.push(proto.Clone(msg).(*agentv1.ConnectRequest))
 }
 
-func (a *Agent) push(m *agentv1.ConnectRequest) {
+// ReportWatchdog reports a change of the node's watchdog (armed when the agent first may feed it,
+// disarmed before a clean stop): queued as an event, and what every later Hello says.
+func (a *Agent) ReportWatchdog(s *agentv1.WatchdogState) {
+	s = proto.Clone(s).(*agentv1.WatchdogState)
+	a.mu.Lock()
+	a.watchdog = s
+	a.mu.Unlock()
+	a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Watchdog{Watchdog: s}})
+}
+
+// pushHeartbeat queues a heartbeat, asking for the watchdog lease when the agent keeps one. The
+// lease counts from the time read before the heartbeat is queued: it cannot be sent before.
+func (a *Agent) pushHeartbeat() {
+	at := time.Now()
+	hb := &agentv1.Heartbeat{SentAt: timestamppb.New(at)}
+	if a.cfg.Lease == nil {
+		a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: hb}})
+		return
+	}
+	a.cfg.Lease.stamp(hb)
+	a.pushThen(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: hb}}, func(seq uint64) { a.cfg.Lease.queued(seq, at) })
+}
+
+func (a *Agent) push(m *agentv1.ConnectRequest) { a.pushThen(m, nil) }
+
+// pushThen queues m and, while the outbox is still locked (m cannot be sent yet), calls then with
+// its seq.
+func (a *Agent) pushThen(m *agentv1.ConnectRequest, then func(seq uint64)) {
 	a.mu.Lock()
 	seq, dropped := a.out.Push(m)
+	if then != nil {
+		then(seq)
+	}
 	n := a.out.Len()
 	a.mu.Unlock()
 	if len(dropped) > 0 {
@@ -271,10 +303,11 @@ func (a *Agent) session(ctx context.Context, addr string) (res result) {
 
 	a.mu.Lock()
 	helloSeq, resume := a.out.Resume()
+	wd := a.watchdog
 	a.mu.Unlock()
 	hello := &agentv1.ConnectRequest{Seq: helloSeq, Msg: &agentv1.ConnectRequest_Hello{Hello: &agentv1.Hello{
 		NodeName: a.cfg.NodeName, BootId: a.cfg.BootID, Zone: a.cfg.Zone, Region: a.cfg.Region,
-		Labels: a.cfg.Labels, Capacity: a.cfg.Capacity, AgentVersion: a.version, ResumeFromSeq: resume, Watchdog: a.cfg.Watchdog,
+		Labels: a.cfg.Labels, Capacity: a.cfg.Capacity, AgentVersion: a.version, ResumeFromSeq: resume, Watchdog: wd,
 	}}}
 	if err := st.Send(hello); err != nil && !errors.Is(err, io.EOF) {
 		return result{err: err}
@@ -374,7 +407,7 @@ func (a *Agent) sendLoop(ctx, sctx context.Context, cancel context.CancelFunc, s
 				r.worked = false // go on to the next address, not back to this one
 				return r
 			}
-			a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{SentAt: timestamppb.Now()}}})
+			a.pushHeartbeat()
 		case <-sm.C:
 			a.takeSample(sctx, sampleEvery)
 		case <-a.cfgNotify:
@@ -410,6 +443,10 @@ func (a *Agent) receive(resp *agentv1.ConnectResponse) {
 		select {
 		case a.cfgNotify <- struct{}{}:
 		default:
+		}
+	case *agentv1.ConnectResponse_Lease:
+		if a.cfg.Lease != nil {
+			a.cfg.Lease.granted(m.Lease, time.Now())
 		}
 	case *agentv1.ConnectResponse_Grant:
 		if a.cfg.Grants == nil {

@@ -40,8 +40,12 @@ type Config struct {
 	Labels map[string]string
 	// Capacity is the node's capacity sent in the Hello; nil sends none.
 	Capacity *agentv1.Capacity
-	// Watchdog is the node's armed watchdog, reported in every Hello; nil: the agent runs without one.
+	// Watchdog is the node's watchdog at the start, reported in every Hello until ReportWatchdog
+	// changes it; nil: none (yet).
 	Watchdog *agentv1.WatchdogState
+	// Lease, when set, asks for the watchdog lease with every heartbeat and takes the leader's
+	// grants (a watchdog-mode agent); nil asks for none.
+	Lease *Lease
 	// HeartbeatInterval and SampleInterval are how often heartbeats and signal samples are sent
 	// until the coordinator's AgentConfig says otherwise. Defaults 1s and 1s.
 	HeartbeatInterval, SampleInterval time.Duration

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodefence/nodefence/node-agent/cri"
 	"github.com/nodefence/nodefence/node-agent/eviction"
 	"github.com/nodefence/nodefence/node-agent/kubepods"
+	"github.com/nodefence/nodefence/node-agent/peer"
 	"github.com/nodefence/nodefence/node-agent/pressure"
 	"github.com/nodefence/nodefence/node-agent/shutdown"
 	"github.com/nodefence/nodefence/node-agent/signals"
@@ -48,6 +50,10 @@ type Config struct {
 	// its timeout (watchdog.go).
 	watchdogDevice  string
 	watchdogTimeout time.Duration
+	// peerListen is where the agent answers other agents' peer checks ("" = nowhere); peers are the
+	// other agents it asks when it holds no lease (watchdog.go, node-agent/peer).
+	peerListen string
+	peers      []peer.Peer
 	// metricsTLS serves metricsListen over mutual TLS with the agent's --tls-* files, answering only
 	// callers the identity policy allows for /metrics.
 	metricsTLS bool
@@ -179,6 +185,29 @@ func (f *flags) registerAgent() {
 	opts.watchdogTimeout = defaultWatchdogTimeout
 	fs.StringVar(&opts.watchdogDevice, "watchdog-device", "", "a Linux watchdog device to arm and feed, e.g. /dev/watchdog (default: none). A clean stop disarms it; an agent killed and not restarted within the timeout resets its node")
 	f.duration("watchdog-timeout", &opts.watchdogTimeout, "the watchdog's timeout (whole seconds); a device without the timeout ioctl keeps its own, and this value is reported")
+	fs.StringVar(&opts.peerListen, "peer-listen", "", "watchdog mode: address to answer other agents' lease checks on, over mutual TLS with the --tls-* files (default: none)")
+	fs.Var(&value{name: "peer", errs: errs, set: func(s string) error {
+		name, addr, ok := strings.Cut(s, "=")
+		if !ok {
+			return errors.New("want NODE=HOST:PORT")
+		}
+		if err := identity.ValidName(name); err != nil {
+			return err
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return err
+		}
+		for _, p := range opts.peers {
+			if p.Name == name {
+				return fmt.Errorf("peer %q given twice", name)
+			}
+		}
+		if len(opts.peers) >= peer.MaxPeers {
+			return fmt.Errorf("more than %d peers", peer.MaxPeers)
+		}
+		opts.peers = append(opts.peers, peer.Peer{Name: name, Addr: addr})
+		return nil
+	}}, "peer", "watchdog mode: another agent NODE=HOST:PORT (its --peer-listen) to ask whether anyone holds a lease while this one holds none (repeatable; docs/watchdog.md)")
 	f.duration("heartbeat-interval", &a.HeartbeatInterval, "heartbeat interval until the coordinator sets one")
 	f.duration("sample-interval", &a.SampleInterval, "signal sample interval until the coordinator sets one")
 	fs.StringVar(&opts.reader.ProcRoot, "proc-root", signals.DefaultProcRoot, "where procfs is mounted")
@@ -270,6 +299,9 @@ func (f *flags) registerNode() {
 func (f *flags) resolveAgent() {
 	if w := f.opts.watchdogTimeout; f.opts.watchdogDevice != "" && (w < time.Second || w > watchdog.MaxTimeout || w%time.Second != 0) {
 		f.errs.add("--watchdog-timeout %s: want whole seconds from 1s to %s", w, watchdog.MaxTimeout)
+	}
+	if f.opts.watchdogDevice == "" && (f.opts.peerListen != "" || len(f.opts.peers) > 0) {
+		f.errs.add("--peer-listen and --peer: only with --watchdog-device")
 	}
 	errs, a := &f.errs, &f.opts.agent
 	for _, c := range strings.Split(f.coordinators, ",") {

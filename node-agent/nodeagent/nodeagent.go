@@ -86,7 +86,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts.agent.Grants = relay
 	opts.agent.Connected = relay.connected
 
-	wd, ok := armWatchdog(&opts, log)
+	wd, peerTasks, ok := watchdogMode(&opts, log)
 	if !ok {
 		return 1
 	}
@@ -123,7 +123,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if shut != nil {
 		tasks = append(tasks, task{"shutdown", shut.Run})
 	}
-	tasks = append(tasks, metricsTask(met, metricsLis, authorizeMetrics, log)...)
+	tasks = append(append(tasks, metricsTask(met, metricsLis, authorizeMetrics, log)...), peerTasks...)
 	code = runWithWatchdog(ctx, tasks, wd, a, log)
 	log.Info("node-agent stopped")
 	return code

@@ -26,7 +26,8 @@ var (
 )
 
 // Default is nodefence's authorization table, one rule per method of every service:
-//   - an agent may only open its stream (and the stream checks the node is its own);
+//   - an agent may only open its stream (and the stream checks the node is its own), and ask
+//     another agent whether it holds a watchdog lease;
 //   - only an operator changes anything: Fence, Unfence, Acknowledge, pause and resume;
 //   - operators and viewers read;
 //   - a monitoring identity (Prometheus) reads /metrics only, as operators and viewers may;
@@ -34,6 +35,8 @@ var (
 //     login, and a driver's answers name devices and plugs).
 var Default = Policy{
 	agentv1.AgentService_Connect_FullMethodName: {Agent},
+	// Agents ask each other, agent to agent, whether anyone holds the leader's watchdog lease.
+	agentv1.PeerService_LeaseStatus_FullMethodName: {Agent},
 
 	coordv1.FenceService_Fence_FullMethodName:       operators,
 	coordv1.FenceService_Unfence_FullMethodName:     operators,

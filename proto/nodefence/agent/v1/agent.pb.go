@@ -708,11 +708,20 @@ func (x *Capacity) GetPids() int64 {
 	return 0
 }
 
-// Heartbeat proves the agent is alive.
+// Heartbeat proves the agent is alive. An agent that keeps a watchdog also asks for its lease with
+// it (services/wdlease): the leader answers with a LeaseGrant whose lease runs from this heartbeat's
+// send time.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// SentAt is the agent's clock when sending.
-	SentAt        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	SentAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// LeaseWanted asks the leader for a watchdog lease (a LeaseGrant answering this heartbeat's seq).
+	LeaseWanted bool `protobuf:"varint,2,opt,name=lease_wanted,json=leaseWanted,proto3" json:"lease_wanted,omitempty"`
+	// LeaseEpoch and LeaseGrantId name the latest grant the agent took when it queued this heartbeat
+	// (0: none): the leader's proof that the agent held it.
+	LeaseEpoch int64 `protobuf:"varint,3,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	// LeaseGrantId is the grant's id within lease_epoch.
+	LeaseGrantId  uint64 `protobuf:"varint,4,opt,name=lease_grant_id,json=leaseGrantId,proto3" json:"lease_grant_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +761,27 @@ func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
 		return x.SentAt
 	}
 	return nil
+}
+
+func (x *Heartbeat) GetLeaseWanted() bool {
+	if x != nil {
+		return x.LeaseWanted
+	}
+	return false
+}
+
+func (x *Heartbeat) GetLeaseEpoch() int64 {
+	if x != nil {
+		return x.LeaseEpoch
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetLeaseGrantId() uint64 {
+	if x != nil {
+		return x.LeaseGrantId
+	}
+	return 0
 }
 
 // SignalSample carries eviction signal values observed together.
@@ -1269,6 +1299,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Ack
 	//	*ConnectResponse_Config
 	//	*ConnectResponse_Grant
+	//	*ConnectResponse_Lease
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1338,6 +1369,15 @@ func (x *ConnectResponse) GetGrant() *EvictionGrant {
 	return nil
 }
 
+func (x *ConnectResponse) GetLease() *LeaseGrant {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_Lease); ok {
+			return x.Lease
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -1357,11 +1397,93 @@ type ConnectResponse_Grant struct {
 	Grant *EvictionGrant `protobuf:"bytes,3,opt,name=grant,proto3,oneof"`
 }
 
+type ConnectResponse_Lease struct {
+	// Lease grants the watchdog lease a heartbeat asked for.
+	Lease *LeaseGrant `protobuf:"bytes,4,opt,name=lease,proto3,oneof"`
+}
+
 func (*ConnectResponse_Ack) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Config) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Grant) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_Lease) isConnectResponse_Msg() {}
+
+// LeaseGrant is the leader's watchdog lease for an agent: the agent may feed its watchdog until
+// duration after it sent the heartbeat request_seq (by its own clock), and echoes epoch and grant_id
+// in its next heartbeats. See services/wdlease.
+type LeaseGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Epoch is the leader's fencing token.
+	Epoch int64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// GrantId numbers the grant within the epoch.
+	GrantId uint64 `protobuf:"varint,2,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	// Duration is the lease, counted from the request's send time.
+	Duration *durationpb.Duration `protobuf:"bytes,3,opt,name=duration,proto3" json:"duration,omitempty"`
+	// RequestSeq is the seq of the heartbeat this grant answers.
+	RequestSeq    uint64 `protobuf:"varint,4,opt,name=request_seq,json=requestSeq,proto3" json:"request_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseGrant) Reset() {
+	*x = LeaseGrant{}
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseGrant) ProtoMessage() {}
+
+func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
+func (*LeaseGrant) Descriptor() ([]byte, []int) {
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LeaseGrant) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetGrantId() uint64 {
+	if x != nil {
+		return x.GrantId
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *LeaseGrant) GetRequestSeq() uint64 {
+	if x != nil {
+		return x.RequestSeq
+	}
+	return 0
+}
 
 // Ack acknowledges every agent message with seq <= acked_seq (the highest applied, not a count).
 type Ack struct {
@@ -1374,7 +1496,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1508,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1521,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Ack) GetAckedSeq() uint64 {
@@ -1424,7 +1546,7 @@ type AgentConfig struct {
 
 func (x *AgentConfig) Reset() {
 	*x = AgentConfig{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1558,7 @@ func (x *AgentConfig) String() string {
 func (*AgentConfig) ProtoMessage() {}
 
 func (x *AgentConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1571,7 @@ func (x *AgentConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentConfig.ProtoReflect.Descriptor instead.
 func (*AgentConfig) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AgentConfig) GetHeartbeatInterval() *durationpb.Duration {
@@ -1486,7 +1608,7 @@ type EvictionGrant struct {
 
 func (x *EvictionGrant) Reset() {
 	*x = EvictionGrant{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1620,7 @@ func (x *EvictionGrant) String() string {
 func (*EvictionGrant) ProtoMessage() {}
 
 func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1633,7 @@ func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionGrant.ProtoReflect.Descriptor instead.
 func (*EvictionGrant) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EvictionGrant) GetSignal() string {
@@ -1568,9 +1690,13 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"@\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xaa\x01\n" +
 	"\tHeartbeat\x123\n" +
-	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x81\x01\n" +
+	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12!\n" +
+	"\flease_wanted\x18\x02 \x01(\bR\vleaseWanted\x12\x1f\n" +
+	"\vlease_epoch\x18\x03 \x01(\x03R\n" +
+	"leaseEpoch\x12$\n" +
+	"\x0elease_grant_id\x18\x04 \x01(\x04R\fleaseGrantId\"\x81\x01\n" +
 	"\fSignalSample\x12;\n" +
 	"\vobserved_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x124\n" +
@@ -1607,12 +1733,20 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\x04kind\x18\x05 \x01(\x0e2 .nodefence.agent.v1.EvictionKindR\x04kind\x12<\n" +
 	"\fgrace_period\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vgracePeriod\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12*\n" +
-	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x01\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf3\x01\n" +
 	"\x0fConnectResponse\x12+\n" +
 	"\x03ack\x18\x01 \x01(\v2\x17.nodefence.agent.v1.AckH\x00R\x03ack\x129\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.nodefence.agent.v1.AgentConfigH\x00R\x06config\x129\n" +
-	"\x05grant\x18\x03 \x01(\v2!.nodefence.agent.v1.EvictionGrantH\x00R\x05grantB\x05\n" +
-	"\x03msg\"\"\n" +
+	"\x05grant\x18\x03 \x01(\v2!.nodefence.agent.v1.EvictionGrantH\x00R\x05grant\x126\n" +
+	"\x05lease\x18\x04 \x01(\v2\x1e.nodefence.agent.v1.LeaseGrantH\x00R\x05leaseB\x05\n" +
+	"\x03msg\"\x95\x01\n" +
+	"\n" +
+	"LeaseGrant\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x19\n" +
+	"\bgrant_id\x18\x02 \x01(\x04R\agrantId\x125\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1f\n" +
+	"\vrequest_seq\x18\x04 \x01(\x04R\n" +
+	"requestSeq\"\"\n" +
 	"\x03Ack\x12\x1b\n" +
 	"\tacked_seq\x18\x01 \x01(\x04R\backedSeq\"\xb1\x01\n" +
 	"\vAgentConfig\x12H\n" +
@@ -1661,7 +1795,7 @@ func file_nodefence_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(ConditionType)(0),            // 0: nodefence.agent.v1.ConditionType
 	(ConditionStatus)(0),          // 1: nodefence.agent.v1.ConditionStatus
@@ -1680,12 +1814,13 @@ var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(*EvictionCandidate)(nil),     // 14: nodefence.agent.v1.EvictionCandidate
 	(*EvictionReport)(nil),        // 15: nodefence.agent.v1.EvictionReport
 	(*ConnectResponse)(nil),       // 16: nodefence.agent.v1.ConnectResponse
-	(*Ack)(nil),                   // 17: nodefence.agent.v1.Ack
-	(*AgentConfig)(nil),           // 18: nodefence.agent.v1.AgentConfig
-	(*EvictionGrant)(nil),         // 19: nodefence.agent.v1.EvictionGrant
-	nil,                           // 20: nodefence.agent.v1.Hello.LabelsEntry
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*LeaseGrant)(nil),            // 17: nodefence.agent.v1.LeaseGrant
+	(*Ack)(nil),                   // 18: nodefence.agent.v1.Ack
+	(*AgentConfig)(nil),           // 19: nodefence.agent.v1.AgentConfig
+	(*EvictionGrant)(nil),         // 20: nodefence.agent.v1.EvictionGrant
+	nil,                           // 21: nodefence.agent.v1.Hello.LabelsEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
 	6,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
@@ -1696,37 +1831,39 @@ var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
 	13, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
 	15, // 6: nodefence.agent.v1.ConnectRequest.eviction:type_name -> nodefence.agent.v1.EvictionReport
 	5,  // 7: nodefence.agent.v1.ConnectRequest.watchdog:type_name -> nodefence.agent.v1.WatchdogState
-	21, // 8: nodefence.agent.v1.WatchdogState.timeout:type_name -> google.protobuf.Duration
-	20, // 9: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
+	22, // 8: nodefence.agent.v1.WatchdogState.timeout:type_name -> google.protobuf.Duration
+	21, // 9: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
 	7,  // 10: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
 	5,  // 11: nodefence.agent.v1.Hello.watchdog:type_name -> nodefence.agent.v1.WatchdogState
-	22, // 12: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	22, // 13: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
+	23, // 12: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	23, // 13: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
 	10, // 14: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
 	0,  // 15: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
 	1,  // 16: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
-	22, // 17: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
+	23, // 17: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
 	2,  // 18: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
-	22, // 19: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
-	21, // 20: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
+	23, // 19: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
+	22, // 20: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
 	14, // 21: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
-	21, // 22: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
+	22, // 22: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
 	3,  // 23: nodefence.agent.v1.EvictionReport.kind:type_name -> nodefence.agent.v1.EvictionKind
-	21, // 24: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
-	22, // 25: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
-	17, // 26: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
-	18, // 27: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
-	19, // 28: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
-	21, // 29: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	21, // 30: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
-	14, // 31: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
-	4,  // 32: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
-	16, // 33: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
-	33, // [33:34] is the sub-list for method output_type
-	32, // [32:33] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	22, // 24: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
+	23, // 25: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
+	18, // 26: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
+	19, // 27: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
+	20, // 28: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
+	17, // 29: nodefence.agent.v1.ConnectResponse.lease:type_name -> nodefence.agent.v1.LeaseGrant
+	22, // 30: nodefence.agent.v1.LeaseGrant.duration:type_name -> google.protobuf.Duration
+	22, // 31: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	22, // 32: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
+	14, // 33: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
+	4,  // 34: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
+	16, // 35: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
+	35, // [35:36] is the sub-list for method output_type
+	34, // [34:35] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_agent_v1_agent_proto_init() }
@@ -1748,6 +1885,7 @@ func file_nodefence_agent_v1_agent_proto_init() {
 		(*ConnectResponse_Ack)(nil),
 		(*ConnectResponse_Config)(nil),
 		(*ConnectResponse_Grant)(nil),
+		(*ConnectResponse_Lease)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1755,7 +1893,7 @@ func file_nodefence_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_agent_v1_agent_proto_rawDesc), len(file_nodefence_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

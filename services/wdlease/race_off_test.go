@@ -1,0 +1,5 @@
+//go:build !race
+
+package wdlease
+
+const raceOn = false
