@@ -18,6 +18,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/redact"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -119,13 +120,11 @@ func (a *App) probe(ctx context.Context, secrets fenceconfig.SecretReader, node 
 
 // redactValues replaces every secret parameter value found in s by "***".
 func redactValues(s string, params map[string]string) string {
-	for k, v := range params {
-		if len(v) >= 3 && kit.IsSecret(k, nil) {
-			s = strings.ReplaceAll(s, v, "***")
-		}
-	}
-	return s
+	return redact.Values(s, params, secretParam)
 }
+
+// secretParam reports whether a fence parameter is secret by its name (kit.IsSecret).
+func secretParam(name string) bool { return kit.IsSecret(name, nil) }
 
 // liveConfig is GetConfig's answer: the replica's settings and its fence configuration, secrets
 // redacted.
@@ -154,30 +153,7 @@ func (a *App) liveConfig() *coordv1.GetConfigResponse {
 // redactParameters copies a method's parameters with every secret value replaced by "***"; a
 // secret reference (NAME_file, NAME_secret) keeps its value, which says where the secret is kept.
 func redactParameters(params map[string]string) map[string]string {
-	out := make(map[string]string, len(params))
-	for k, v := range params {
-		n := kit.NormalizeName(k)
-		if !strings.HasSuffix(n, "_file") && !strings.HasSuffix(n, "_secret") && kit.IsSecret(n, nil) {
-			v = "***"
-		}
-		out[k] = v
-	}
-	return out
-}
-
-// secretSetting reports whether a setting's name says it holds a secret value (a file that holds
-// one, NAME...File, is a path and is shown).
-func secretSetting(name string) bool {
-	n := strings.ToLower(name)
-	if strings.HasSuffix(n, "file") || strings.HasSuffix(n, "dir") {
-		return false
-	}
-	for _, w := range []string{"password", "passwd", "secret", "token", "community", "bearer"} {
-		if strings.Contains(n, w) {
-			return true
-		}
-	}
-	return false
+	return redact.Params(params, secretParam)
 }
 
 // settings flattens a configuration struct into sorted name=value settings: text, numbers, booleans,
@@ -201,7 +177,7 @@ func settings(v reflect.Value, prefix string) []*coordv1.Setting {
 		if !ok {
 			continue
 		}
-		if secretSetting(f.Name) && text != "" {
+		if redact.Setting(f.Name) && text != "" {
 			text = "***"
 		}
 		out = append(out, &coordv1.Setting{Name: name, Value: text})

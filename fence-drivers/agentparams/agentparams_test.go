@@ -7,6 +7,7 @@ import (
 	"unicode"
 
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/redact"
 )
 
 func TestValueByKind(t *testing.T) {
@@ -147,4 +148,14 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("%s %q=%q accepted: unsafe on a command line", kind, name, value)
 		}
 	})
+}
+
+// Every parameter the allowlist passes as a secret is one by services/redact's names too, so the
+// drivers' logs, the coordinator's answers and fencectl mask it whichever rule they apply.
+func TestSecretKindsAreRedactedNames(t *testing.T) {
+	for name, kind := range Allowed() {
+		if kind == KindSecret && !redact.Name(name) {
+			t.Errorf("%s is a secret here but not by services/redact's names", name)
+		}
+	}
 }

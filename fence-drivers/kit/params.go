@@ -9,6 +9,7 @@ import (
 
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/redact"
 )
 
 // Parameter types understood by Canonicalize (Parameter.Type).
@@ -18,17 +19,12 @@ const (
 	TypeBoolean = "boolean"
 )
 
-// secretWords mark a parameter name as secret even when no description says so: passwords,
-// SNMP communities and privacy passphrases, keys and tokens are never logged.
-var secretWords = []string{"pass", "community", "secret", "token", "key", "kg"}
-
 // NormalizeName is the form parameter names are compared in: trimmed, lower case, '-' read as '_'
 // (fence agents take --snmp-priv-passwd on the command line and snmp_priv_passwd on stdin).
-func NormalizeName(name string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "-", "_")
-}
+func NormalizeName(name string) string { return redact.Normalize(name) }
 
-// IsSecret reports whether the parameter name denotes a secret, by description or by name.
+// IsSecret reports whether the parameter name denotes a secret, by description or by name
+// (services/redact: passwords and passphrases, SNMP communities, keys and tokens are never logged).
 func IsSecret(name string, desc []*driverv1.Parameter) bool {
 	n := NormalizeName(name)
 	for _, p := range desc {
@@ -36,12 +32,7 @@ func IsSecret(name string, desc []*driverv1.Parameter) bool {
 			return true
 		}
 	}
-	for _, w := range secretWords {
-		if strings.Contains(n, w) {
-			return true
-		}
-	}
-	return false
+	return redact.Name(n)
 }
 
 // Masked returns params with every secret value replaced by "***", for logs.

@@ -12,6 +12,7 @@ import (
 	"github.com/nodefence/nodefence/fence-drivers/pdu"
 	"github.com/nodefence/nodefence/fence-drivers/redfish"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
+	"github.com/nodefence/nodefence/services/redact"
 )
 
 // offlineDrivers are the drivers whose parameters `config check` validates with the drivers' own
@@ -61,7 +62,7 @@ func problems(err error) []string {
 // secret words: pass, community, secret, token, key, kg); secret references show their path.
 func secretFor(driver, k string) bool {
 	n := kit.NormalizeName(k)
-	if strings.HasSuffix(n, "_file") || strings.HasSuffix(n, "_secret") {
+	if redact.Reference(n) {
 		return false
 	}
 	var desc []*driverv1.Parameter

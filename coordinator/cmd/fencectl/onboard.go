@@ -17,6 +17,7 @@ import (
 	"github.com/nodefence/nodefence/fence-drivers/fenceagent"
 	"github.com/nodefence/nodefence/fence-drivers/kit"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/redact"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -251,11 +252,7 @@ func checkDevice(ctx context.Context, node string, m fenceconfig.Resolved) *coor
 	dc := &coordv1.DeviceCheck{Method: m.Name, Driver: m.Driver}
 	params := map[string]string{}
 	finish := func(detail string) *coordv1.DeviceCheck {
-		for k, v := range params {
-			if len(v) >= 3 && kit.IsSecret(k, nil) {
-				detail = strings.ReplaceAll(detail, v, "***")
-			}
-		}
+		detail = redact.Values(detail, params, func(k string) bool { return kit.IsSecret(k, nil) })
 		dc.Detail, dc.Latency, dc.CheckedAt = detail, durationpb.New(time.Since(start)), timestamppb.Now()
 		return dc
 	}
