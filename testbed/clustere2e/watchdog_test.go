@@ -76,7 +76,7 @@ func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		fedAgain := s.waitFedAfter(t, victim, killed, wdTimeout)
-		t.Logf("%s: the restarted agent fed the device %.1fs after its predecessor was killed", victim.Name, fedAgain.Sub(killed).Seconds())
+		t.Logf("%s: the restarted agent fed the device %.2fs after its predecessor was killed", victim.Name, fedAgain.Sub(killed).Seconds())
 		time.Sleep(2*wdTimeout - time.Since(killed))
 		s.noReset(t, victim, before[victim.Name])
 		if wd := victim.Watchdog(); wd.State() != watchdogsim.Armed || time.Since(wd.LastFeed()) > wdTimeout {
