@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodefence/nodefence/testbed/cluster"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
 	"github.com/nodefence/nodefence/testbed/watchdogsim"
 
@@ -25,7 +26,8 @@ const wdTimeout = 6 * time.Second
 // cleanly (SIGTERM: its magic close) resets nothing; an agent SIGKILLed and restarted within the
 // timeout re-opens the device and resets nothing; an agent SIGKILLed and not restarted resets its
 // node after the timeout — the node's processes die, it boots with a new boot id, and its agent
-// arms the device again. One deployment serves the subtests, in this order.
+// arms the device again; a node its BMC powers off stays off (the power-off disarms the device).
+// One deployment serves the subtests, in this order.
 func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 	s := start(t, nfcluster.Options{Watchdog: wdTimeout})
 	victim := s.c.Node("node-2")
@@ -114,6 +116,25 @@ func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 			t.Errorf("reset %s after the kill, later than the %s timeout (+1s)", got, wdTimeout)
 		}
 		s.waitArmedAgain(t, victim, before, killed)
+	})
+
+	t.Run("powered off by its BMC", func(t *testing.T) {
+		defer s.agentBack(t, victim)
+		pass := s.c.BMCPassword()
+		if err := ipmisim.IpmitoolChassisPower(s.ctx, victim.BMC.Port, cluster.BMCUser, pass, "off"); err != nil {
+			t.Fatal(err)
+		}
+		off := time.Now()
+		// The agent died with the node, its device unfed: the power-off disarmed it, so nothing
+		// boots the node its BMC keeps off.
+		time.Sleep(2 * wdTimeout)
+		if on, err := victim.BMC.Power(); err != nil || on || victim.Running() || victim.Watchdog().State() != watchdogsim.Disarmed {
+			t.Errorf("%s %.1fs after its BMC's power-off: BMC on %v (%v), running %v, watchdog %d; want off, disarmed",
+				victim.Name, time.Since(off).Seconds(), on, err, victim.Running(), victim.Watchdog().State())
+		}
+		if err := ipmisim.IpmitoolChassisPower(s.ctx, victim.BMC.Port, cluster.BMCUser, pass, "on"); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 

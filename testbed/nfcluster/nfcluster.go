@@ -240,36 +240,8 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 	for _, co := range d.Coordinators {
 		addrs = append(addrs, co.Addr)
 	}
-	for _, n := range c.Nodes {
-		tls, err := d.issue(identity.Agent, n.Name)
-		if err != nil {
-			return nil, err
-		}
-		kc, err := d.agentKubeconfig(ctx, admin, n)
-		if err != nil {
-			return nil, err
-		}
-		// Kubernetes mode with the node's kubelet directories; no eviction threshold unless the
-		// test sets one, as the testbed's kubelets have none (the nodes share one machine).
-		args := append(pki.Args("", tls),
-			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
-			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
-			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
-			"--kubeconfig="+kc, "--kubelet-root-dir="+filepath.Join(n.Dir, "kubelet"), "--pod-log-dir="+filepath.Join(n.Dir, "pod-logs"),
-			"--cgroup-driver=cgroupfs", "--kubelet-cgroup-root="+n.CgroupRoot, "--eviction-hard=")
-		if o.Watchdog > 0 {
-			if _, err := n.StartWatchdog(o.Watchdog); err != nil {
-				return nil, err
-			}
-			d.watchdogs = append(d.watchdogs, n)
-			args = append(args, "--watchdog-device="+n.WatchdogPath(), "--watchdog-timeout="+o.Watchdog.String())
-		}
-		if o.AgentArgs != nil {
-			args = append(args, o.AgentArgs(n)...)
-		}
-		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: args}); err != nil {
-			return nil, err
-		}
+	if err := d.startAgents(ctx, admin, addrs); err != nil {
+		return nil, err
 	}
 	if err := d.WaitAgents(ctx, 60*time.Second); err != nil {
 		return nil, err
