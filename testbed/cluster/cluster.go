@@ -9,7 +9,8 @@
 // Each node has an ipmi_sim BMC (testbed/ipmisim) that really powers it: chassis power off
 // SIGKILLs every process of the node (its network namespace and its cgroup tree, pods included)
 // before the BMC reads off; power on boots it again (containerd, kubelet and the node's
-// Services), and the node rejoins.
+// Services), and the node rejoins. A node may have a watchdog device (Node.StartWatchdog) that,
+// armed and unfed, resets the node the same way: power off, then on.
 //
 // Only the bridge's subnet (DefaultSubnet), the pod network and 127.0.0.1 are ever addressed.
 // Up takes a machine-wide lock per Prefix; Down leaves nothing running or mounted and restores

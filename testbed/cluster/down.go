@@ -21,6 +21,9 @@ func (c *Cluster) Down() error {
 		c.stopped.Store(true) // no BMC boots a node from now on
 		close(c.stopPower)
 		c.powerWG.Wait()
+		for _, n := range c.Nodes {
+			n.StopWatchdog() // nor does a watchdog reset one
+		}
 		var errs []error
 		for _, n := range c.Nodes {
 			n.mu.Lock()

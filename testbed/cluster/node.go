@@ -13,11 +13,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/procs"
+	"github.com/nodefence/nodefence/testbed/watchdogsim"
 )
 
 // Node is one Kubernetes node: a network namespace with its own containerd, runc state and
@@ -50,8 +52,12 @@ type Node struct {
 	svcProcs   map[string]*proc
 	restarts   int
 	bootErr    error
-	// kubeletHeld: KillKubelet stopped the kubelet; the watchdog leaves it stopped.
+	// kubeletHeld: KillKubelet stopped the kubelet; watchKubelet leaves it stopped.
 	kubeletHeld bool
+	// wd is the node's watchdog device (StartWatchdog), or nil; wdReset is set when it fired and
+	// its reset has not run, and cleared when the node loses power first (watchdog.go).
+	wd      *watchdogsim.Device
+	wdReset atomic.Bool
 }
 
 // Service is a program that runs on a node, started in its network namespace each time the node
@@ -278,18 +284,28 @@ func mapValues(m map[string]*proc) []*proc {
 }
 
 // Crash kills every process of the node with SIGKILL, as a kernel panic or a hang would stop it:
-// the BMC still says the power is on.
+// the BMC still says the power is on, and an armed watchdog (StartWatchdog) resets the node after
+// its timeout.
 func (n *Node) Crash() (killed int, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.killAll()
 }
 
-// powerOff is the BMC's power-off: the node's processes die, then the BMC reads off.
+// powerOff is the BMC's power-off: the node's processes die, then the BMC reads off. The node's
+// watchdog loses power with it.
 func (n *Node) powerOff() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.powerOffLocked()
+}
+
+// powerOffLocked is powerOff; the caller holds n.mu.
+func (n *Node) powerOffLocked() error {
 	killed, err := n.killAll()
+	if err == nil {
+		n.watchdogPowerLoss()
+	}
 	n.c.log.Info("power off", "node", n.Name, "killed", killed, "err", err)
 	return err
 }
@@ -298,6 +314,11 @@ func (n *Node) powerOff() error {
 func (n *Node) powerOn() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.powerOnLocked()
+}
+
+// powerOnLocked is powerOn; the caller holds n.mu.
+func (n *Node) powerOnLocked() {
 	if n.running || n.c.stopped.Load() {
 		return
 	}

@@ -99,6 +99,11 @@ type Options struct {
 	// BMCPort, when set, returns the port of the BMC that a node's fence configuration names (0:
 	// the node's own BMC): a test maps a node to another machine's BMC, as a wrong mapping would.
 	BMCPort func(n *cluster.Node) int
+	// Watchdog, when set (whole seconds), gives every node a watchdog device with this timeout
+	// (cluster.Node.StartWatchdog: unfed, it resets the node as its BMC's power-off and power-on
+	// do) and starts the agents with --watchdog-device on it and --watchdog-timeout=Watchdog.
+	// Stop removes the devices after the agents' clean stop. 0: no watchdog.
+	Watchdog time.Duration
 	// Log receives progress (nil: discarded).
 	Log *slog.Logger
 }
@@ -146,6 +151,8 @@ type Deployment struct {
 	caFile       string
 	// etcdClient is the coordinators' etcd client certificate, from etcd's own CA (as deploy/'s).
 	etcdClient tlsfiles.Files
+	// watchdogs are the nodes whose watchdog device the deployment started.
+	watchdogs []*cluster.Node
 }
 
 // Coordinator is one coordinator replica.
@@ -233,29 +240,8 @@ func Deploy(ctx context.Context, c *cluster.Cluster, o Options) (*Deployment, er
 	for _, co := range d.Coordinators {
 		addrs = append(addrs, co.Addr)
 	}
-	for _, n := range c.Nodes {
-		tls, err := d.issue(identity.Agent, n.Name)
-		if err != nil {
-			return nil, err
-		}
-		kc, err := d.agentKubeconfig(ctx, admin, n)
-		if err != nil {
-			return nil, err
-		}
-		// Kubernetes mode with the node's kubelet directories; no eviction threshold unless the
-		// test sets one, as the testbed's kubelets have none (the nodes share one machine).
-		args := append(pki.Args("", tls),
-			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+c.Config.Region,
-			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
-			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
-			"--kubeconfig="+kc, "--kubelet-root-dir="+filepath.Join(n.Dir, "kubelet"), "--pod-log-dir="+filepath.Join(n.Dir, "pod-logs"),
-			"--cgroup-driver=cgroupfs", "--kubelet-cgroup-root="+n.CgroupRoot, "--eviction-hard=")
-		if o.AgentArgs != nil {
-			args = append(args, o.AgentArgs(n)...)
-		}
-		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(o.BinDir, "node-agent"), Args: args}); err != nil {
-			return nil, err
-		}
+	if err := d.startAgents(ctx, admin, addrs); err != nil {
+		return nil, err
 	}
 	if err := d.WaitAgents(ctx, 60*time.Second); err != nil {
 		return nil, err
@@ -277,6 +263,9 @@ func (o Options) check() error {
 	}
 	if o.Coordinators < 1 || o.Coordinators > 3 {
 		errs = append(errs, fmt.Errorf("nfcluster options: Coordinators: 1 to 3, got %d", o.Coordinators))
+	}
+	if w := o.Watchdog; w != 0 && (w < time.Second || w%time.Second != 0) {
+		errs = append(errs, fmt.Errorf("nfcluster options: Watchdog: whole seconds, at least 1s, got %s", w))
 	}
 	return errors.Join(errs...)
 }
@@ -537,12 +526,16 @@ func (d *Deployment) Fencectl(ctx context.Context, args ...string) (string, erro
 	return string(out), err
 }
 
-// Stop stops the agents (as node services), the coordinators, the driver and etcd, and removes
-// the node-agent webhook that names a coordinator of this deployment.
+// Stop stops the agents (as node services: SIGTERM, a clean stop that disarms their watchdog),
+// the watchdog devices it started, the coordinators, the driver and etcd, and removes the
+// node-agent webhook that names a coordinator of this deployment.
 func (d *Deployment) Stop() {
 	d.removeWebhook()
 	for _, n := range d.Cluster.Nodes {
 		n.RemoveService("node-agent")
+	}
+	for _, n := range d.watchdogs {
+		n.StopWatchdog()
 	}
 	for _, co := range d.Coordinators {
 		co.p.Stop(5 * time.Second)

@@ -1,12 +1,16 @@
 package nfcluster
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/identity/certs"
@@ -157,4 +161,41 @@ func testbedFlags(o Options) []string {
 		"--fence-retry-backoff=" + o.Backoff.String(), "--election-ttl=2s",
 		"--power-management-polls=3", "--power-management-poll-interval=1s",
 		"--agent-heartbeat-interval=500ms", "--agent-sample-interval=1s"}
+}
+
+// startAgents starts a node-agent on every node as one of its services, with the node's watchdog
+// device when Options.Watchdog is set.
+func (d *Deployment) startAgents(ctx context.Context, admin *kubernetes.Clientset, addrs []string) error {
+	for _, n := range d.Cluster.Nodes {
+		tls, err := d.issue(identity.Agent, n.Name)
+		if err != nil {
+			return err
+		}
+		kc, err := d.agentKubeconfig(ctx, admin, n)
+		if err != nil {
+			return err
+		}
+		// Kubernetes mode with the node's kubelet directories; no eviction threshold unless the
+		// test sets one, as the testbed's kubelets have none (the nodes share one machine).
+		args := append(pki.Args("", tls),
+			"--coordinator="+strings.Join(addrs, ","), "--node-name="+n.Name, "--zone="+n.Zone, "--region="+d.Cluster.Config.Region,
+			"--boot-id-file="+n.BootIDFile(), "--nodefs-path="+n.Dir, "--log-level=info",
+			"--container-runtime-endpoint=unix://"+filepath.Join(n.Dir, "containerd.sock"),
+			"--kubeconfig="+kc, "--kubelet-root-dir="+filepath.Join(n.Dir, "kubelet"), "--pod-log-dir="+filepath.Join(n.Dir, "pod-logs"),
+			"--cgroup-driver=cgroupfs", "--kubelet-cgroup-root="+n.CgroupRoot, "--eviction-hard=")
+		if d.Opts.Watchdog > 0 {
+			if _, err := n.StartWatchdog(d.Opts.Watchdog); err != nil {
+				return err
+			}
+			d.watchdogs = append(d.watchdogs, n)
+			args = append(args, "--watchdog-device="+n.WatchdogPath(), "--watchdog-timeout="+d.Opts.Watchdog.String())
+		}
+		if d.Opts.AgentArgs != nil {
+			args = append(args, d.Opts.AgentArgs(n)...)
+		}
+		if err := n.AddService(cluster.Service{Name: "node-agent", Bin: filepath.Join(d.Opts.BinDir, "node-agent"), Args: args}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -3,8 +3,10 @@
 // writer sends feeds it (the first one arms it); 'V' as the last byte before the writer closes
 // disarms it (the magic close); a writer that closes without it leaves it armed. Armed and unfed for
 // its timeout, it resets the node: OnReset is called once, as the node's BMC power-off would act,
-// and the device waits to be armed again (the node's next boot). Nothing is simulated as success: a
-// device nobody arms never resets, one armed and abandoned always does.
+// and the device waits to be armed again (the node's next boot). A writer may open it again after
+// another closed (a restarted agent re-arms it). PowerLoss is the node losing power: the device is
+// disarmed, as hardware boots with its watchdog off. Nothing is simulated as success: a device
+// nobody arms never resets, one armed and abandoned always does.
 package watchdogsim
 
 import (
@@ -32,7 +34,8 @@ const (
 type Device struct {
 	Path    string
 	Timeout time.Duration
-	// OnReset is called (from the device's goroutine) when the armed device went unfed for Timeout.
+	// OnReset is called (from the device's goroutine, which waits for it) when the armed device went
+	// unfed for Timeout. It must not call PowerLoss itself: start a goroutine that does.
 	OnReset func()
 
 	mu       sync.Mutex
@@ -42,6 +45,8 @@ type Device struct {
 	feeds    int
 	stop     chan struct{}
 	done     chan struct{}
+	power    chan chan struct{}
+	stopOnce sync.Once
 }
 
 // Start makes the FIFO at path and serves it until Stop.
@@ -56,7 +61,8 @@ func Start(path string, timeout time.Duration, onReset func()) (*Device, error) 
 		os.Remove(path)
 		return nil, err
 	}
-	d := &Device{Path: path, Timeout: timeout, OnReset: onReset, stop: make(chan struct{}), done: make(chan struct{})}
+	d := &Device{Path: path, Timeout: timeout, OnReset: onReset, stop: make(chan struct{}), done: make(chan struct{}),
+		power: make(chan chan struct{})}
 	go d.serve(fd)
 	return d, nil
 }
@@ -74,6 +80,15 @@ func (d *Device) serve(fd int) {
 		select {
 		case <-d.stop:
 			return
+		case ack := <-d.power:
+			// Every writer died with the node: what they left unread feeds nothing, and the
+			// device is off until a writer of the next boot arms it.
+			for n, _ := syscall.Read(fd, buf); n > 0; n, _ = syscall.Read(fd, buf) {
+			}
+			writer, magic = false, false
+			d.setState(Disarmed)
+			close(ack)
+			continue
 		case <-t.C:
 		}
 		for {
@@ -124,6 +139,19 @@ func (d *Device) check() {
 	}
 }
 
+// PowerLoss is the node losing power (its BMC's power-off, a reset): call it once the node's
+// processes are dead. The device is disarmed and drops what its dead writers left unread, so it
+// does not reset a node that is off; the next boot's writer arms it again. It returns once the
+// device has done so (at once after Stop). Not from OnReset: the device waits for OnReset.
+func (d *Device) PowerLoss() {
+	ack := make(chan struct{})
+	select {
+	case d.power <- ack:
+		<-ack
+	case <-d.done:
+	}
+}
+
 // State is the device's state now.
 func (d *Device) State() State {
 	d.mu.Lock()
@@ -138,6 +166,13 @@ func (d *Device) Resets() int {
 	return d.resets
 }
 
+// LastFeed is when a byte last fed it (zero before the first).
+func (d *Device) LastFeed() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastFeed
+}
+
 // Feeds is how many bytes fed it.
 func (d *Device) Feeds() int {
 	d.mu.Lock()
@@ -145,9 +180,11 @@ func (d *Device) Feeds() int {
 	return d.feeds
 }
 
-// Stop stops serving and removes the FIFO.
+// Stop stops serving and removes the FIFO. It is safe to call more than once.
 func (d *Device) Stop() {
-	close(d.stop)
-	<-d.done
-	os.Remove(d.Path)
+	d.stopOnce.Do(func() {
+		close(d.stop)
+		<-d.done
+		os.Remove(d.Path)
+	})
 }
