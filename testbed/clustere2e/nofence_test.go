@@ -404,8 +404,13 @@ func (x *chaos) starve(d time.Duration) {
 	var once sync.Once
 	undo := func() {
 		once.Do(func() {
-			if err := restore(); err != nil {
+			stat, err := restore()
+			if err != nil {
 				x.t.Errorf("restore the CPU of %s: %v", x.victim.Name, err)
+			}
+			x.t.Logf("%s's agent and kubelet at %d‰ of a CPU: %s (throttled_time in ns)", x.victim.Name, starvePermille, stat)
+			if !strings.Contains(stat, "nr_throttled") || strings.Contains(stat, "nr_throttled 0") {
+				x.t.Errorf("the CPU quota never throttled %s's agent and kubelet: %q", x.victim.Name, stat)
 			}
 		})
 	}
