@@ -103,7 +103,10 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() (stat string
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	const period = 100000 // µs
+	period := 100000 // µs: 1% is 1 ms every 100 ms
+	if permille < 10 {
+		period = 1000000 // the quota's minimum is 1 ms: 0.1% is 1 ms a second
+	}
 	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(period)), 0o644); err != nil {
 		return nil, err
 	}
