@@ -194,6 +194,13 @@ func (s *scenario) chaos(t *testing.T, victim *cluster.Node) *chaos {
 // reported after it and watches afterFault more, and checks that nothing was fenced or released.
 func (x *chaos) run(what string, length time.Duration, fault func()) *gaps {
 	g := x.watchGaps(x.victim.Name)
+	// The measurement starts from a renewal read before the fault (a stalled apiserver answers
+	// nothing).
+	for deadline := time.Now().Add(10 * time.Second); !g.renewedSince(time.Time{}); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			x.t.Fatalf("the victim's Lease could not be read: %s", g)
+		}
+	}
 	t0 := time.Now()
 	fault()
 	end := time.Now()
