@@ -89,8 +89,9 @@ const starveCgroup = "nodefence-starve"
 
 // StarveCPU moves the processes pids (with all their threads) into a cpu cgroup under the node's
 // cgroup root whose CFS quota is permille thousandths of one CPU (10: 1%), and returns the undo:
-// the processes back to the cgroup each was in, the cgroup removed.
-func (n *Node) StarveCPU(permille int, pids ...int) (restore func() error, err error) {
+// the processes back to the cgroup each was in, the cgroup removed; it returns the cgroup's
+// throttling counters (cpu.stat) first, which prove the quota bit.
+func (n *Node) StarveCPU(permille int, pids ...int) (restore func() (stat string, err error), err error) {
 	if permille < 1 || permille > 1000 {
 		return nil, fmt.Errorf("%s: StarveCPU: permille must be 1..1000, got %d", n.Name, permille)
 	}
@@ -102,7 +103,10 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() error, err e
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	const period = 100000 // µs
+	period := 100000 // µs: 1% is 1 ms every 100 ms
+	if permille < 10 {
+		period = 1000000 // the quota's minimum is 1 ms: 0.1% is 1 ms a second
+	}
 	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(period)), 0o644); err != nil {
 		return nil, err
 	}
@@ -110,7 +114,8 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() error, err e
 		return nil, err
 	}
 	from := map[int]string{}
-	restore = func() error {
+	restore = func() (string, error) {
+		stat, _ := os.ReadFile(filepath.Join(dir, "cpu.stat"))
 		var errs []error
 		for pid, cg := range from {
 			err := os.WriteFile(filepath.Join(h, cg, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
@@ -121,7 +126,7 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() error, err e
 		if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("%s: remove %s: %w", n.Name, dir, err))
 		}
-		return errors.Join(errs...)
+		return strings.Join(strings.Fields(string(stat)), " "), errors.Join(errs...)
 	}
 	for _, pid := range pids {
 		cg, err := cpuCgroupOf(pid)
@@ -129,7 +134,8 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() error, err e
 			err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
 		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("%s: starve %d: %w", n.Name, pid, err), restore())
+			_, rerr := restore()
+			return nil, errors.Join(fmt.Errorf("%s: starve %d: %w", n.Name, pid, err), rerr)
 		}
 		from[pid] = cg
 	}

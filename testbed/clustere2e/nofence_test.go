@@ -38,6 +38,9 @@ var (
 	// nofenceArgs adds coordinator flags to the shipped ones: for proving that the scenarios can
 	// fail (e.g. -nofence.args='--node-monitor-grace-period=2s --fence-timeout=0s').
 	nofenceArgs = flag.String("nofence.args", "", "extra coordinator flags of the no-fence scenarios, space-separated")
+	// nofenceDeep adds an exploration beyond the list: the agent and kubelet at 0.1% of a
+	// CPU for a minute (docs/no-fence.md says what it measured).
+	nofenceDeep = flag.Bool("nofence.deep", false, "also starve the agent and kubelet at 0.1% of a CPU for 1 min")
 )
 
 // chaosPlan is how long each fault lasts.
@@ -127,8 +130,14 @@ func noFence(t *testing.T, plan chaosPlan) {
 	})
 	t.Run("cpu-starved", func(t *testing.T) {
 		x := s.chaos(t, victim)
-		x.run("agent and kubelet CPU-starved", plan.starve, func() { x.starve(plan.starve) })
+		x.run("agent and kubelet CPU-starved", plan.starve, func() { x.starve(starvePermille, plan.starve) })
 	})
+	if *nofenceDeep {
+		t.Run("cpu-starved-deep", func(t *testing.T) {
+			x := s.chaos(t, victim)
+			x.run("agent and kubelet at 0.1% of a CPU", time.Minute, func() { x.starve(1, time.Minute) })
+		})
+	}
 	t.Run("grace-below-lease-renewal", func(t *testing.T) {
 		s.d.Stop()
 		x := start(t, nfcluster.Options{Shipped: true,
@@ -185,6 +194,13 @@ func (s *scenario) chaos(t *testing.T, victim *cluster.Node) *chaos {
 // reported after it and watches afterFault more, and checks that nothing was fenced or released.
 func (x *chaos) run(what string, length time.Duration, fault func()) *gaps {
 	g := x.watchGaps(x.victim.Name)
+	// The measurement starts from a renewal read before the fault (a stalled apiserver answers
+	// nothing).
+	for deadline := time.Now().Add(10 * time.Second); !g.renewedSince(time.Time{}); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			x.t.Fatalf("the victim's Lease could not be read: %s", g)
+		}
+	}
 	t0 := time.Now()
 	fault()
 	end := time.Now()
@@ -391,21 +407,26 @@ func (x *chaos) flap(d time.Duration) {
 	}
 }
 
-// starve confines the victim's agent and kubelet to 1% of one CPU for d.
-func (x *chaos) starve(d time.Duration) {
+// starve confines the victim's agent and kubelet to permille thousandths of one CPU for d.
+func (x *chaos) starve(permille int, d time.Duration) {
 	agent, kubelet := x.victim.ServicePID(agentService), x.victim.KubeletPID()
 	if agent == 0 || kubelet == 0 {
 		x.t.Fatalf("%s: agent pid %d, kubelet pid %d", x.victim.Name, agent, kubelet)
 	}
-	restore, err := x.victim.StarveCPU(starvePermille, agent, kubelet)
+	restore, err := x.victim.StarveCPU(permille, agent, kubelet)
 	if err != nil {
 		x.t.Fatal(err)
 	}
 	var once sync.Once
 	undo := func() {
 		once.Do(func() {
-			if err := restore(); err != nil {
+			stat, err := restore()
+			if err != nil {
 				x.t.Errorf("restore the CPU of %s: %v", x.victim.Name, err)
+			}
+			x.t.Logf("%s's agent and kubelet at %d‰ of a CPU: %s (throttled_time in ns)", x.victim.Name, permille, stat)
+			if !strings.Contains(stat, "nr_throttled") || strings.Contains(stat, "nr_throttled 0") {
+				x.t.Errorf("the CPU quota never throttled %s's agent and kubelet: %q", x.victim.Name, stat)
 			}
 		})
 	}
