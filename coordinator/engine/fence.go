@@ -167,7 +167,8 @@ func (e *Engine) request(n *node, z *zone, now time.Time) {
 	// A would-fence spends the budget as the fence would have: observe mode decides as enforce.
 	z.fences = append(z.fences, now)
 	since, judged := n.notReadySince, fmt.Sprintf("%s since %s (%s): %s", word(n.readiness), n.notReadySince.UTC().Format(time.RFC3339), now.Sub(n.notReadySince).Round(time.Second), n.reason)
-	if fast := !n.silentSince.IsZero(); fast && (since.IsZero() || n.silentSince.Before(since)) {
+	fast := !n.silentSince.IsZero() && (since.IsZero() || n.silentSince.Before(since)) // decided on the witnesses' silence
+	if fast {
 		since, judged = n.silentSince, fmt.Sprintf("agent and kubelet silent past their windows since %s (%s; the last to fall silent: %s)",
 			n.silentSince.UTC().Format(time.RFC3339), now.Sub(n.silentSince).Round(time.Second), n.silentWhy)
 	}
@@ -181,14 +182,14 @@ func (e *Engine) request(n *node, z *zone, now time.Time) {
 		}
 	}
 	req := FenceRequest{Node: name, Zone: k, Evidence: ev, LastContact: n.lastContact, NotReadySince: since, At: now, Observe: observe,
-		Silent: !n.silentSince.IsZero() && since.Equal(n.silentSince)}
+		Silent: fast}
 	if e.dumping(n, now) {
 		req.KdumpSince = n.kdumpFirst
 		req.Evidence = append(req.Evidence, "fence_kdump messages since "+n.kdumpFirst.UTC().Format(time.RFC3339Nano))
 	}
 	e.ready.Fences = append(e.ready.Fences, req)
 	clock := fmt.Sprintf("not ready for %s, released %s ago", now.Sub(n.notReadySince).Round(time.Second), now.Sub(n.releasedAt).Round(time.Second))
-	if since.Equal(n.silentSince) {
+	if fast {
 		clock = fmt.Sprintf("agent and kubelet silent past their windows for %s", now.Sub(since).Round(time.Second))
 	}
 	if observe {

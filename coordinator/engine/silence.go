@@ -183,7 +183,7 @@ func (e *Engine) suspect(n *node, now time.Time) string {
 	return ""
 }
 
-// candidate tells whether the automatic fence of n is judged by the storm guard now, and from when
+// fenceClock tells whether the automatic fence of n is judged by the storm guard now, and from when
 // its fence timeout counts (zero: not due to be counted yet): from the release under DetectGrace,
 // from the witnesses' silence under DetectWitnesses (whichever comes first when both apply).
 func (e *Engine) fenceClock(n *node, now time.Time) (judged bool, start time.Time) {
