@@ -128,7 +128,8 @@ promtool:
 	fi
 
 # test: go test's events are kept in bin/test.json; testreport shows them as plain `go test` would
-# (ok/FAIL per package, failing tests' output) and, at the very end, the ten slowest tests. The
+# (ok/FAIL per package, failing tests' output) and, at the very end, the ten slowest tests and each
+# failed test's own messages (so a cut log still ends with what failed and why). The
 # exit code is go test's (pipefail), then the demo's; the demo runs only after the tests passed.
 TEST_JSON := $(BIN)/test.json
 test: deps tools check-generated lint kube-assets promtool
@@ -139,6 +140,7 @@ test: deps tools check-generated lint kube-assets promtool
 	$(GO) test -race -count=1 -timeout 30m -json ./... | tee $(TEST_JSON) | $(BIN)/testreport || rc=$$?; \
 	if [ $$rc = 0 ]; then $(MAKE) demo || rc=$$?; fi; \
 	$(BIN)/testreport -slowest 10 < $(TEST_JSON); \
+	$(BIN)/testreport -failures < $(TEST_JSON); \
 	exit $$rc
 
 # cluster: the testbed's multi-node Kubernetes (3 nodes, each in its own network namespace with its own

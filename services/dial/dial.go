@@ -6,6 +6,7 @@
 package dial
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,9 +14,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
+	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/services/wire"
@@ -64,6 +69,35 @@ func OnRefused(f func(error)) Option { return func(s *settings) { s.onRefused = 
 // Certs makes New take its TLS material from r (shared by a component's connections and reported
 // in its metrics) instead of loading files into a reloader of its own.
 func Certs(r *tlsfiles.Reloader) Option { return func(s *settings) { s.certs = r } }
+
+// WaitOutElections makes every unary call that a coordinator refuses because no leader is elected
+// yet (fault.ElectionTrailer: refused before anything was done) wait and ask again, with a backoff
+// from 100 ms to 1 s, until it is answered otherwise, its context ends or max has passed since the
+// first attempt. An election takes about a second; a client should not fail the operator's command
+// for it. A redirect to a known leader is not retried here: the caller follows it.
+func WaitOutElections(max time.Duration) Option {
+	return func(s *settings) { s.grpc = append(s.grpc, grpc.WithChainUnaryInterceptor(electionWaiter(max))) }
+}
+
+func electionWaiter(max time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		giveUp := time.Now().Add(max)
+		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+			var md metadata.MD
+			err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Trailer(&md))...)
+			if status.Code(err) != codes.Unavailable || !fault.ElectionFromTrailer(md) || time.Now().Add(backoff).After(giveUp) {
+				return err
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			case <-t.C:
+			}
+		}
+	}
+}
 
 // GRPC adds gRPC dial options.
 func GRPC(o ...grpc.DialOption) Option { return func(s *settings) { s.grpc = append(s.grpc, o...) } }

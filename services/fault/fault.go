@@ -205,10 +205,27 @@ func Status(err error) error {
 	return status.Error(m.code, m.msg)
 }
 
-func leaderTrailer(ctx context.Context, err error) {
+// ElectionTrailer is the metadata key under which a replica says that no leader is elected yet:
+// the request was refused before anything was done, and asking again shortly is safe.
+const ElectionTrailer = "nodefence-election"
+
+// notLeaderTrailer is the trailer of a refusal by a replica that is not the leader: the leader's
+// address when one is known, else that an election runs; nil for any other error.
+func notLeaderTrailer(err error) metadata.MD {
 	var nl *NotLeaderError
-	if errors.As(err, &nl) && nl.LeaderAddress != "" {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderTrailer, nl.LeaderAddress))
+	switch {
+	case !errors.As(err, &nl):
+		return nil
+	case nl.LeaderAddress != "":
+		return metadata.Pairs(LeaderTrailer, nl.LeaderAddress)
+	default:
+		return metadata.Pairs(ElectionTrailer, "running")
+	}
+}
+
+func leaderTrailer(ctx context.Context, err error) {
+	if md := notLeaderTrailer(err); md != nil {
+		_ = grpc.SetTrailer(ctx, md)
 	}
 }
 
@@ -238,15 +255,17 @@ func StreamServerInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
 		err := h(srv, ss)
 		if err != nil {
 			logInternal(log, info.FullMethod, err)
-			var nl *NotLeaderError
-			if errors.As(err, &nl) && nl.LeaderAddress != "" {
-				ss.SetTrailer(metadata.Pairs(LeaderTrailer, nl.LeaderAddress))
+			if md := notLeaderTrailer(err); md != nil {
+				ss.SetTrailer(md)
 			}
 			return Status(err)
 		}
 		return nil
 	}
 }
+
+// ElectionFromTrailer says whether a replica refused a call because no leader is elected yet.
+func ElectionFromTrailer(md metadata.MD) bool { return len(md.Get(ElectionTrailer)) > 0 }
 
 // LeaderFromTrailer returns the leader address a follower put in the trailer, or "" if there is none.
 func LeaderFromTrailer(md metadata.MD) string {

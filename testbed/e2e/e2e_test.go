@@ -186,10 +186,11 @@ func conn(t *testing.T, addr string) *grpc.ClientConn {
 	return connAs(t, addr, tlsAs(t, identity.Operator, "alice"))
 }
 
-// connAs dials addr with files.
+// connAs dials addr with files. A call refused while an election runs is asked again, as fencectl
+// does: a loaded machine's etcd can cost a leader its term between two steps of a test.
 func connAs(t *testing.T, addr string, files tlsfiles.Files) *grpc.ClientConn {
 	t.Helper()
-	cc, err := dial.New(addr, files)
+	cc, err := dial.New(addr, files, dial.WaitOutElections(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

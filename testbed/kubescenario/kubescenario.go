@@ -215,12 +215,14 @@ func (e *Env) addNodes(ctx context.Context) error {
 }
 
 // Dial connects to the coordinator as an operator (spiffe://nodefence/operator/scenario).
+// A call refused while an election runs (a loaded machine's etcd can cost the leader its term) is
+// asked again, as fencectl does.
 func (e *Env) Dial() (*grpc.ClientConn, error) {
 	files, err := e.PKI.Files(identity.Operator, "scenario")
 	if err != nil {
 		return nil, err
 	}
-	return dial.New(e.Coord.Addr(), files)
+	return dial.New(e.Coord.Addr(), files, dial.WaitOutElections(time.Minute))
 }
 
 // nodeView asks the coordinator for its view of a node.

@@ -93,9 +93,10 @@ func (c *ctl) try(ctx context.Context, bounded bool, fn callFunc) error {
 				c.conn.Close()
 			}
 			// Only a coordinator may answer (any coordinator replica): a server of the same CA
-			// presenting another identity fails the handshake before a request is sent.
+			// presenting another identity fails the handshake before a request is sent. A call
+			// refused while an election runs is asked again within the address's deadline.
 			refused := &refusal{}
-			conn, err := dial.New(addr, c.tls, dial.Peer(identity.Coordinator, ""), dial.OnRefused(refused.set))
+			conn, err := dial.New(addr, c.tls, dial.Peer(identity.Coordinator, ""), dial.OnRefused(refused.set), dial.WaitOutElections(c.perAddr))
 			if err != nil {
 				return err
 			}

@@ -2,7 +2,9 @@
 // JSON events on stdin and prints what `go test` prints without -json (each package's ok or FAIL
 // line, the output of failing tests, build errors), so the terminal reads as before while the events
 // are kept; with -slowest N it reads the same events and prints the N slowest top-level tests.
-// Its exit code is go test's business: it exits non-zero only when it cannot read its input.
+// With -failures it prints, for each failed test, only the test's own messages (t.Error, t.Fatal,
+// t.Log lines, not the logs of the programs it runs), so that the end of a long run names what failed
+// and why even when its full output is cut. Its exit code is go test's business: it exits non-zero only when it cannot read its input.
 package main
 
 import (
@@ -18,12 +20,16 @@ import (
 
 func main() {
 	slowest := flag.Int("slowest", 0, "print the N slowest top-level tests instead of the output")
+	failures := flag.Bool("failures", false, "print each failed test's own messages (not its logs) instead of the output")
 	module := flag.String("module", "github.com/nodefence/nodefence", "module path left out of package names")
 	flag.Parse()
 	var err error
-	if *slowest > 0 {
+	switch {
+	case *slowest > 0:
 		err = Slowest(os.Stdin, os.Stdout, *slowest, *module)
-	} else {
+	case *failures:
+		err = Failures(os.Stdin, os.Stdout, *module)
+	default:
 		err = Echo(os.Stdin, os.Stdout)
 	}
 	if err != nil {
@@ -152,4 +158,96 @@ func Slowest(r io.Reader, w io.Writer, n int, module string) error {
 		fmt.Fprintf(w, "  %8.1fs  %s %s%s\n", res.Elapsed, pkg, res.Test, note)
 	}
 	return nil
+}
+
+// maxMessages is how many of a failed test's own messages Failures keeps (its last ones: the
+// failure is usually the last thing a test says).
+const maxMessages = 6
+
+// Failures prints, after a line naming their count, each failed test with its last maxMessages own
+// messages: a message starts at a "file.go:line: " prefix and runs over its indented continuation
+// lines; lines of structured logs (slog's "level=") are left out, as is everything of passing tests.
+func Failures(r io.Reader, w io.Writer, module string) error {
+	type failed struct{ name, pkg string }
+	held := map[string][][]string{} // package + test -> its messages so far
+	var order []failed
+	var msgs [][][]string
+	err := events(r, func(e Event) {
+		key := e.Package + "\x00" + e.Test
+		switch {
+		case e.Test == "" && e.Action == "fail":
+			// A package that failed with tests still running (a timeout, a crash): name them.
+			for k := range held {
+				if pkg, test, _ := strings.Cut(k, "\x00"); pkg == e.Package && !strings.Contains(test, "/") {
+					order = append(order, failed{test + ", which did not finish", strings.TrimPrefix(strings.TrimPrefix(pkg, module), "/")})
+					msgs = append(msgs, nil)
+					delete(held, k)
+				}
+			}
+		case e.Test == "":
+		case e.Action == "output":
+			held[key] = addMessage(held[key], e.Output)
+		case e.Action == "fail":
+			pkg := strings.TrimPrefix(strings.TrimPrefix(e.Package, module), "/")
+			order = append(order, failed{e.Test, pkg})
+			var own [][]string
+			for _, m := range held[key] {
+				if m != nil {
+					own = append(own, m)
+				}
+			}
+			msgs = append(msgs, own)
+			delete(held, key)
+		case e.Action == "pass" || e.Action == "skip":
+			delete(held, key)
+		}
+	})
+	if err != nil || len(order) == 0 {
+		return err
+	}
+	fmt.Fprintf(w, "%d failed tests, with their own messages:\n", len(order))
+	for i, f := range order {
+		fmt.Fprintf(w, "--- FAIL: %s (%s)\n", f.name, f.pkg)
+		m := msgs[i]
+		if len(m) > maxMessages {
+			m = m[len(m)-maxMessages:]
+		}
+		for _, msg := range m {
+			for _, line := range msg {
+				fmt.Fprint(w, line)
+			}
+		}
+	}
+	return nil
+}
+
+// addMessage adds one output line of a test to its messages: a "name.go:N: " line starts one (unless
+// it is a structured log line), an indented line continues the last one, anything else is dropped.
+func addMessage(msgs [][]string, line string) [][]string {
+	t := strings.TrimLeft(line, " \t")
+	switch {
+	case strings.HasPrefix(t, "--- ") || strings.HasPrefix(t, "=== "):
+		return msgs
+	case isMessageStart(t):
+		if strings.Contains(t, " level=") {
+			return append(msgs, nil) // a log line: ends the message before it, kept out
+		}
+		return append(msgs, []string{line})
+	case len(msgs) > 0 && msgs[len(msgs)-1] != nil && len(t) < len(line):
+		msgs[len(msgs)-1] = append(msgs[len(msgs)-1], line)
+	}
+	return msgs
+}
+
+// isMessageStart says whether t begins as testing prints a message: "name.go:123: ".
+func isMessageStart(t string) bool {
+	file, rest, ok := strings.Cut(t, ".go:")
+	if !ok || file == "" || strings.ContainsAny(file, " \t") {
+		return false
+	}
+	n := 0
+	for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+		n++
+	}
+	return n > 0 && strings.HasPrefix(rest[n:], ": ")
 }

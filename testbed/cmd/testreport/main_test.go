@@ -20,7 +20,7 @@ func TestRealGoTestJSON(t *testing.T) {
 		"a/a_test.go": `package a
 import ("testing"; "time")
 func TestPasses(t *testing.T) { t.Log("quiet when passing") }
-func TestFails(t *testing.T) { t.Log("shown when failing"); t.Error("boom") }
+func TestFails(t *testing.T) { t.Log("shown when failing"); t.Log("time=x level=INFO msg=\"a log\"\n  its tail"); t.Error("boom\n  second line") }
 func TestSlow(t *testing.T) { t.Run("sub", func(t *testing.T) { time.Sleep(300 * time.Millisecond) }) }
 func TestSkipped(t *testing.T) { t.Skip("not here") }
 `,
@@ -57,6 +57,21 @@ func TestSkipped(t *testing.T) { t.Skip("not here") }
 	for _, not := range []string{"quiet when passing", "=== RUN", "--- PASS", "not here"} {
 		if strings.Contains(out, not) {
 			t.Errorf("Echo: %q in\n%s", not, out)
+		}
+	}
+	var failures bytes.Buffer
+	if err := Failures(bytes.NewReader(raw), &failures, "example.com/m"); err != nil {
+		t.Fatal(err)
+	}
+	f := failures.String()
+	for _, want := range []string{"2 failed tests", "--- FAIL: TestFails (a)", "--- FAIL: TestHangs, which did not finish (d)", "shown when failing", "boom", "second line"} {
+		if !strings.Contains(f, want) {
+			t.Errorf("Failures: no %q in\n%s", want, f)
+		}
+	}
+	for _, not := range []string{"a log", "its tail", "TestPasses"} {
+		if strings.Contains(f, not) {
+			t.Errorf("Failures: %q in\n%s", not, f)
 		}
 	}
 	var slow bytes.Buffer
