@@ -30,8 +30,9 @@ import (
 type Option func(*settings)
 
 type settings struct {
-	certs     *tlsfiles.Reloader
-	peer      *expected
+	certs      *tlsfiles.Reloader
+	peer       *expected
+	byIdentity bool
 	log       *slog.Logger
 	onRefused func(error)
 	grpc      []grpc.DialOption
@@ -56,6 +57,11 @@ func (e expected) String() string {
 func Peer(role identity.Role, name string) Option {
 	return func(s *settings) { s.peer = &expected{role: role, name: name} }
 }
+
+// ByIdentity makes New verify the server by the identity Peer names and its chain alone, not by
+// the address dialled: for a server whose certificate names who it is, not where it runs (another
+// node's agent at that node's address). It requires Peer.
+func ByIdentity() Option { return func(s *settings) { s.byIdentity = true } }
 
 // Log makes New log every refused server at Error level, naming the address, the expected and the
 // presented identity.
@@ -129,7 +135,14 @@ func New(addr string, files tlsfiles.Files, opts ...Option) (*grpc.ClientConn, e
 		if s.peer != nil {
 			verify = verifyPeer(addr, *s.peer, s.log, s.onRefused)
 		}
-		creds = certs.ClientCredentials(files.ServerName, verify)
+		switch {
+		case s.byIdentity && s.peer == nil:
+			return nil, errors.New("dial: a server known by its identity needs the identity (Peer)")
+		case s.byIdentity:
+			creds = certs.IdentityCredentials(verify)
+		default:
+			creds = certs.ClientCredentials(files.ServerName, verify)
+		}
 	}
 	dopts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),

@@ -31,7 +31,8 @@ import (
 // how long the leader judged the node not ready.
 //
 // TestNoFence runs the short variants in make test; TestNoFenceLong (make chaos-cluster,
-// -nofence.long) the long ones and a coordinator failover in the middle of the stalled apiserver.
+// -nofence.long) the long ones. Two coordinators run, and the leader is SIGKILLed halfway through
+// every fault (started again after it).
 
 var (
 	nofenceLong = flag.Bool("nofence.long", false, "run TestNoFenceLong (make chaos-cluster)")
@@ -48,13 +49,14 @@ type chaosPlan struct {
 	stall, slow, flap, starve time.Duration
 	// shortGrace is how long the grace-below-renewal scenario watches (several renewals).
 	shortGrace time.Duration
-	// failover kills the leader in the middle of the stalled apiserver (two coordinators).
+	// failover kills the leading coordinator in the middle of every fault (two coordinators; the
+	// killed one starts again once the fault is over).
 	failover bool
 }
 
 var (
 	shortPlan = chaosPlan{stall: 20 * time.Second, slow: 30 * time.Second, flap: 30 * time.Second, starve: 30 * time.Second,
-		shortGrace: 35 * time.Second}
+		shortGrace: 35 * time.Second, failover: true}
 	longPlan = chaosPlan{stall: 20 * time.Second, slow: 2 * time.Minute, flap: time.Minute, starve: 30 * time.Second,
 		shortGrace: 90 * time.Second, failover: true}
 )
@@ -110,14 +112,16 @@ func noFence(t *testing.T, plan chaosPlan) {
 			}
 		})
 		x := s.chaos(t, victim)
+		x.failover = plan.failover
 		x.killAgent()
 		x.run("apiserver stalled", plan.stall, func() {
-			x.stallAPIServer(plan.stall, plan.failover)
+			x.stallAPIServer(plan.stall)
 		})
 	})
 	t.Run("apiserver-slow", func(t *testing.T) {
 		t.Cleanup(func() { s.ensureAgent(victim) })
 		x := s.chaos(t, victim)
+		x.failover = plan.failover
 		x.killAgent()
 		x.run("apiserver slow", plan.slow, func() {
 			x.slowAPIServer(proxy, proxyAddr, plan.slow)
@@ -126,15 +130,19 @@ func noFence(t *testing.T, plan chaosPlan) {
 	})
 	t.Run("link-flapping", func(t *testing.T) {
 		x := s.chaos(t, victim)
+		x.failover = plan.failover
 		x.run("link flapping", plan.flap, func() { x.flap(plan.flap) })
 	})
 	t.Run("cpu-starved", func(t *testing.T) {
 		x := s.chaos(t, victim)
+		x.failover = plan.failover
 		x.run("agent and kubelet CPU-starved", plan.starve, func() { x.starve(starvePermille, plan.starve) })
 	})
 	if *nofenceDeep {
 		t.Run("cpu-starved-deep", func(t *testing.T) {
 			x := s.chaos(t, victim)
+			x.failover = plan.failover
+		x.failover = plan.failover
 			x.run("agent and kubelet at 0.1% of a CPU", time.Minute, func() { x.starve(1, time.Minute) })
 		})
 	}
@@ -163,6 +171,8 @@ type chaos struct {
 	taints []string
 	// agentDead: the scenario killed the victim's agent.
 	agentDead bool
+	// failover: run kills the leading coordinator halfway through the fault.
+	failover bool
 }
 
 // chaos begins a scenario on victim as subtest t: every node Ready, every agent connected, and
@@ -202,9 +212,11 @@ func (x *chaos) run(what string, length time.Duration, fault func()) *gaps {
 		}
 	}
 	t0 := time.Now()
+	failedOver := x.failoverAt(length / 2)
 	fault()
 	end := time.Now()
 	x.t.Logf("%s for %s (planned %s)", what, end.Sub(t0).Round(100*time.Millisecond), length)
+	failedOver()
 	for deadline := end.Add(90 * time.Second); !g.renewedSince(end) || (!x.agentDead && !g.seenSince(end)); time.Sleep(250 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			x.t.Errorf("the victim's witnesses did not report within 90 s after the fault: %s", g)
@@ -222,14 +234,11 @@ func (x *chaos) run(what string, length time.Duration, fault func()) *gaps {
 }
 
 // hold lets d pass while checking, every second, what the leader alone can tell (no fence
-// requested, no fence record): the apiserver may be stalled. tick, if set, runs each second.
-func (x *chaos) hold(d time.Duration, tick func(elapsed time.Duration)) {
+// requested, no fence record): the apiserver may be stalled.
+func (x *chaos) hold(d time.Duration) {
 	t0 := time.Now()
 	for time.Since(t0) < d {
 		x.checkLeader()
-		if tick != nil {
-			tick(time.Since(t0))
-		}
 		time.Sleep(min(time.Second, max(0, d-time.Since(t0))))
 	}
 }
@@ -338,9 +347,42 @@ func (x *chaos) restartAgent() {
 	}
 }
 
-// stallAPIServer SIGSTOPs kube-apiserver for d, then SIGCONTs it; with failover the leader is
-// SIGKILLed halfway.
-func (x *chaos) stallAPIServer(d time.Duration, failover bool) {
+// failoverAt SIGKILLs the leading coordinator after d when x.failover; the function it returns,
+// called once the fault is over, cancels the kill if it did not happen yet and starts the killed
+// replica again.
+func (x *chaos) failoverAt(d time.Duration) func() {
+	if !x.failover {
+		return func() {}
+	}
+	var killed *nfcluster.Coordinator
+	fired := make(chan struct{})
+	t0 := time.Now()
+	timer := time.AfterFunc(d, func() {
+		defer close(fired)
+		if co := x.d.Leader(x.ctx); co != nil {
+			co.Kill()
+			killed = co
+			x.t.Logf("leader %s SIGKILLed %s into the fault", co.ID, time.Since(t0).Round(100*time.Millisecond))
+		} else {
+			x.t.Errorf("no leader to kill %s into the fault", time.Since(t0).Round(100*time.Millisecond))
+		}
+	})
+	return func() {
+		if timer.Stop() {
+			x.t.Errorf("the fault ended before the failover planned %s into it", d)
+			return
+		}
+		<-fired
+		if killed != nil {
+			if err := killed.Restart(); err != nil {
+				x.t.Errorf("restart %s: %v", killed.ID, err)
+			}
+		}
+	}
+}
+
+// stallAPIServer SIGSTOPs kube-apiserver for d, then SIGCONTs it.
+func (x *chaos) stallAPIServer(d time.Duration) {
 	var once sync.Once
 	resume := func() {
 		once.Do(func() {
@@ -353,16 +395,7 @@ func (x *chaos) stallAPIServer(d time.Duration, failover bool) {
 	if err := x.c.SignalAPIServer(syscall.SIGSTOP); err != nil {
 		x.t.Fatal(err)
 	}
-	killed := false
-	x.hold(d, func(elapsed time.Duration) {
-		if failover && !killed && elapsed >= d/2 {
-			killed = true
-			if co := x.d.Leader(x.ctx); co != nil {
-				co.Kill()
-				x.t.Logf("leader %s SIGKILLed %s into the stall", co.ID, elapsed.Round(100*time.Millisecond))
-			}
-		}
-	})
+	x.hold(d)
 	resume()
 }
 
@@ -385,7 +418,7 @@ func (x *chaos) slowAPIServer(proxy *tcpproxy.Proxy, addr netip.AddrPort, d time
 		}
 	}
 	proxy.SetDelay(slowMin, slowMax)
-	x.hold(d, nil)
+	x.hold(d)
 	once.Do(restore)
 }
 
@@ -397,12 +430,12 @@ func (x *chaos) flap(d time.Duration) {
 		if err := x.victim.Partition(); err != nil {
 			x.t.Fatal(err)
 		}
-		x.hold(flapDown, nil)
+		x.hold(flapDown)
 		if err := x.victim.Heal(); err != nil {
 			x.t.Fatal(err)
 		}
 		if i < cycles-1 {
-			x.hold(flapUp, nil)
+			x.hold(flapUp)
 		}
 	}
 }
@@ -431,6 +464,6 @@ func (x *chaos) starve(permille int, d time.Duration) {
 		})
 	}
 	x.t.Cleanup(undo)
-	x.hold(d, nil)
+	x.hold(d)
 	undo()
 }

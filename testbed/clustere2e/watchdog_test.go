@@ -27,9 +27,13 @@ const wdTimeout = 6 * time.Second
 // timeout re-opens the device and resets nothing; an agent SIGKILLed and not restarted resets its
 // node after the timeout — the node's processes die, it boots with a new boot id, and its agent
 // arms the device again; a node its BMC powers off stays off (the power-off disarms the device).
+// With the control plane away (every coordinator killed; etcd stopped) for 3 × the timeout, no node
+// resets: the agents vouch for each other over their peer checks; a node cut off alone resets and
+// the others do not (watchdog_quorum_test.go).
 // One deployment serves the subtests, in this order.
 func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 	s := start(t, nfcluster.Options{Watchdog: wdTimeout})
+	agentsStarted := time.Now()
 	victim := s.c.Node("node-2")
 	// A program of the node, like its containerd and kubelet: it dies with the node and starts
 	// again when the node boots.
@@ -52,6 +56,8 @@ func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 		}
 		s.coordinatorShows(t, true)
 	})
+
+	t.Run("control plane away", func(t *testing.T) { s.controlPlaneAway(t, agentsStarted) })
 
 	t.Run("clean stop", func(t *testing.T) {
 		defer s.agentBack(t, victim)
@@ -135,6 +141,11 @@ func TestWatchdogResetsOnlyAnAbandonedNode(t *testing.T) {
 		if err := ipmisim.IpmitoolChassisPower(s.ctx, victim.BMC.Port, cluster.BMCUser, pass, "on"); err != nil {
 			t.Fatal(err)
 		}
+	})
+
+	t.Run("minority partition", func(t *testing.T) {
+		s.agentBack(t, victim)
+		s.minorityPartition(t, victim)
 	})
 }
 

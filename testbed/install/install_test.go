@@ -2,8 +2,9 @@
 // (testbed/cluster) as an operator would with deploy/README.md, and proves it works as pods: the
 // images `make images` builds are imported into every node's containerd, the certificates come
 // from `fencectl certs` into Secrets (the path without cert-manager), nodefence is installed with
-// one `kubectl apply -k testbed/overlays/cluster`, and then a node crashes and nodefence, running
-// as pods, fences it through its BMC and releases its StatefulSet pod.
+// one `kubectl apply -k testbed/overlays/cluster`; the agents' DaemonSet is rolled with a coordinator
+// failover in the middle and nothing is fenced; then a node crashes and nodefence, running as pods,
+// fences it through its BMC and releases its StatefulSet pod.
 package install
 
 import (
@@ -175,6 +176,10 @@ func TestInstallCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("leader on %s sees every agent connected after %s", leader, time.Since(t0).Round(time.Millisecond))
+
+	// 4b. An upgrade of the agents (the DaemonSet rolled) with a coordinator failover in its middle:
+	// nothing fenced.
+	leader = rolloutAgents(t, ctx, c, admin, dyn, k, operator, leader)
 
 	// 5. The crash scenario, with nodefence as pods. The victim runs neither the leader nor the
 	// driver.

@@ -101,7 +101,8 @@ type Options struct {
 	BMCPort func(n *cluster.Node) int
 	// Watchdog, when set (whole seconds), gives every node a watchdog device with this timeout
 	// (cluster.Node.StartWatchdog: unfed, it resets the node as its BMC's power-off and power-on
-	// do) and starts the agents with --watchdog-device on it and --watchdog-timeout=Watchdog.
+	// do) and starts the agents with --watchdog-device on it and --watchdog-timeout=Watchdog, each
+	// answering the others' lease checks on its node's address (PeerPort) and asking theirs.
 	// Stop removes the devices after the agents' clean stop. 0: no watchdog.
 	Watchdog time.Duration
 	// Log receives progress (nil: discarded).
@@ -162,6 +163,9 @@ type Coordinator struct {
 	// AdmissionAddr is its node-agent admission webhook (deploy/webhook-node-agent.yaml).
 	AdmissionAddr string
 	p             *procs.Proc
+	// log, bin and args start it again (Restart).
+	log, bin string
+	args     []string
 }
 
 // Log is the replica's log file.

@@ -2,12 +2,14 @@ package nfcluster
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -136,14 +138,30 @@ func (d *Deployment) startCoordinator(i int, kubeconfig string) (*Coordinator, e
 	} else {
 		args = append(args, testbedFlags(o)...)
 	}
-	co.p, err = procs.StartAppend(co.ID, d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)...)
-	if err != nil {
-		return nil, err
-	}
-	if err := co.p.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(co.Addr) }); err != nil {
+	co.log, co.bin, co.args = d.logPath(co.ID), filepath.Join(o.BinDir, "coordinator"), append(args, o.CoordinatorArgs...)
+	if err := co.start(); err != nil {
 		return nil, err
 	}
 	return co, nil
+}
+
+// start runs the replica's process and waits until it accepts connections.
+func (co *Coordinator) start() error {
+	p, err := procs.StartAppend(co.ID, co.log, co.bin, co.args...)
+	if err != nil {
+		return err
+	}
+	co.p = p
+	return p.WaitUntil(time.Now().Add(30*time.Second), func() bool { return dialable(co.Addr) })
+}
+
+// Restart starts a replica that was killed again, with the same flags and address, and waits
+// until it accepts connections.
+func (co *Coordinator) Restart() error {
+	if co.Alive() {
+		return fmt.Errorf("%s still runs", co.ID)
+	}
+	return co.start()
 }
 
 // ShippedFlags are the flags deploy/coordinator.yaml passes besides where things are (addresses,
@@ -164,7 +182,7 @@ func testbedFlags(o Options) []string {
 }
 
 // startAgents starts a node-agent on every node as one of its services, with the node's watchdog
-// device when Options.Watchdog is set.
+// device and its peer checks when Options.Watchdog is set.
 func (d *Deployment) startAgents(ctx context.Context, admin *kubernetes.Clientset, addrs []string) error {
 	for _, n := range d.Cluster.Nodes {
 		tls, err := d.issue(identity.Agent, n.Name)
@@ -189,6 +207,7 @@ func (d *Deployment) startAgents(ctx context.Context, admin *kubernetes.Clientse
 			}
 			d.watchdogs = append(d.watchdogs, n)
 			args = append(args, "--watchdog-device="+n.WatchdogPath(), "--watchdog-timeout="+d.Opts.Watchdog.String())
+			args = append(args, peerArgs(d.Cluster, n)...)
 		}
 		if d.Opts.AgentArgs != nil {
 			args = append(args, d.Opts.AgentArgs(n)...)
@@ -198,4 +217,26 @@ func (d *Deployment) startAgents(ctx context.Context, admin *kubernetes.Clientse
 		}
 	}
 	return nil
+}
+
+// PeerPort is the port each node's agent answers the other agents' lease checks on (--peer-listen)
+// at the node's address, in watchdog mode.
+const PeerPort = 7102
+
+// peerArgs are node n's agent's peer flags: it answers on its own address, and asks every other
+// node's agent.
+func peerArgs(c *cluster.Cluster, n *cluster.Node) []string {
+	args := []string{"--peer-listen=" + net.JoinHostPort(n.IP.String(), strconv.Itoa(PeerPort))}
+	for _, o := range c.Nodes {
+		if o != n {
+			args = append(args, "--peer="+o.Name+"="+net.JoinHostPort(o.IP.String(), strconv.Itoa(PeerPort)))
+		}
+	}
+	return args
+}
+
+// SignalEtcd sends sig to the deployment's etcd (SIGSTOP: the store is gone for everyone, as when
+// its quorum is lost; SIGCONT: back).
+func (d *Deployment) SignalEtcd(sig syscall.Signal) error {
+	return syscall.Kill(d.etcd.PID(), sig)
 }
