@@ -33,9 +33,9 @@ type settings struct {
 	certs      *tlsfiles.Reloader
 	peer       *expected
 	byIdentity bool
-	log       *slog.Logger
-	onRefused func(error)
-	grpc      []grpc.DialOption
+	log        *slog.Logger
+	onRefused  func(error)
+	grpc       []grpc.DialOption
 }
 
 type expected struct {

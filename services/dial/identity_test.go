@@ -17,7 +17,9 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 )
 
-type serving struct{ healthpb.UnimplementedHealthServer }
+type serving struct {
+	healthpb.UnimplementedHealthServer
+}
 
 func (serving) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
