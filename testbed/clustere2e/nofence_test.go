@@ -142,7 +142,6 @@ func noFence(t *testing.T, plan chaosPlan) {
 		t.Run("cpu-starved-deep", func(t *testing.T) {
 			x := s.chaos(t, victim)
 			x.failover = plan.failover
-			x.failover = plan.failover
 			x.run("agent and kubelet at 0.1% of a CPU", time.Minute, func() { x.starve(1, time.Minute) })
 		})
 	}
