@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
 )
@@ -73,9 +74,9 @@ func TestPartition(t *testing.T) {
 }
 
 // TestCutOffCoordinator: the coordinator loses every agent while the apiserver still sees every
-// node Ready. Nothing may be fenced and nothing released.
+// node Ready. With what deploy/ ships, nothing may be fenced and nothing released.
 func TestCutOffCoordinator(t *testing.T) {
-	s := start(t, nfcluster.Options{})
+	s := start(t, nfcluster.Options{Shipped: true})
 	w, pod := s.writer("cutoff")
 	for _, n := range s.c.Nodes {
 		if err := n.Blackhole(s.c.HostIP()); err != nil {
@@ -84,7 +85,7 @@ func TestCutOffCoordinator(t *testing.T) {
 	}
 	// Twice the grace period plus the fence timeout and a margin: long past the moment a fence
 	// would have started.
-	wait := 2*grace + fenceTimeout + 5*time.Second
+	wait := 2*engine.DefaultNodeMonitorGracePeriod + engine.DefaultFenceTimeout + 5*time.Second
 	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
 		for _, n := range s.c.Nodes {
 			if fs := s.fences(n.Name); len(fs) > 0 {

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/kube"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/testbed/cluster"
@@ -20,9 +21,11 @@ import (
 // what an operator would: NodeFence objects, the node's taints, ipmitool, the leader's ListNodes and
 // the Node's conditions.
 
+// The witness scenarios run the coordinator on what deploy/ ships (nfcluster.Options.Shipped), as
+// the no-fence scenarios do: the defaults are what must not fence a node with a witness alive.
 // witnessWindow is how long a scenario watches one silent witness: past the moment a fence would
-// have started (grace + fence timeout) with a margin.
-const witnessWindow = grace + fenceTimeout + 10*time.Second
+// have started on the slowest path (the shipped grace + fence timeout) with a margin.
+const witnessWindow = engine.DefaultNodeMonitorGracePeriod + engine.DefaultFenceTimeout + 10*time.Second
 
 // agentService is the node service nfcluster runs the node-agent as.
 const agentService = "node-agent"
@@ -31,7 +34,7 @@ const agentService = "node-agent"
 // reporting. No fence, no taint, the BMC still on; the agent is shown down (ListNodes agent_down
 // and the nodefence.io/AgentReady=False condition) and comes back when restarted.
 func TestWitnessAgentKilled(t *testing.T) {
-	s := start(t, nfcluster.Options{})
+	s := start(t, nfcluster.Options{Shipped: true})
 	victim := s.c.Node("node-2")
 	t.Cleanup(func() { s.ensureAgent(victim) })
 	if err := victim.KillService(agentService); err != nil {
@@ -81,7 +84,7 @@ func TestWitnessAgentKilled(t *testing.T) {
 // kube-controller-manager marks the Node Unknown and taints it unreachable (its business); with
 // the default --kubelet-down-policy=wait nodefence must not fence it nor taint it out of service.
 func TestWitnessKubeletKilled(t *testing.T) {
-	s := start(t, nfcluster.Options{})
+	s := start(t, nfcluster.Options{Shipped: true})
 	victim := s.c.Node("node-2")
 	kubeletBack := false
 	t.Cleanup(func() {
@@ -133,7 +136,7 @@ func TestWitnessKubeletKilled(t *testing.T) {
 // TestWitnessAgentRollout: every node's agent is restarted one after another, as a DaemonSet
 // rolling update does (SIGTERM, a new agent, the next node once it reports). Nothing is fenced.
 func TestWitnessAgentRollout(t *testing.T) {
-	s := start(t, nfcluster.Options{})
+	s := start(t, nfcluster.Options{Shipped: true})
 	t0 := time.Now()
 	for _, n := range s.c.Nodes {
 		t.Cleanup(func() { s.ensureAgent(n) })
@@ -161,7 +164,7 @@ func TestWitnessAgentRollout(t *testing.T) {
 	t.Logf("rolled %d agents in %s", len(s.c.Nodes), time.Since(t0).Round(time.Millisecond))
 	// A fence needs a node silent for the grace period; watch a little past the rollout for one
 	// started late.
-	s.watchNoFence(fenceTimeout+5*time.Second, nil)
+	s.watchNoFence(engine.DefaultFenceTimeout+5*time.Second, nil)
 	for _, n := range s.c.Nodes {
 		s.checkUntouched(n)
 	}
