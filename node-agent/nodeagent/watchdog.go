@@ -65,9 +65,23 @@ func prepareWatchdog(opts *Config, log *slog.Logger) (*feeder, bool) {
 	f := &feeder{path: opts.watchdogDevice, timeout: opts.watchdogTimeout, self: opts.agent.NodeName, log: log, now: now,
 		bounds: b, lease: agent.NewLease(b, now(), log)}
 	opts.agent.Lease = f.lease
+	opts.agent.MaxBackoff = reconnectCap(opts.agent.MaxBackoff, opts.watchdogTimeout)
 	log.Info("watchdog mode: the device is armed once the leader grants a lease; a clean stop disarms it; a killed agent not restarted within the timeout resets this node",
 		"device", f.path, "timeout", f.timeout)
 	return f, true
+}
+
+// reconnectCap is the longest wait between two rounds of reconnection attempts in watchdog mode: a
+// quarter of the timeout. When the control plane comes back after being away, the agents that reach
+// the new leader first hold leases at once and stop vouching for the others, so an agent still
+// waiting out a long backoff (10 s by default) would have its node reset although it could have
+// had a lease: after its peers' last word it has two thirds of the timeout to get one.
+func reconnectCap(maxBackoff, timeout time.Duration) time.Duration {
+	c := max(timeout/4, agent.DefaultMinBackoff)
+	if maxBackoff == 0 {
+		maxBackoff = agent.DefaultMaxBackoff
+	}
+	return min(maxBackoff, c)
 }
 
 // checkDevice refuses a watchdog device that does not exist, is a directory, or is not writable.

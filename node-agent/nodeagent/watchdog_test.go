@@ -38,6 +38,10 @@ func TestNoLeaseNeverOpensTheDevice(t *testing.T) {
 	if !ok || opts.agent.Lease == nil {
 		t.Fatal("prepareWatchdog refused a writable device, or set no lease")
 	}
+	// After the control plane was away, the agent must be back at the leader within the timeout.
+	if got := opts.agent.MaxBackoff; got != 750*time.Millisecond {
+		t.Errorf("reconnect backoff capped at %s in watchdog mode with a 3s timeout, want 750ms", got)
+	}
 	// The feeder reports to its agent only once it armed the device: without a lease it needs none.
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()

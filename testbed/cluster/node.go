@@ -77,6 +77,9 @@ const maxKubeletRestarts = 5
 
 func (n *Node) logPath(name string) string { return filepath.Join(n.Dir, "log", name+".log") }
 
+// ServiceLog is the log file of the node's service name (its output across restarts and boots).
+func (n *Node) ServiceLog(name string) string { return n.logPath(name) }
+
 // BootIDFile is the node's boot id, a new one every boot (node agents read it).
 func (n *Node) BootIDFile() string { return filepath.Join(n.Dir, "boot_id") }
 

@@ -77,6 +77,9 @@ func start(t *testing.T, opts nfcluster.Options) *scenario {
 			}
 			t.Logf("fence-driver log tail:\n%s", procs.Tail(filepath.Join(opts.Dir, "log", "fence-driver.log"), 20))
 			for _, n := range c.Nodes {
+				t.Logf("%s node-agent log tail:\n%s", n.Name, procs.Tail(n.ServiceLog(agentService), 25))
+			}
+			for _, n := range c.Nodes {
 				calls, _ := n.BMC.Calls()
 				t.Logf("%s BMC calls: %v", n.Name, calls)
 			}
