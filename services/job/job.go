@@ -158,15 +158,15 @@ func (g *Group) Name() string { return g.name }
 func (g *Group) Add(jobs ...Job) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	switch g.state {
-	case created:
+	switch {
+	case g.stoppedLocked():
+		return false
+	case g.state == created:
 		g.pending = append(g.pending, jobs...)
-	case running:
+	default:
 		for _, j := range jobs {
 			g.startLocked(j)
 		}
-	default:
-		return false
 	}
 	return true
 }
@@ -177,7 +177,8 @@ func (g *Group) Go(name string, fn func(ctx context.Context) error) bool {
 }
 
 // Start runs every job added so far, and from now on every job added, with a context derived from
-// ctx; the group stops when ctx ends. A second Start, or a Start after Stop, does nothing.
+// ctx; the group stops when ctx ends (its jobs see their context end, and it refuses new ones). A
+// second Start, or a Start after Stop, does nothing.
 func (g *Group) Start(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -186,7 +187,6 @@ func (g *Group) Start(ctx context.Context) {
 	}
 	g.state = running
 	g.ctx, g.cancel = context.WithCancel(ctx)
-	context.AfterFunc(g.ctx, g.Cancel)
 	for _, j := range g.pending {
 		g.startLocked(j)
 	}
@@ -216,8 +216,13 @@ func (g *Group) finished(id int) {
 	g.closeIfDoneLocked()
 }
 
+// stoppedLocked reports whether the group is stopped: by Cancel, or by the end of Start's context.
+func (g *Group) stoppedLocked() bool {
+	return g.state == stopped || (g.ctx != nil && g.ctx.Err() != nil)
+}
+
 func (g *Group) closeIfDoneLocked() {
-	if g.state == stopped && len(g.running) == 0 {
+	if g.stoppedLocked() && len(g.running) == 0 {
 		select {
 		case <-g.done:
 		default:
@@ -238,9 +243,9 @@ func (g *Group) Cancel() {
 	g.closeIfDoneLocked()
 }
 
-// Wait returns nil once the group is stopped (Cancel, Stop, the end of Start's context, a panic)
-// and every job it started has returned; or, when ctx ends first, an error naming the jobs still
-// running.
+// Wait returns nil once the group is stopped (Cancel, Stop, a panic; or the end of Start's context
+// while a job ran) and every job it started has returned; or, when ctx ends first, an error naming
+// the jobs still running. It starts no goroutine, and the group starts none besides its jobs'.
 func (g *Group) Wait(ctx context.Context) error {
 	select {
 	case <-g.done:
