@@ -70,15 +70,16 @@ func goroutines() []goroutine {
 	return out
 }
 
-// outliving lists the goroutines of the group that run nodefence's code (a goroutine a job starts
-// inherits the job's labels: a connection of the replica's driver pool a job dialled first carries
-// them too, and is not the term's), and with termFuncs every goroutine running a term's function.
+// outliving lists the goroutines of the group that run the coordinator's code (a goroutine a job
+// starts inherits the job's labels: a connection of the replica's driver pool, or its certificate
+// watcher, that a job happened to open first carries them too, and is not the term's), and with
+// termFuncs every goroutine running a term's function.
 func outliving(group string, termFuncs bool) []string {
 	var found []string
 	for _, g := range goroutines() {
 		match := false
 		for _, f := range g.funcs {
-			match = match || (strings.Contains(g.labels, `"group":"`+group) && strings.HasPrefix(f, "github.com/nodefence/nodefence/"))
+			match = match || (strings.Contains(g.labels, `"group":"`+group) && strings.HasPrefix(f, "github.com/nodefence/nodefence/coordinator/"))
 			for _, tf := range termFunctions {
 				match = match || (termFuncs && strings.Contains(f, tf))
 			}
