@@ -3,6 +3,9 @@ package app
 import (
 	"bytes"
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -209,5 +212,34 @@ nodes:
 	}
 	if l := outliving("term-", true); len(l) > 0 {
 		t.Fatalf("%d goroutine(s) of a term outlived Run:\n%s", len(l), strings.Join(l, "\n\n"))
+	}
+}
+
+// The app starts no goroutine of its own: every one is a job of the process's or a term's group
+// (jobs.go), so that a term's end can wait for all of them. A go statement in the app's non-test
+// code fails here.
+func TestAppStartsNoGoroutineOutsideItsJobs(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if g, ok := n.(*ast.GoStmt); ok {
+				t.Errorf("%s: a go statement; add a job to the term's or the process's group instead (jobs.go)", fset.Position(g.Pos()))
+			}
+			return true
+		})
+	}
+	if len(files) < 10 {
+		t.Fatalf("only %d files: is the test running in coordinator/app?", len(files))
 	}
 }
