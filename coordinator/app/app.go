@@ -33,6 +33,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/job"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 
@@ -70,6 +71,11 @@ type App struct {
 	storeG    *storeGuard     // storeguard.go
 	observeMx *observeMetrics // observe.go
 	closeOnce sync.Once
+	// jobs owns the goroutines that live as long as Run (jobs.go); each term has its own group.
+	jobs *job.Group
+	// termStopped, when set (tests), is called once a term's jobs have all returned, before the
+	// next campaign.
+	termStopped func(epoch int64)
 }
 
 // fences is the current fence configuration.

@@ -115,6 +115,9 @@ type Config struct {
 	GCPercent int
 	// Now is the one clock of everything the app runs (see clock.go); nil means time.Now.
 	Now func() time.Time
+	// After waits on Now's clock (see clock.go); nil waits on the machine's timers, which is right
+	// for a Now that runs at the machine's rate. A test that moves Now by hand gives both.
+	After func(time.Duration) <-chan time.Time
 }
 
 // Defaults of the coordinator's own settings. DefaultConfig gathers them with the engine's

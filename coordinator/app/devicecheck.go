@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -24,25 +23,9 @@ func newDeviceChecks(reg prometheus.Registerer) *deviceChecks {
 	return d
 }
 
-// run checks every configured method each interval until ctx (the leadership term) ends.
-func (d *deviceChecks) run(ctx context.Context, a *App, secrets fenceconfig.SecretReader, every time.Duration) {
-	if every <= 0 {
-		return
-	}
-	defer d.ok.Reset() // a follower reports nothing: the next leader checks
-	t := time.NewTimer(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		d.checkAll(ctx, a, secrets)
-		t.Reset(every)
-	}
-}
-
+// checkAll checks every configured method: one pass of the term's device-checks job, which runs
+// every Config.DeviceCheckInterval. The term's end resets the gauges (termParts.stop): a follower
+// reports nothing, the next leader checks.
 func (d *deviceChecks) checkAll(ctx context.Context, a *App, secrets fenceconfig.SecretReader) {
 	cfg := a.fences()
 	if cfg == nil {

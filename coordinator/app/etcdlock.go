@@ -47,7 +47,7 @@ func (a *App) checkEtcdLocked(ctx context.Context) error {
 		}
 		a.log.Warn("waiting for etcd before checking that it admits only coordinators", "err", err)
 		select {
-		case <-time.After(campaignRetry):
+		case <-a.clock().After(campaignRetry):
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
+	"github.com/nodefence/nodefence/services/job"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -125,14 +126,20 @@ func (k *kubeMode) loadConfig(ctx context.Context) (*fenceconfig.Config, error) 
 	return c, c.Validate()
 }
 
-// run starts the witness's informers, and reloads the fence ConfigMaps when they change (every
-// 30 s as a backstop) until ctx ends.
-func (k *kubeMode) run(ctx context.Context) {
+// start adds the process's Kubernetes jobs to g: the witness's informers, and the reload of the
+// fence ConfigMaps when they change (every 30 s as a backstop).
+func (k *kubeMode) start(g *job.Group) {
 	_, _ = k.witness.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { k.enqueue(o) },
 		UpdateFunc: func(_, o any) { k.enqueue(o) },
 	})
-	go k.witness.Run(ctx)
+	g.Go("kube-witness", func(ctx context.Context) error { k.witness.Run(ctx); return nil })
+	g.Go("kube-fence-config", func(ctx context.Context) error { k.reloadConfig(ctx); return nil })
+}
+
+// reloadConfig reloads the fence ConfigMaps when they change, and every configReloadEvery, until
+// ctx ends; the ConfigMaps' informer is shut down (and waited for) then.
+func (k *kubeMode) reloadConfig(ctx context.Context) {
 	changed := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -145,15 +152,14 @@ func (k *kubeMode) run(ctx context.Context) {
 		AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() },
 	})
 	cms.Start(ctx.Done())
-	reload := time.NewTicker(configReloadEvery)
-	defer reload.Stop()
+	defer cms.Shutdown()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
 			k.reload(ctx)
-		case <-reload.C:
+		case <-k.a.clock().After(configReloadEvery):
 			k.reload(ctx)
 		}
 	}
@@ -180,10 +186,10 @@ func (k *kubeMode) reload(ctx context.Context) {
 }
 
 // startTerm connects a new term to the cluster: the witness feeds its engine, and a release
-// reconciler runs for the term's lifetime.
-func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
+// reconciler, the remediation and the maintenance controllers run as jobs of the term's group g.
+func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop, g *job.Group) {
 	ctx := term.Context()
-	go warmSecrets(k.a.fences(), k.secret)
+	g.Go("warm-secrets", func(context.Context) error { warmSecrets(k.a.fences(), k.secret); return nil })
 	sink := k.witness.SetSink(func(in engine.Input) {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -207,30 +213,33 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop) {
 		},
 	})
 	k.rec.Store(r)
-	go func() {
+	g.Go("release-reconciler-detach", func(ctx context.Context) error {
 		<-ctx.Done()
 		k.rec.CompareAndSwap(r, nil)
 		k.witness.ClearSink(sink)
-	}()
-	go r.Run(ctx, reconcileEvery)
+		return nil
+	})
+	g.Go("release-reconciler", func(ctx context.Context) error { r.Run(ctx, reconcileEvery); return nil })
 	rc := kube.NewRemediationController(k.writer.Dynamic(), remediationFacts{releaseFacts{a: k.a, lp: lp}}, k.a.log, k.a.now)
 	rc.OnRequest = func(node, remediation, fence string) {
 		k.a.audit(term, node, "fence-requested", fmt.Sprintf("NodeFenceRemediation %s (spec.allowLiveWitnesses) requested fence %s", remediation, fence))
 	}
 	k.rem.Store(rc)
-	go func() {
+	g.Go("remediation-controller-detach", func(ctx context.Context) error {
 		<-ctx.Done()
 		k.rem.CompareAndSwap(rc, nil)
-	}()
-	go rc.Run(ctx, remediationEvery)
-	k.startMaintenance(ctx)
-	go func() {
+		return nil
+	})
+	g.Go("remediation-controller", func(ctx context.Context) error { rc.Run(ctx, remediationEvery); return nil })
+	k.startMaintenance(g)
+	g.Go("reconcile-every-node", func(ctx context.Context) error {
 		// Every Node once: each pass reads the node's newest record, so whatever a previous
 		// leader left undone (a release, a restore, a mirror) is finished.
 		if cache.WaitForCacheSync(ctx.Done(), k.witness.Informer().HasSynced) {
 			r.EnqueueAll()
 		}
-	}()
+		return nil
+	})
 }
 
 // releaseFacts reads what the reconciler needs: records from etcd, judgements from the engine.

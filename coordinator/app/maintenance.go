@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/services/job"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -15,19 +16,21 @@ import (
 // maintenanceEvery is how often the maintenance controller drains the Nodes in maintenance.
 const maintenanceEvery = 2 * time.Second
 
-// startMaintenance runs the term's maintenance controller until ctx ends: the drains of the Nodes
-// put in maintenance through StartMaintenance, each eviction an Event on its Node.
-func (k *kubeMode) startMaintenance(ctx context.Context) {
+// startMaintenance runs the term's maintenance controller as a job of the term's group g: the
+// drains of the Nodes put in maintenance through StartMaintenance, each eviction an Event on its
+// Node.
+func (k *kubeMode) startMaintenance(g *job.Group) {
 	mc := kube.NewMaintenanceController(k.writer, func() ([]*corev1.Node, error) { return k.witness.Nodes.List(labels.Everything()) }, k.a.log, k.a.now)
 	mc.OnEvict = func(node string, p *corev1.Pod) {
 		k.recorder.Eventf(kube.NodeRef(node), corev1.EventTypeNormal, "MaintenanceEviction", "evicted pod %s/%s: the node is in maintenance", p.Namespace, p.Name)
 	}
 	k.maint.Store(mc)
-	go func() {
+	g.Go("maintenance-controller-detach", func(ctx context.Context) error {
 		<-ctx.Done()
 		k.maint.CompareAndSwap(mc, nil)
-	}()
-	go mc.Run(ctx, maintenanceEvery)
+		return nil
+	})
+	g.Go("maintenance-controller", func(ctx context.Context) error { mc.Run(ctx, maintenanceEvery); return nil })
 }
 
 // StartMaintenance annotates and cordons the Node; the term's controller drains it within

@@ -14,6 +14,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/services/job"
 )
 
 // proof acts on the engine's proof verdicts (engine/proof.go applies the rules of
@@ -37,9 +38,9 @@ func newProof(a *App, reg prometheus.Registerer) *proof {
 	return p
 }
 
-// verdicts handles the proof verdicts of one Ready, on a goroutine of their own (the loop's
-// goroutine must not wait for etcd or the apiserver).
-func (p *proof) verdicts(term *leader.Term, lp *loop.Loop, rs []engine.ProofResult) {
+// verdicts handles the proof verdicts of one Ready, each alarm on a job of the term's own (the
+// loop's goroutine must not wait for etcd or the apiserver).
+func (p *proof) verdicts(jobs *job.Group, term *leader.Term, lp *loop.Loop, rs []engine.ProofResult) {
 	for _, r := range rs {
 		if r.Verdict != fencing.ProofWrongMachine {
 			continue
@@ -47,13 +48,13 @@ func (p *proof) verdicts(term *leader.Term, lp *loop.Loop, rs []engine.ProofResu
 		p.alarms.Inc()
 		p.a.log.Error("CRITICAL: a fence switched off another machine: the node's pods are NOT released",
 			"fence", r.Fence, "node", r.Node, "alarm", "wrong-machine", "why", r.Why)
-		go p.raise(term, lp, r)
+		jobs.Go("wrong-machine-alarm "+r.Fence, func(ctx context.Context) error { p.raise(ctx, term, lp, r); return nil })
 	}
 }
 
 // raise writes the alarm on the record (so every later leader holds the node too) and an Event.
-func (p *proof) raise(term *leader.Term, lp *loop.Loop, r engine.ProofResult) {
-	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
+func (p *proof) raise(ctx context.Context, term *leader.Term, lp *loop.Loop, r engine.ProofResult) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for attempt := 0; attempt < 5; attempt++ {
 		v, err := p.a.store.GetFence(ctx, r.Fence)

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -82,28 +81,17 @@ func (g *storeGuard) writer(term *leader.Term) *store.AuditWriter {
 	return g.write
 }
 
-// pruneAudit keeps the audit trail within the retention at the rate it can grow: a pass every
-// store.AuditPruneEvery until the term ends (pruneHistory prunes the fence history, less often).
-func (a *App) pruneAudit(term *leader.Term) {
-	if a.cfg.Retention.AuditMaxEntries <= 0 && a.cfg.Retention.AuditMaxAge <= 0 {
-		return
-	}
-	every := time.NewTicker(store.AuditPruneEvery)
-	defer every.Stop()
-	for {
-		select {
-		case <-term.Context().Done():
-			return
-		case <-every.C:
-		}
-		ctx, cancel := context.WithTimeout(term.Context(), pruneTimeout)
-		n, err := a.store.PruneAudit(ctx, term, a.now(), a.cfg.Retention)
-		cancel()
-		switch {
-		case err != nil && term.Context().Err() == nil:
-			a.log.Warn("pruning the audit trail failed; retrying at the next pass", "err", err)
-		case n > 0:
-			a.log.Info("pruned the audit trail", "audit_entries", n)
-		}
+// pruneAudit keeps the audit trail within the retention at the rate it can grow: one pass of the
+// term's prune-audit job, which runs every store.AuditPruneEvery when the audit trail has a
+// retention (pruneHistory prunes the fence history, less often).
+func (a *App) pruneAudit(ctx context.Context, term *leader.Term) {
+	pctx, cancel := context.WithTimeout(ctx, pruneTimeout)
+	n, err := a.store.PruneAudit(pctx, term, a.now(), a.cfg.Retention)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.log.Warn("pruning the audit trail failed; retrying at the next pass", "err", err)
+	case n > 0:
+		a.log.Info("pruned the audit trail", "audit_entries", n)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/fault"
+	"github.com/nodefence/nodefence/services/job"
 	"github.com/nodefence/nodefence/services/wdlease"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -64,27 +65,9 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- a.srv.Serve() }()
+	defer a.stopProcess()
+	a.startProcess(ctx, serveErr)
 	a.srv.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	if a.kube != nil {
-		go a.kube.run(ctx)
-	}
-	if a.admission != nil {
-		go func() {
-			if err := a.admission.serve(); err != nil {
-				a.log.Error("admission webhook stopped", "err", err)
-			}
-		}()
-	}
-	if a.kdump != nil {
-		go func() {
-			if err := a.kdump.Run(ctx); err != nil {
-				a.log.Error("kdump listener stopped", "err", err)
-			}
-		}()
-	}
-	defer a.Close()
-	go a.follower.Run(ctx, followerPoll)
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:
@@ -103,12 +86,12 @@ func (a *App) Run(ctx context.Context) error {
 			a.log.Warn("campaign failed, retrying", "err", err)
 			a.storeG.campaignFailed(err)
 			select {
-			case <-time.After(campaignRetry):
+			case <-a.clock().After(campaignRetry):
 			case <-ctx.Done():
 			}
 			continue
 		}
-		a.lead(term)
+		t := a.lead(term)
 		select {
 		case <-term.Context().Done():
 			a.log.Warn("leadership term ended", "epoch", term.Epoch)
@@ -120,6 +103,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.leading = nil
 		a.mu.Unlock()
+		t.stop()
 		a.fenceMx.reset()
 	}
 	return nil
@@ -139,7 +123,11 @@ func (a *App) reachable(ctx context.Context) error {
 }
 
 // lead builds one term's parts and starts them.
-func (a *App) lead(term *leader.Term) { a.newTerm(term).start() }
+func (a *App) lead(term *leader.Term) *termParts {
+	t := a.newTerm(term)
+	t.start()
+	return t
+}
 
 // termParts is what one leadership term runs: an engine loop (every node gets a fresh grace
 // period; persisted state is restored) and a fence runner that resumes every active record, with
@@ -154,11 +142,15 @@ type termParts struct {
 	runner  *fencing.Runner
 	secrets fenceconfig.SecretReader // nil in standalone mode
 	audit   *store.AuditWriter       // the term's audit trail, written apart from its state
+	// jobs owns every goroutine of the term (jobs.go): the term's end stops them and waits for
+	// them before the next term starts.
+	jobs *job.Group
 }
 
 // newTerm builds a term's parts; nothing runs until start.
 func (a *App) newTerm(term *leader.Term) *termParts {
 	t := &termParts{a: a, term: term, audit: a.storeG.startTerm(a, term)}
+	t.jobs = job.NewGroup(termGroup(term.Epoch), job.Options{Clock: a.clock(), Report: t.report})
 	if a.kube != nil {
 		t.secrets = a.kube.secret
 	}
@@ -172,13 +164,13 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 	ec.AgentHeartbeat = a.cfg.AgentHeartbeatInterval // the proof's cadence of the agent witness
 	t.loop = loop.New(loop.Config{
 		Engine: ec, Term: term, Store: a.store,
-		Initial: initial, Metrics: a.metrics, Log: a.log, Now: a.now,
+		Initial: initial, Metrics: a.metrics, Log: a.log, Now: a.now, After: a.cfg.After,
 		Audit:   func(ev engine.Event) { t.audit.Append(ev.At, ev.Node, ev.Kind, ev.Text) },
 		OnReady: t.onReady,
 	})
 	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
-		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, Log: a.log,
-		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact}
+		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, After: a.cfg.After, Log: a.log,
+		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact, Jobs: t.jobs}
 	return t
 }
 
@@ -187,12 +179,13 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 func (t *termParts) onReady(rd engine.Ready) {
 	for _, f := range rd.Fences {
 		if f.Observe {
-			go t.observeFence(f) // observe mode: recorded as would fence, never run
+			// observe mode: recorded as would fence, never run
+			t.jobs.Go("observe-fence "+f.Node, func(context.Context) error { t.observeFence(f); return nil })
 			continue
 		}
-		go t.a.autoFence(t.term, t.runner, f)
+		t.jobs.Go("auto-fence "+f.Node, func(context.Context) error { t.a.autoFence(t.term, t.runner, f); return nil })
 	}
-	t.a.proof.verdicts(t.term, t.loop, rd.Proofs)
+	t.a.proof.verdicts(t.jobs, t.term, t.loop, rd.Proofs)
 	if t.a.kube != nil {
 		t.a.kube.onReady(rd)
 	}
@@ -257,28 +250,32 @@ func (t *termParts) contact(ctx context.Context, node string) fencing.Contact {
 // of every active fence record.
 func (t *termParts) start() {
 	a, term := t.a, t.term
-	go t.audit.Run(term.Context())
-	go func() {
-		if err := t.loop.Run(term.Context()); err != nil {
-			a.log.Error("engine loop stopped; resigning", "err", err)
-			rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
-			_ = term.Resign(rctx)
-			cancel()
-		}
-	}()
+	t.jobs.Add(
+		job.OneShot("audit-writer", func(ctx context.Context) error { t.audit.Run(ctx); return nil }),
+		job.OneShot("engine-loop", func(ctx context.Context) error {
+			if err := t.loop.Run(ctx); err != nil {
+				a.log.Error("engine loop stopped; resigning", "err", err)
+				t.resign()
+			}
+			return nil
+		}))
+	t.jobs.Start(term.Context())
 	a.mu.Lock()
 	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: a.leases(term)}
 	a.mu.Unlock()
-	go a.devices.run(term.Context(), a, t.secrets, a.cfg.DeviceCheckInterval)
+	t.jobs.Add(job.Timer("device-checks", a.cfg.DeviceCheckInterval,
+		func(ctx context.Context) error { a.devices.checkAll(ctx, a, t.secrets); return nil }))
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
 		a.log.Error("cannot index the fence history; older records are missing from listings until the next term", "err", err)
 	} else if n > 0 {
 		a.log.Info("indexed the fence history by time", "records", n)
 	}
-	go a.pruneHistory(term)
-	go a.pruneAudit(term)
+	t.jobs.Add(job.Timer("prune-history", pruneEvery, func(ctx context.Context) error { a.pruneHistory(ctx, term); return nil }, job.Immediately()))
+	if a.cfg.Retention.AuditMaxEntries > 0 || a.cfg.Retention.AuditMaxAge > 0 {
+		t.jobs.Add(job.Timer("prune-audit", store.AuditPruneEvery, func(ctx context.Context) error { a.pruneAudit(ctx, term); return nil }))
+	}
 	if a.kube != nil {
-		a.kube.startTerm(term, t.loop)
+		a.kube.startTerm(term, t.loop, t.jobs)
 	}
 	t.standingRecords()
 	active, err := a.store.ActiveFences(term.Context())
@@ -352,24 +349,17 @@ const (
 	pruneEvery, pruneTimeout = 5 * time.Minute, time.Minute
 )
 
-// pruneHistory deletes history beyond the retention at the start of the term and every
-// pruneEvery, until the term ends.
-func (a *App) pruneHistory(term *leader.Term) {
-	for {
-		ctx, cancel := context.WithTimeout(term.Context(), pruneTimeout)
-		p, err := a.store.Prune(ctx, term, a.now(), a.cfg.Retention)
-		cancel()
-		switch {
-		case err != nil && term.Context().Err() == nil:
-			a.log.Warn("pruning the history failed; retrying at the next pass", "err", err)
-		case p.Fences > 0 || p.Audit > 0:
-			a.log.Info("pruned the history", "fence_records", p.Fences, "audit_entries", p.Audit)
-		}
-		select {
-		case <-term.Context().Done():
-			return
-		case <-time.After(pruneEvery):
-		}
+// pruneHistory deletes history beyond the retention: one pass of the term's prune-history job,
+// at the start of the term and every pruneEvery.
+func (a *App) pruneHistory(ctx context.Context, term *leader.Term) {
+	pctx, cancel := context.WithTimeout(ctx, pruneTimeout)
+	p, err := a.store.Prune(pctx, term, a.now(), a.cfg.Retention)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.log.Warn("pruning the history failed; retrying at the next pass", "err", err)
+	case p.Fences > 0 || p.Audit > 0:
+		a.log.Info("pruned the history", "fence_records", p.Fences, "audit_entries", p.Audit)
 	}
 }
 

@@ -81,7 +81,7 @@ func (r *Runner) invokeKnown(ctx context.Context, rec *coordv1.NodeFence, op *co
 		select {
 		case <-ctx.Done():
 			return state, err
-		case <-time.After(pause):
+		case <-r.after(pause):
 		}
 		pause = min(2*pause, resendPauseMax)
 		seen, at, rerr := r.readBack(ctx, rec, op)

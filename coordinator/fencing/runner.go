@@ -29,8 +29,10 @@ import (
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/clock"
 	"github.com/nodefence/nodefence/services/dial"
 	"github.com/nodefence/nodefence/services/identity"
+	"github.com/nodefence/nodefence/services/job"
 	"github.com/nodefence/nodefence/services/tlsfiles"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -136,6 +138,12 @@ type Runner struct {
 	Policy    Policy
 	// Now is the clock (decisions, record times, call times); nil means time.Now.
 	Now func() time.Time
+	// After waits on Now's clock (the pauses between decisions and between resends); nil waits on
+	// the machine's timers.
+	After func(time.Duration) <-chan time.Time
+	// Jobs, when set, owns the records' goroutines (Start): the term's job group, which stops and
+	// waits for them when the term ends. Nil runs them on goroutines of their own.
+	Jobs *job.Group
 	// Facts is the live node view; nil means "not ready, no dump" for every node.
 	Facts NodeFacts
 	// Contact is the node's latest witness contact, asked before every decision that may lead to a
@@ -177,12 +185,19 @@ func (r *Runner) Start(id string) {
 	}
 	r.running[id] = true
 	r.mu.Unlock()
-	go func() {
-		defer func() { r.mu.Lock(); delete(r.running, id); r.mu.Unlock() }()
-		if err := r.Run(r.Term.Context(), id); err != nil && r.Term.Context().Err() == nil {
+	done := func() { r.mu.Lock(); delete(r.running, id); r.mu.Unlock() }
+	run := func(ctx context.Context) error {
+		defer done()
+		if err := r.Run(ctx, id); err != nil && ctx.Err() == nil {
 			r.Log.Error("fence runner stopped", "fence", id, "err", err)
 		}
-	}()
+		return nil
+	}
+	if r.Jobs == nil {
+		go func() { _ = run(r.Term.Context()) }()
+	} else if !r.Jobs.Go("fence "+id, run) {
+		done() // the term's jobs stopped: the next leader resumes the record
+	}
 }
 
 // Run drives one record until it is finished. It returns early (with an error) when the term ends or
@@ -234,7 +249,7 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(min(d.Wait, time.Second)):
+			case <-r.after(min(d.Wait, time.Second)):
 			}
 		default:
 			return nil
@@ -250,6 +265,14 @@ func (r *Runner) recheck(ctx context.Context, rec *coordv1.NodeFence) Contact {
 		return Contact{}
 	}
 	return r.Contact(ctx, rec.Node)
+}
+
+// after waits on the runner's clock.
+func (r *Runner) after(d time.Duration) <-chan time.Time {
+	if r.After != nil {
+		return r.After(d)
+	}
+	return clock.Machine.After(d)
 }
 
 func (r *Runner) now() time.Time {

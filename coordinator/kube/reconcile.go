@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -215,12 +216,11 @@ func (r *Reconciler) EnqueueAll() {
 // Run works the queue until ctx ends, resyncing every node every resync (0: never).
 func (r *Reconciler) Run(ctx context.Context, resync time.Duration) {
 	defer r.queue.ShutDown()
-	go func() {
-		<-ctx.Done()
-		r.queue.ShutDown()
-	}()
+	defer context.AfterFunc(ctx, r.queue.ShutDown)()
+	var resyncs sync.WaitGroup // Run returns after its resyncs: nothing it starts outlives it
+	defer resyncs.Wait()
 	if resync > 0 {
-		go func() {
+		resyncs.Go(func() {
 			t := time.NewTicker(resync)
 			defer t.Stop()
 			for {
@@ -231,7 +231,7 @@ func (r *Reconciler) Run(ctx context.Context, resync time.Duration) {
 					r.EnqueueAll()
 				}
 			}
-		}()
+		})
 	}
 	for {
 		node, quit := r.queue.Get()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -199,7 +200,7 @@ func NewWitness(core kubernetes.Interface, opts WitnessOptions) *Witness {
 // Informer is the Node informer, for other handlers (the reconciler's).
 func (w *Witness) Informer() cache.SharedIndexInformer { return w.nodeInf }
 
-// Run starts the informers and the apiserver probe until ctx ends.
+// Run starts the informers and the apiserver probe until ctx ends, and returns after them.
 func (w *Witness) Run(ctx context.Context) {
 	_, _ = w.nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { w.nodeChanged(o) },
@@ -217,8 +218,10 @@ func (w *Witness) Run(ctx context.Context) {
 		AddFunc:    func(o any) { w.leaseChanged(o) },
 		UpdateFunc: func(_, o any) { w.leaseChanged(o) },
 	})
-	go w.nodeInf.Run(ctx.Done())
-	go w.leaseInf.Run(ctx.Done())
+	var informers sync.WaitGroup // Run returns after its informers: nothing it starts outlives it
+	defer informers.Wait()
+	informers.Go(func() { w.nodeInf.Run(ctx.Done()) })
+	informers.Go(func() { w.leaseInf.Run(ctx.Done()) })
 	if cache.WaitForCacheSync(ctx.Done(), w.nodeInf.HasSynced, w.leaseInf.HasSynced) {
 		w.relist(w.Readable())
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/store"
+	"github.com/nodefence/nodefence/services/clock"
 	"github.com/nodefence/nodefence/services/fault"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -58,6 +59,9 @@ type Config struct {
 	// Now is the clock the engine is ticked with and the ingest latencies are measured by; nil
 	// means time.Now. It must be the clock the inputs are stamped with (api.Deps.Now).
 	Now func() time.Time
+	// After waits on Now's clock (the pause before a failed write is retried); nil waits on the
+	// machine's timers.
+	After func(time.Duration) <-chan time.Time
 }
 
 func (l *Loop) now() time.Time {
@@ -201,13 +205,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-l.cfg.Term.Context().Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	// The term's end ends the loop, without a goroutine that could outlive it.
+	defer context.AfterFunc(l.cfg.Term.Context(), cancel)()
 	e, err := l.start(ctx)
 	if err != nil {
 		l.err = err
@@ -473,7 +472,7 @@ func (l *Loop) persistOps(ctx context.Context, ops []clientv3.Op) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("persist engine state: %w", ctx.Err())
-		case <-time.After(wait):
+		case <-clock.Of(l.cfg.Now, l.cfg.After).After(wait):
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
