@@ -467,3 +467,32 @@ func TestAgentsReadinessOverGRPC(t *testing.T) {
 		t.Fatalf("ListZones = %v, %v", zones, err)
 	}
 }
+
+// abandonTo ends from's leadership term without resigning (its lease must expire, as when its
+// process dies; the embedded etcd may live in from, so only the election is abandoned) and waits up
+// to timeout until to leads, then returns to's term's epoch. from is still alive and campaigns
+// again: if to lost its place in the election meanwhile (its lease not renewed in time on a loaded
+// machine), from rightly wins again, and its new term is abandoned too, until to leads.
+func abandonTo(t *testing.T, from, to *coordinator, timeout time.Duration) int64 {
+	t.Helper()
+	old := from.app.Term()
+	if old == nil {
+		t.Fatalf("%s is not leading", from.app.Addr())
+	}
+	old.Abandon()
+	abandoned := old.Epoch
+	var epoch int64
+	wait.Until(t, timeout, "the other replica becomes leader", func() error {
+		if term := to.app.Term(); term != nil {
+			epoch = term.Epoch
+			return nil
+		}
+		if term := from.app.Term(); term != nil && term.Epoch > abandoned {
+			t.Logf("the abandoned replica won term %d again: abandoning it too", term.Epoch)
+			abandoned = term.Epoch
+			term.Abandon()
+		}
+		return fmt.Errorf("%s not leading", to.app.Addr())
+	})
+	return epoch
+}

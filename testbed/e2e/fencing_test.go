@@ -62,16 +62,8 @@ func TestFailoverAndStaleEpochAtTheDriver(t *testing.T) {
 		return nil
 	})
 
-	// The leader's process "dies" without resigning: its lease must expire. The embedded etcd lives
-	// in the first coordinator, so only its election is abandoned here.
-	first.app.Term().Abandon()
-	wait.Until(t, 20*time.Second, "second becomes leader", func() error {
-		if second.app.Term() == nil {
-			return fmt.Errorf("second not leading")
-		}
-		return nil
-	})
-	newEpoch := second.app.Term().Epoch
+	// The leader's process "dies" without resigning: its lease must expire (abandonTo).
+	newEpoch := abandonTo(t, first, second, 60*time.Second)
 	if newEpoch <= oldEpoch {
 		t.Fatalf("new epoch %d <= old %d", newEpoch, oldEpoch)
 	}

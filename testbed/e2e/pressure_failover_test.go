@@ -147,13 +147,7 @@ func TestPendingCandidateFollowsTheLeader(t *testing.T) {
 		}
 		return nil
 	})
-	first.app.Term().Abandon()
-	wait.Until(t, 40*time.Second, "second becomes leader", func() error {
-		if second.app.Term() == nil {
-			return fmt.Errorf("second not leading")
-		}
-		return nil
-	})
+	abandonTo(t, first, second, 60*time.Second)
 	secondCl := coordv1.NewClusterServiceClient(secondConn)
 	wait.Until(t, 30*time.Second, "the new leader holds the candidate", held(&secondCl))
 	if _, err := secondCl.ResumeEvictions(ctx, &coordv1.ResumeEvictionsRequest{}); err != nil {
