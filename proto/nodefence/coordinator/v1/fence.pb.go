@@ -378,7 +378,10 @@ type NodeFence struct {
 	NotReadySince *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=not_ready_since,json=notReadySince,proto3" json:"not_ready_since,omitempty"`
 	// Proof is what proves the node off once the record is confirmed off (confirmed_off_at) or
 	// acknowledged: a driver's read-back, an operator's word, or the watchdog's timing rule.
-	Proof         FenceProof `protobuf:"varint,25,opt,name=proof,proto3,enum=nodefence.coordinator.v1.FenceProof" json:"proof,omitempty"`
+	Proof FenceProof `protobuf:"varint,25,opt,name=proof,proto3,enum=nodefence.coordinator.v1.FenceProof" json:"proof,omitempty"`
+	// Method, if set, is the one method the record runs instead of the node's steps: "watchdog" for
+	// an operator's `fencectl fence NODE --method watchdog` (FenceRequest.method).
+	Method        string `protobuf:"bytes,26,opt,name=method,proto3" json:"method,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -586,6 +589,13 @@ func (x *NodeFence) GetProof() FenceProof {
 		return x.Proof
 	}
 	return FenceProof_FENCE_PROOF_UNSPECIFIED
+}
+
+func (x *NodeFence) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
 }
 
 // Operation is one driver call of a fence record.
@@ -1554,7 +1564,7 @@ var File_nodefence_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xb2\t\n" +
+	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xca\t\n" +
 	"\tNodeFence\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12=\n" +
@@ -1586,7 +1596,8 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x10would_release_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewouldReleaseAt\x12B\n" +
 	"\x0flast_contact_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rlastContactAt\x12B\n" +
 	"\x0fnot_ready_since\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\rnotReadySince\x12:\n" +
-	"\x05proof\x18\x19 \x01(\x0e2$.nodefence.coordinator.v1.FenceProofR\x05proof\"\xb8\x04\n" +
+	"\x05proof\x18\x19 \x01(\x0e2$.nodefence.coordinator.v1.FenceProofR\x05proof\x12\x16\n" +
+	"\x06method\x18\x1a \x01(\tR\x06method\"\xb8\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
