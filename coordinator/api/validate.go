@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 
@@ -32,6 +33,12 @@ func Validate(req proto.Message) error {
 	case *coordv1.FenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
+		if m := r.GetMethod(); m != "" && m != fenceconfig.WatchdogDriver {
+			if len(m) > 64 || !utf8.ValidString(m) {
+				m = "(a long or invalid value)"
+			}
+			v.Add("method", "%q is not a method a fence request may name (the one accepted: %q)", m, fenceconfig.WatchdogDriver)
+		}
 	case *coordv1.UnfenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())

@@ -154,6 +154,7 @@ type termParts struct {
 	runner  *fencing.Runner
 	secrets fenceconfig.SecretReader // nil in standalone mode
 	audit   *store.AuditWriter       // the term's audit trail, written apart from its state
+	leases  *api.Leases              // the term's watchdog leases
 }
 
 // newTerm builds a term's parts; nothing runs until start.
@@ -179,6 +180,8 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
 		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, Log: a.log,
 		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact}
+	t.leases = a.leases(term)
+	t.runner.SelfFence = selfFence{t: t, leases: t.leases}
 	return t
 }
 
@@ -267,7 +270,7 @@ func (t *termParts) start() {
 		}
 	}()
 	a.mu.Lock()
-	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: a.leases(term)}
+	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: t.leases}
 	a.mu.Unlock()
 	go a.devices.run(term.Context(), a, t.secrets, a.cfg.DeviceCheckInterval)
 	if n, err := a.store.IndexHistory(term.Context(), term); err != nil {
@@ -302,6 +305,9 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 		if op.Error != "" {
 			text += " (" + op.Error + ")"
 		}
+	}
+	if p := fencing.ProofName(f.Proof); p != "" {
+		text += "; proof: " + p
 	}
 	if f.FinishedAt != nil {
 		text += "; finished"
