@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/coordinator/fencing"
+	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/services/cli"
 )
 
