@@ -453,7 +453,7 @@ func (a *Agent) receive(resp *agentv1.ConnectResponse) {
 			a.log.Warn("stop-feeding pill received; this agent keeps no watchdog", "fence", m.StopFeeding.GetFenceId())
 			return
 		}
-		a.cfg.Lease.poison(m.StopFeeding)
+		a.cfg.Lease.Poison(m.StopFeeding)
 	case *agentv1.ConnectResponse_Grant:
 		if a.cfg.Grants == nil {
 			a.log.Warn("eviction grant received; no pods to evict in standalone mode", "signal", m.Grant.Signal, "pods", len(m.Grant.Pods))

@@ -70,9 +70,9 @@ func (l *Lease) granted(g *agentv1.LeaseGrant, now time.Time) {
 	}
 }
 
-// poison takes the leader's stop-feeding pill: the watchdog is never fed again by this agent, and a
+// Poison takes the leader's stop-feeding pill: the watchdog is never fed again by this agent, and a
 // clean stop leaves it armed (Poisoned). A deposed leader's pill is logged and ignored.
-func (l *Lease) poison(p *agentv1.StopFeeding) {
+func (l *Lease) Poison(p *agentv1.StopFeeding) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.rule.Poison(p.GetEpoch()); err != nil {
