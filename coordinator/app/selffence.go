@@ -23,18 +23,17 @@ type selfFence struct {
 const selfFenceQuery = 5 * time.Second
 
 // watchdog is the node's last watchdog report and the cluster's size, as the engine knows them.
-func (s selfFence) watchdog(node string) (wdlease.Watchdog, int) {
-	var w wdlease.Watchdog
-	n := 0
+func (s selfFence) watchdog(node string) (w wdlease.Watchdog, n int, connected bool) {
 	ctx, cancel := context.WithTimeout(s.t.term.Context(), selfFenceQuery)
 	defer cancel()
 	_ = s.t.loop.Query(ctx, func(e *engine.Engine) {
 		n = len(e.Nodes())
 		if v := e.Node(node); v != nil {
 			w = wdlease.Watchdog{Armed: v.GetWatchdogArmed(), Timeout: v.GetWatchdogTimeout().AsDuration()}
+			connected = v.GetConnected()
 		}
 	})
-	return w, n
+	return w, n, connected
 }
 
 // Poison sends the node's agent the stop-feeding pill with its next lease request, and audits it.
@@ -45,13 +44,13 @@ func (s selfFence) Poison(node, fence string) {
 
 // Judge applies the timing rule to the node now.
 func (s selfFence) Judge(node string, now time.Time) fencing.ByTime {
-	w, n := s.watchdog(node)
+	w, n, connected := s.watchdog(node)
 	ok, why, safe := s.leases.SelfFenced(node, w, n, now)
-	return fencing.ByTime{OK: ok, Refusal: why, SafeTime: safe}
+	return fencing.ByTime{OK: ok, Refusal: why, SafeTime: safe, Connected: connected}
 }
 
 // Armed says whether the node's agent last reported an armed watchdog.
 func (s selfFence) Armed(node string) bool {
-	w, _ := s.watchdog(node)
+	w, _, _ := s.watchdog(node)
 	return w.Armed
 }

@@ -47,6 +47,10 @@ type ByTime struct {
 	Refusal wdlease.Refusal
 	// SafeTime is when the node's watchdog has certainly reset it (zero: not armed).
 	SafeTime time.Time
+	// Connected: the node's agent has a stream to the leader now. A node that is heard is not taken
+	// as self-fenced, whatever the time: its watchdog has not fired yet (the pill's wait), did not
+	// fire at all, or it reset and its agent is back from a new boot — the record then fails.
+	Connected bool
 }
 
 // WatchdogVerdict is the pure judgement of a watchdog operation at now that began at start: proven
@@ -54,20 +58,23 @@ type ByTime struct {
 // the later of start and the safe time for a majority's leases; a node whose agent's last report
 // was not "armed" fails at once, whatever the time.
 func WatchdogVerdict(j ByTime, start, now time.Time, patience time.Duration) (proven, failed bool, why string) {
+	why = j.Refusal.String()
 	switch {
+	case j.Refusal == wdlease.NotArmed:
+		return false, true, "no proof by time: " + why
+	case j.Connected:
+		why = "its agent is still connected to the leader"
 	case j.OK:
 		return true, false, ""
-	case j.Refusal == wdlease.NotArmed:
-		return false, true, "no proof by time: " + j.Refusal.String()
 	}
 	deadline := start
 	if j.SafeTime.After(deadline) {
 		deadline = j.SafeTime
 	}
 	if deadline = deadline.Add(patience); !now.Before(deadline) {
-		return false, true, fmt.Sprintf("no proof by time by %s: %s", stamp(deadline), j.Refusal)
+		return false, true, fmt.Sprintf("no proof by time by %s: %s", stamp(deadline), why)
 	}
-	return false, false, j.Refusal.String()
+	return false, false, why
 }
 
 // WatchdogPatience is how long past a node's safe time the watchdog method waits for the leader to

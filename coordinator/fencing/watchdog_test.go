@@ -31,6 +31,8 @@ func TestWatchdogVerdict(t *testing.T) {
 		{"disarmed, long after", ByTime{Refusal: wdlease.NotArmed}, t0.Add(time.Hour), false, true},
 		{"no majority, within patience", ByTime{Refusal: wdlease.NoMajority, SafeTime: safe}, safe.Add(WatchdogPatience - time.Second), false, false},
 		{"no majority, patience over", ByTime{Refusal: wdlease.NoMajority, SafeTime: safe}, safe.Add(WatchdogPatience), false, true},
+		{"the rule says yes, but its agent is connected", ByTime{OK: true, SafeTime: safe, Connected: true}, safe, false, false},
+		{"its agent stays connected past the patience", ByTime{OK: true, SafeTime: safe, Connected: true}, safe.Add(WatchdogPatience), false, true},
 	} {
 		proven, failed, why := WatchdogVerdict(tc.j, t0, tc.now, WatchdogPatience)
 		if proven != tc.proven || failed != tc.failed {
