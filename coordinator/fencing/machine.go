@@ -257,8 +257,16 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 		next.Operations = append(next.Operations, newOp(rec, methods[len(ops)], now))
 		return Decision{Next: next}
 	}
-	// Every method of the step was tried: the step succeeds when every required method and at
-	// least one method was confirmed.
+	// Every method of the step was tried. All unreachable (a dark BMC), a node that opted in falls
+	// back to its watchdog, required methods or not; else the step succeeds when every required
+	// method and at least one method was confirmed.
+	if op := fallback(rec, ops, f); op != nil {
+		next.Operations = append(next.Operations, op)
+		next.Evidence = append(next.Evidence, "every power_management method failed as unreachable and the node's agent reported an armed watchdog: falling back to the watchdog method (watchdog_fallback)")
+		return Decision{Next: next}
+	}
+	// A confirmed fallback stands in for the methods that did not answer, required ones too.
+	fellBack := len(ops) > len(methods) && IsWatchdog(ops[len(ops)-1]) && ops[len(ops)-1].Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED
 	var confirmed, confirmedOn int
 	var failed []string
 	for _, op := range ops {
@@ -269,17 +277,12 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 			}
 		} else {
 			failed = append(failed, fmt.Sprintf("%s %s: %s", op.Method, op.Action, op.Error))
-			if op.Required {
+			if op.Required && !fellBack {
 				next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
 				next.Error = fmt.Sprintf("%s: required method %s failed: %s", stepName(rec.Step), op.Method, op.Error)
 				return Decision{Next: next}
 			}
 		}
-	}
-	if op := fallback(rec, ops, f); confirmed == 0 && op != nil {
-		next.Operations = append(next.Operations, op)
-		next.Evidence = append(next.Evidence, "every power_management method failed as unreachable and the node's agent reported an armed watchdog: falling back to the watchdog method (watchdog_fallback)")
-		return Decision{Next: next}
 	}
 	if confirmed == 0 {
 		next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR

@@ -47,7 +47,7 @@ drivers:
 nodes:
   nd:
     methods:
-      bmc: {driver: ipmi, parameters: {ip: 127.0.0.1}}
+      bmc: {driver: ipmi, must_success: true, parameters: {ip: 127.0.0.1}}
     steps:
       power_management: [bmc]
 `
