@@ -140,6 +140,13 @@ func (s *FenceServer) start(ctx context.Context, node, reason string, action coo
 // requester: the same rules as an operator's call (a node the engine refuses is refused), for
 // callers inside the coordinator that act for someone else (a NodeFenceRemediation).
 func (s *FenceServer) StartAs(ctx context.Context, requester, node, reason string, action coordv1.FenceAction) (*coordv1.NodeFence, error) {
+	return s.startWith(ctx, requester, node, reason, action, "")
+}
+
+// startWith is StartAs with the one method the record runs ("": the node's steps; "watchdog": its
+// watchdog alone, whether or not its steps list one, for a node whose agent last reported its
+// watchdog armed).
+func (s *FenceServer) startWith(ctx context.Context, requester, node, reason string, action coordv1.FenceAction, method string) (*coordv1.NodeFence, error) {
 	l, err := s.Leadership.Leading(ctx)
 	if err != nil {
 		return nil, err
@@ -156,8 +163,16 @@ func (s *FenceServer) StartAs(ctx context.Context, requester, node, reason strin
 			return nil, fmt.Errorf("%s: %w", refused, fault.ErrFailedPrecondition)
 		}
 	}
+	if method != "" {
+		if err := s.watchdogArmed(ctx, l, node); err != nil {
+			return nil, err
+		}
+	}
 	rec := fencing.OperatorRecord(node, action, reason, requester,
 		func(step string) ([]fenceconfig.Resolved, error) { return s.Config().Plan(node, step) }, l.Term.Epoch, s.now())
+	if method != "" {
+		rec.Method, rec.Step = method, coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT
+	}
 	got, _, created, err := s.Store.CreateFence(ctx, l.Term, rec)
 	if err != nil {
 		return nil, err
@@ -186,11 +201,24 @@ func (s *FenceServer) Fence(ctx context.Context, req *coordv1.FenceRequest) (*co
 			return &coordv1.FenceResponse{Fence: standing, AlreadyOff: standing != nil}, err
 		}
 	}
-	f, err := s.start(ctx, req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_OFF)
+	f, err := s.startWith(ctx, identity.Name(ctx), req.GetNode(), req.GetReason(), coordv1.FenceAction_FENCE_ACTION_OFF, req.GetMethod())
 	if err != nil {
 		return nil, err
 	}
 	return &coordv1.FenceResponse{Fence: f}, nil
+}
+
+// watchdogArmed refuses a watchdog fence of a node whose agent did not last report an armed
+// watchdog: the timing rule could never prove it off.
+func (s *FenceServer) watchdogArmed(ctx context.Context, l *Leading, node string) error {
+	var n *coordv1.Node
+	if err := l.Loop.Query(ctx, func(e *engine.Engine) { n = e.Node(node) }); err != nil {
+		return err
+	}
+	if !n.GetWatchdogArmed() {
+		return fmt.Errorf("node %s: its agent's last report was not \"armed\": the watchdog method cannot prove it off: %w", node, fault.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // standingOff returns the node's newest record when the node stands confirmed off

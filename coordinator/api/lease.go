@@ -17,6 +17,9 @@ import (
 type Leases struct {
 	mu sync.Mutex
 	l  *wdlease.Leader
+	// poisoned are the nodes told to stop feeding (a watchdog fence), by fence id: they get the
+	// stop-feeding pill instead of a grant for as long as this term lasts.
+	poisoned map[string]string
 }
 
 // NewLeases starts a term's leases at the term's start (its clock), for epoch.
@@ -32,9 +35,39 @@ func (ls *Leases) grant(node string, seq uint64, hb *agentv1.Heartbeat, at time.
 		return nil
 	}
 	ls.mu.Lock()
+	if fence, ok := ls.poisoned[node]; ok {
+		ls.mu.Unlock()
+		return &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_StopFeeding{StopFeeding: &agentv1.StopFeeding{Epoch: ls.l.Epoch(), FenceId: fence}}}
+	}
 	g := ls.l.Request(node, hb.GetLeaseEpoch(), hb.GetLeaseGrantId(), at)
 	ls.mu.Unlock()
 	return &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Lease{Lease: &agentv1.LeaseGrant{
 		Epoch: g.Epoch, GrantId: g.ID, Duration: durationpb.New(g.Duration), RequestSeq: seq,
 	}}}
+}
+
+// Poison marks node for the stop-feeding pill of fence: the answer to each of its agent's next
+// lease requests on this term's streams (its own stream only: the stream's node is its certificate's)
+// is the pill, never a grant again in this term, so its last grant, and with it its safe time,
+// stands still from here.
+func (ls *Leases) Poison(node, fence string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.poisoned == nil {
+		ls.poisoned = map[string]string{}
+	}
+	ls.poisoned[node] = fence
+}
+
+// SelfFenced applies the timing rule (wdlease.Leader.SelfFenced) to node, whose agent last reported
+// w, in a cluster of n agents at now; it also returns the node's safe time.
+func (ls *Leases) SelfFenced(node string, w wdlease.Watchdog, n int, now time.Time) (bool, wdlease.Refusal, time.Time) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ok, why := ls.l.SelfFenced(node, w, n, now)
+	var safe time.Time
+	if w.Armed && w.Timeout > 0 {
+		safe = ls.l.SafeTime(node, w.Timeout)
+	}
+	return ok, why, safe
 }

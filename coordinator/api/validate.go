@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/identity"
 
@@ -32,6 +33,7 @@ func Validate(req proto.Message) error {
 	case *coordv1.FenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
+		checkMethod(&v, r.GetMethod())
 	case *coordv1.UnfenceRequest:
 		checkName(&v, "node", r.GetNode())
 		checkText(&v, "reason", r.GetReason())
@@ -122,6 +124,17 @@ func optionalName(v *fault.Invalid, field, value string) {
 }
 
 // checkText adds a problem when a free-text field is longer than MaxText or not UTF-8.
+// checkMethod accepts a fence request's method: none, or the watchdog method.
+func checkMethod(v *fault.Invalid, m string) {
+	if m == "" || m == fenceconfig.WatchdogDriver {
+		return
+	}
+	if len(m) > 64 || !utf8.ValidString(m) {
+		m = "(a long or invalid value)"
+	}
+	v.Add("method", "%q is not a method a fence request may name (the one accepted: %q)", m, fenceconfig.WatchdogDriver)
+}
+
 func checkText(v *fault.Invalid, field, value string) {
 	if len(value) > MaxText {
 		v.Add(field, "%d bytes, more than %d", len(value), MaxText)

@@ -25,6 +25,8 @@ func TestValidate(t *testing.T) {
 		{&coordv1.FenceRequest{Node: strings.Repeat("a", 300*1024)}, "node"},
 		{&coordv1.FenceRequest{Node: "N_1"}, "node"},
 		{&coordv1.FenceRequest{Node: "n", Reason: long}, "reason"},
+		{&coordv1.FenceRequest{Node: "n", Method: "watchdog"}, ""},
+		{&coordv1.FenceRequest{Node: "n", Method: "ipmi"}, "method"},
 		{&coordv1.UnfenceRequest{Node: "n", Reason: "\xff"}, "reason"},
 		{&coordv1.AcknowledgeRequest{Node: "n", Force: true}, "reason"},
 		{&coordv1.AcknowledgeRequest{Node: "n", Operator: long}, "operator"},

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/services/cli"
 
@@ -21,6 +22,7 @@ type fenceMetrics struct {
 	started      *prometheus.CounterVec
 	finished     *prometheus.CounterVec
 	acknowledged prometheus.Counter
+	proofs       *prometheus.CounterVec
 	operations   *prometheus.CounterVec
 	active       *prometheus.Desc
 
@@ -37,6 +39,9 @@ func newFenceMetrics(reg prometheus.Registerer, term func() *leader.Term) *fence
 			Help: "Fence records finished, by action and result (done, error)."}, []string{"action", "result"}),
 		acknowledged: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodefence_fence_acknowledgements_total",
 			Help: "Fences confirmed by an operator's Acknowledge instead of a device read-back."}),
+		proofs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_fence_proofs_total",
+			Help: "Power-off records proven off, by the proof they hold: read-back (a driver's status read-back), operator (an acknowledgement), watchdog-timeout (the node's watchdog by the timing rule)."},
+			[]string{"proof"}),
 		operations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nodefence_fence_operations_total",
 			Help: "Driver calls of fence records as the leader recorded them, by driver, method and result (confirmed, failed)."},
 			[]string{"driver", "method", "result"}),
@@ -47,6 +52,9 @@ func newFenceMetrics(reg prometheus.Registerer, term func() *leader.Term) *fence
 		live: map[string]*coordv1.NodeFence{},
 	}
 	// Known label values start at zero, so rules and dashboards see 0 rather than no series.
+	for _, p := range []coordv1.FenceProof{coordv1.FenceProof_FENCE_PROOF_READ_BACK, coordv1.FenceProof_FENCE_PROOF_OPERATOR, coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT} {
+		m.proofs.WithLabelValues(fencing.ProofName(p))
+	}
 	for _, action := range []string{"off", "on"} {
 		for _, trigger := range []string{"automatic", "manual"} {
 			m.started.WithLabelValues(action, trigger)
@@ -69,7 +77,7 @@ func newFenceMetrics(reg prometheus.Registerer, term func() *leader.Term) *fence
 		}
 		return 0
 	})
-	reg.MustRegister(m.started, m.finished, m.acknowledged, m.operations, m, leading, epoch)
+	reg.MustRegister(m.started, m.finished, m.acknowledged, m.proofs, m.operations, m, leading, epoch)
 	return m
 }
 
@@ -122,6 +130,9 @@ func (m *fenceMetrics) observe(f *coordv1.NodeFence) {
 	}
 	if f.AcknowledgedBy != "" && once("ack") {
 		m.acknowledged.Inc()
+	}
+	if p := fencing.ProofName(f.Proof); p != "" && once("proof/"+p) {
+		m.proofs.WithLabelValues(p).Inc()
 	}
 	for _, op := range f.Operations {
 		if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {

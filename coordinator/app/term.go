@@ -142,6 +142,7 @@ type termParts struct {
 	runner  *fencing.Runner
 	secrets fenceconfig.SecretReader // nil in standalone mode
 	audit   *store.AuditWriter       // the term's audit trail, written apart from its state
+	leases  *api.Leases              // the term's watchdog leases
 	// jobs owns every goroutine of the term (jobs.go): the term's end stops them and waits for
 	// them before the next term starts.
 	jobs *job.Group
@@ -171,6 +172,8 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 	t.runner = &fencing.Runner{Store: a.store, Secrets: t.secrets, Term: term, Config: a.fences, Drivers: a.drivers,
 		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, After: a.cfg.After, Log: a.log,
 		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact, Jobs: t.jobs}
+	t.leases = a.leases(term)
+	t.runner.SelfFence = selfFence{t: t, leases: t.leases}
 	return t
 }
 
@@ -261,7 +264,7 @@ func (t *termParts) start() {
 		}))
 	t.jobs.Start(term.Context())
 	a.mu.Lock()
-	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: a.leases(term)}
+	a.leading = &api.Leading{Term: term, Runner: t.runner, Loop: t.loop, Leases: t.leases}
 	a.mu.Unlock()
 	t.jobs.Add(job.Timer("device-checks", a.cfg.DeviceCheckInterval,
 		func(ctx context.Context) error { a.devices.checkAll(ctx, a, t.secrets); return nil }))
@@ -299,6 +302,9 @@ func (a *App) fenceChanged(term *leader.Term, f *coordv1.NodeFence) {
 		if op.Error != "" {
 			text += " (" + op.Error + ")"
 		}
+	}
+	if p := fencing.ProofName(f.Proof); p != "" {
+		text += "; proof: " + p
 	}
 	if f.FinishedAt != nil {
 		text += "; finished"

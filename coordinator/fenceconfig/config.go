@@ -109,6 +109,10 @@ type Node struct {
 	RandomDelay Duration `json:"random_delay,omitempty"`
 	// Addresses are the node's IP addresses, used to recognise its fence_kdump messages.
 	Addresses []string `json:"addresses,omitempty"`
+	// WatchdogFallback (default off): a power-off record of this node whose power_management
+	// methods all failed as unreachable (a dark BMC) falls back to the watchdog method when the
+	// node's agent last reported an armed watchdog (docs/fence-config.md).
+	WatchdogFallback bool `json:"watchdog_fallback,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("5s") in YAML.
@@ -205,6 +209,8 @@ func (c *Config) ValidateWith(checks Checks) error {
 		}
 		if t.Driver == "" {
 			v.Add(f+".driver", "required (or agent_name)")
+		} else if t.Driver == WatchdogDriver {
+			v.Add(f+".driver", "%q is a method of its own, not a template's driver: write driver: %s in the node's method", WatchdogDriver, WatchdogDriver)
 		} else {
 			c.checkDriver(&v, f+".driver", t.Driver)
 		}
@@ -236,6 +242,8 @@ func (c *Config) ValidateWith(checks Checks) error {
 			for i, m := range n.Steps[step] {
 				if _, ok := n.Methods[m]; !ok {
 					v.Add(fmt.Sprintf("%s.steps.%s[%d]", f, step, i), "unknown method %q", m)
+				} else if n.Methods[m].Driver == WatchdogDriver && step != StepPowerManagement {
+					v.Add(fmt.Sprintf("%s.steps.%s[%d]", f, step, i), "method %q is a watchdog method: it powers the node off by its watchdog and belongs in %s only", m, StepPowerManagement)
 				}
 				if seen[m] {
 					v.Add(fmt.Sprintf("%s.steps.%s[%d]", f, step, i), "method %q listed twice", m)
@@ -293,6 +301,9 @@ func (c *Config) checkMethod(v *fault.Invalid, f string, m Method, checks Checks
 	switch {
 	case driver == "" && m.Template == "":
 		v.Add(f, "needs a template or a driver")
+	case driver == WatchdogDriver:
+		checkWatchdogMethod(v, f, m)
+		return
 	case driver != "":
 		c.checkDriver(v, f+".driver", driver)
 	}
@@ -334,6 +345,24 @@ func (c *Config) checkDriver(v *fault.Invalid, f, driver string) {
 	}
 	if _, ok := c.Drivers[driver]; !ok {
 		v.Add(f, "unknown driver %q: no such entry in drivers", driver)
+	}
+}
+
+// WatchdogDriver is the driver name of the watchdog method: no driver service; the leader tells
+// the node's agent to stop feeding its watchdog and proves the node off by the timing rule
+// (services/wdlease). It takes no template, no parameters, and only the action "off".
+const WatchdogDriver = "watchdog"
+
+// checkWatchdogMethod checks a watchdog method: nothing to set but must_success.
+func checkWatchdogMethod(v *fault.Invalid, f string, m Method) {
+	if m.Template != "" {
+		v.Add(f+".template", "a %s method takes no template", WatchdogDriver)
+	}
+	if len(m.Parameters) > 0 {
+		v.Add(f+".parameters", "a %s method takes no parameters", WatchdogDriver)
+	}
+	if m.Action != "" && m.Action != "off" {
+		v.Add(f+".action", "a %s method only powers off (by the node's own watchdog), not %q", WatchdogDriver, m.Action)
 	}
 }
 

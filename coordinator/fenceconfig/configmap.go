@@ -56,6 +56,8 @@ func DriverForAgent(agent string) string {
 		return "redfish"
 	case "fence_aws":
 		return "aws"
+	case WatchdogDriver:
+		return WatchdogDriver // no fence agent: the node's own watchdog (fenceconfig.WatchdogDriver)
 	}
 	return "agent"
 }
@@ -355,6 +357,12 @@ func nodeFromProperties(inv *fault.Invalid, props func(ConfigMap, string) map[st
 				n.Zone = v
 			case "region":
 				n.Region = v
+			case "watchdog_fallback":
+				b, err := parseBool(v)
+				if err != nil {
+					inv.Add(cm.Source+" config.properties watchdog_fallback", "%v", err)
+				}
+				n.WatchdogFallback = b
 			default:
 				inv.Add(cm.Source+" config.properties "+k, "unknown key")
 			}

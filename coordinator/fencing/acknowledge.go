@@ -101,6 +101,7 @@ func Acknowledged(cur *coordv1.NodeFence, a Ack, now time.Time) (*coordv1.NodeFe
 			Step: coordv1.FenceStep_FENCE_STEP_POWER_MANAGEMENT, Status: coordv1.FenceStatus_FENCE_STATUS_DONE,
 			Reason: "acknowledged: " + a.Note, RequestedBy: a.RequestedBy, AcknowledgedBy: a.Operator,
 			Epoch: a.Epoch, CreatedAt: ts(), UpdatedAt: ts(), FinishedAt: ts(), ConfirmedOffAt: ts(), Evidence: []string{evidence},
+			Proof: coordv1.FenceProof_FENCE_PROOF_OPERATOR,
 		}, nil
 	}
 	if cur.Action != coordv1.FenceAction_FENCE_ACTION_OFF {
@@ -117,6 +118,9 @@ func Acknowledged(cur *coordv1.NodeFence, a Ack, now time.Time) (*coordv1.NodeFe
 	if f.ConfirmedOffAt == nil {
 		f.ConfirmedOffAt = ts()
 	}
+	// The operator's word is what the release now goes by (NeedsProof: an acknowledged record is not
+	// checked), whatever a driver confirmed before.
+	f.Proof = coordv1.FenceProof_FENCE_PROOF_OPERATOR
 	f.Evidence = append(f.Evidence, evidence)
 	return f, nil
 }

@@ -52,6 +52,10 @@ type Facts struct {
 	// before each driver call (Reaching).
 	Contact Contact
 	Policy  Policy
+	// WatchdogFallback: the node opted in (fenceconfig.Node.WatchdogFallback) and its agent last
+	// reported an armed watchdog: a power-off whose power methods all failed as unreachable falls
+	// back to the watchdog method.
+	WatchdogFallback bool
 }
 
 // Decision is what to do next with a record: write Next, send Resend, or wait. A driver call is
@@ -92,6 +96,9 @@ func FirstStep(plan func(string) ([]fenceconfig.Resolved, error)) coordv1.FenceS
 // A reboot record runs the power-management methods that are not "on" (the power-off), then the
 // same "on" methods a power-on runs.
 func Methods(rec *coordv1.NodeFence, plan func(string) ([]fenceconfig.Resolved, error)) ([]fenceconfig.Resolved, error) {
+	if rec.Method != "" {
+		return watchdogOnly(rec)
+	}
 	switch rec.Action {
 	case coordv1.FenceAction_FENCE_ACTION_ON:
 		rec0, err := plan(fenceconfig.StepRecovery)
@@ -123,6 +130,9 @@ func powerMethods(plan func(string) ([]fenceconfig.Resolved, error)) (on, off []
 	}
 	if len(on) == 0 {
 		for _, m := range pm {
+			if m.Driver == fenceconfig.WatchdogDriver {
+				continue // a watchdog powers nothing on
+			}
 			m.Action = "on"
 			on = append(on, m)
 		}
@@ -244,17 +254,19 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 		}
 	}
 	if len(ops) < len(methods) {
-		m := methods[len(ops)]
-		op := &coordv1.Operation{
-			OperationId: fmt.Sprintf("%s/%d/%s/%s/%s", rec.Id, rec.Retries, stepName(rec.Step), m.Name, m.Action),
-			Method:      m.Name, Driver: m.Driver, Action: m.Action, Step: rec.Step, Attempt: rec.Retries,
-			Required: m.Required, StartedAt: timestamppb.New(now),
-		}
-		next.Operations = append(next.Operations, op)
+		next.Operations = append(next.Operations, newOp(rec, methods[len(ops)], now))
 		return Decision{Next: next}
 	}
-	// Every method of the step was tried: the step succeeds when every required method and at
-	// least one method was confirmed.
+	// Every method of the step was tried. All unreachable (a dark BMC), a node that opted in falls
+	// back to its watchdog, required methods or not; else the step succeeds when every required
+	// method and at least one method was confirmed.
+	if op := fallback(rec, ops, f); op != nil {
+		next.Operations = append(next.Operations, op)
+		next.Evidence = append(next.Evidence, "every power_management method failed as unreachable and the node's agent reported an armed watchdog: falling back to the watchdog method (watchdog_fallback)")
+		return Decision{Next: next}
+	}
+	// A confirmed fallback stands in for the methods that did not answer, required ones too.
+	fellBack := len(ops) > len(methods) && IsWatchdog(ops[len(ops)-1]) && ops[len(ops)-1].Result == coordv1.OperationResult_OPERATION_RESULT_CONFIRMED
 	var confirmed, confirmedOn int
 	var failed []string
 	for _, op := range ops {
@@ -265,7 +277,7 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 			}
 		} else {
 			failed = append(failed, fmt.Sprintf("%s %s: %s", op.Method, op.Action, op.Error))
-			if op.Required {
+			if op.Required && !fellBack {
 				next.Status = coordv1.FenceStatus_FENCE_STATUS_ERROR
 				next.Error = fmt.Sprintf("%s: required method %s failed: %s", stepName(rec.Step), op.Method, op.Error)
 				return Decision{Next: next}
@@ -284,6 +296,15 @@ func decideRunning(rec, next *coordv1.NodeFence, f Facts) Decision {
 	}
 	next.Status, next.Error, next.Polls = coordv1.FenceStatus_FENCE_STATUS_DONE, "", 0
 	return Decision{Next: next}
+}
+
+// newOp is the operation of method m in the record's current step and attempt.
+func newOp(rec *coordv1.NodeFence, m fenceconfig.Resolved, now time.Time) *coordv1.Operation {
+	return &coordv1.Operation{
+		OperationId: fmt.Sprintf("%s/%d/%s/%s/%s", rec.Id, rec.Retries, stepName(rec.Step), m.Name, m.Action),
+		Method:      m.Name, Driver: m.Driver, Action: m.Action, Step: rec.Step, Attempt: rec.Retries,
+		Required: m.Required, StartedAt: timestamppb.New(now),
+	}
 }
 
 // decideDone is Decide for a record whose step is done: the next step, a wait, or the end.
@@ -391,6 +412,10 @@ func Record(rec *coordv1.NodeFence, opID string, state driverv1.PowerState, call
 			op.Result, op.Error = coordv1.OperationResult_OPERATION_RESULT_CONFIRMED, ""
 			if want == driverv1.PowerState_POWER_STATE_OFF && rec.Action == coordv1.FenceAction_FENCE_ACTION_OFF && rec.ConfirmedOffAt == nil {
 				rec.ConfirmedOffAt = timestamppb.New(now)
+				rec.Proof = coordv1.FenceProof_FENCE_PROOF_READ_BACK
+				if IsWatchdog(op) {
+					rec.Proof = coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT
+				}
 			}
 		}
 		return

@@ -155,6 +155,8 @@ type Runner struct {
 	Log      *slog.Logger
 	// Secrets reads Kubernetes Secrets for "<param>_secret" references (Kubernetes mode; nil elsewhere).
 	Secrets fenceconfig.SecretReader
+	// SelfFence is the term's proof by time for watchdog methods (nil: they fail).
+	SelfFence SelfFence
 	// Crash is a test hook: returning true at a point makes Run stop there as if the process died
 	// (points: "before-write", "after-write", "after-call").
 	Crash func(point string, rec *coordv1.NodeFence) bool
@@ -217,6 +219,7 @@ func (r *Runner) Run(ctx context.Context, id string) error {
 			facts.NodeReady, facts.KdumpUntil = r.Facts(ctx, rec.Node)
 		}
 		facts.Contact = r.recheck(ctx, rec)
+		facts.WatchdogFallback = r.watchdogFallback(rec.Node)
 		d := Decide(rec, facts)
 		switch {
 		case d.Resend != nil:
@@ -275,6 +278,16 @@ func (r *Runner) after(d time.Duration) <-chan time.Time {
 	return clock.Machine.After(d)
 }
 
+// watchdogFallback says whether the node opted in to the watchdog fallback and its agent last
+// reported an armed watchdog.
+func (r *Runner) watchdogFallback(node string) bool {
+	if r.SelfFence == nil || r.Config == nil {
+		return false
+	}
+	c := r.Config()
+	return c != nil && c.Nodes[node].WatchdogFallback && r.SelfFence.Armed(node)
+}
+
 func (r *Runner) now() time.Time {
 	clock := r.Now
 	if clock == nil {
@@ -327,7 +340,13 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 		}
 	}
 	start := r.now()
-	state, err := r.invokeKnown(ctx, rec, op)
+	var state driverv1.PowerState
+	var err error
+	if IsWatchdog(op) {
+		state, err = r.watchdogOff(ctx, rec, op)
+	} else {
+		state, err = r.invokeKnown(ctx, rec, op)
+	}
 	errText := ""
 	if err != nil {
 		if s, ok := status.FromError(err); ok {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/nodefence/nodefence/coordinator/fencing"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	"github.com/nodefence/nodefence/services/cli"
 )
@@ -43,13 +44,15 @@ type FenceSpec struct {
 
 // FenceStatus is the NodeFence status: the record's progress.
 type FenceStatus struct {
-	Step           string       `json:"step,omitempty"`
-	Status         string       `json:"status,omitempty"`
-	Retries        int32        `json:"retries,omitempty"`
-	Polls          int32        `json:"polls,omitempty"`
-	Epoch          int64        `json:"epoch,omitempty"`
-	Error          string       `json:"error,omitempty"`
-	AcknowledgedBy string       `json:"acknowledgedBy,omitempty"`
+	Step           string `json:"step,omitempty"`
+	Status         string `json:"status,omitempty"`
+	Retries        int32  `json:"retries,omitempty"`
+	Polls          int32  `json:"polls,omitempty"`
+	Epoch          int64  `json:"epoch,omitempty"`
+	Error          string `json:"error,omitempty"`
+	AcknowledgedBy string `json:"acknowledgedBy,omitempty"`
+	// Proof is what proves the node off: read-back, operator or watchdog-timeout.
+	Proof          string       `json:"proof,omitempty"`
 	Evidence       []string     `json:"evidence,omitempty"`
 	CreatedAt      *metav1.Time `json:"createdAt,omitempty"`
 	UpdatedAt      *metav1.Time `json:"updatedAt,omitempty"`
@@ -164,7 +167,7 @@ func FenceObject(rec *coordv1.NodeFence) (*unstructured.Unstructured, error) {
 	st := FenceStatus{
 		Step: crdWord(rec.GetStep().String()), Status: crdWord(rec.GetStatus().String()),
 		Retries: rec.GetRetries(), Polls: rec.GetPolls(), Epoch: rec.GetEpoch(), Error: rec.GetError(),
-		AcknowledgedBy: rec.GetAcknowledgedBy(), Evidence: rec.GetEvidence(),
+		AcknowledgedBy: rec.GetAcknowledgedBy(), Proof: fencing.ProofName(rec.GetProof()), Evidence: rec.GetEvidence(),
 		CreatedAt: ts(rec.GetCreatedAt()), UpdatedAt: ts(rec.GetUpdatedAt()), FinishedAt: ts(rec.GetFinishedAt()),
 		ConfirmedOffAt: ts(rec.GetConfirmedOffAt()), NextAttemptAt: ts(rec.GetNextAttemptAt()),
 		WouldReleaseAt: ts(rec.GetWouldReleaseAt()), Conditions: FenceConditions(rec),

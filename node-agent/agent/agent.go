@@ -448,6 +448,12 @@ func (a *Agent) receive(resp *agentv1.ConnectResponse) {
 		if a.cfg.Lease != nil {
 			a.cfg.Lease.granted(m.Lease, time.Now())
 		}
+	case *agentv1.ConnectResponse_StopFeeding:
+		if a.cfg.Lease == nil {
+			a.log.Warn("stop-feeding pill received; this agent keeps no watchdog", "fence", m.StopFeeding.GetFenceId())
+			return
+		}
+		a.cfg.Lease.Poison(m.StopFeeding)
 	case *agentv1.ConnectResponse_Grant:
 		if a.cfg.Grants == nil {
 			a.log.Warn("eviction grant received; no pods to evict in standalone mode", "signal", m.Grant.Signal, "pods", len(m.Grant.Pods))

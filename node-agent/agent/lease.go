@@ -70,6 +70,27 @@ func (l *Lease) granted(g *agentv1.LeaseGrant, now time.Time) {
 	}
 }
 
+// Poison takes the leader's stop-feeding pill: the watchdog is never fed again by this agent, and a
+// clean stop leaves it armed (Poisoned). A deposed leader's pill is logged and ignored.
+func (l *Lease) Poison(p *agentv1.StopFeeding) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.rule.Poison(p.GetEpoch()); err != nil {
+		l.log.Warn("watchdog: stop-feeding pill ignored", "error", err, "epoch", p.GetEpoch(), "fence", p.GetFenceId())
+		return
+	}
+	l.log.Error("watchdog: the leader told this agent to stop feeding (a watchdog fence): this node resets when the watchdog's timeout passes",
+		"epoch", p.GetEpoch(), "fence", p.GetFenceId())
+}
+
+// Poisoned says whether the agent took a stop-feeding pill: its watchdog must then never be
+// disarmed (no magic close), even on a clean stop.
+func (l *Lease) Poisoned() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rule.Poisoned()
+}
+
 // MayFeed is the rule's answer for the node self in a cluster of n agents at now, with the latest
 // peer confirmation c (zero: none).
 func (l *Lease) MayFeed(now time.Time, self string, n int, c wdlease.Confirmation) wdlease.Decision {

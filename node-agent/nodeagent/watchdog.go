@@ -127,7 +127,9 @@ func (f *feeder) run(a *agent.Agent) func(context.Context) error {
 			}
 			d := f.decide(ctx)
 			if d == wdlease.Stop {
-				if feeding {
+				if feeding && f.lease.Poisoned() {
+					f.log.Error("watchdog: not feeding (the leader's stop-feeding pill); this node resets within the timeout", "timeout", f.timeout)
+				} else if feeding {
 					f.log.Warn("watchdog: no lease from the leader; not feeding — this node resets unless a lease comes back within the timeout",
 						"lease_expired", f.lease.Expiry(), "timeout", f.timeout)
 				}
@@ -203,6 +205,11 @@ func (f *feeder) stop(stopping bool, log *slog.Logger) {
 	if d == nil {
 		return
 	}
+	if f.lease.Poisoned() {
+		_ = d.Abandon()
+		log.Error("the agent stops after the leader's stop-feeding pill: the watchdog stays armed and resets this node", "timeout", d.Timeout())
+		return
+	}
 	if !stopping {
 		_ = d.Abandon()
 		log.Error("the agent stopped on a failure with the watchdog armed: this node resets unless the agent is restarted in time", "timeout", d.Timeout())
@@ -248,8 +255,8 @@ func (f *feeder) reportDisarm(a *agent.Agent) {
 	f.closing = true // a grant arriving now must not arm a device this stop would not report
 	d := f.dev
 	f.mu.Unlock()
-	if d == nil {
-		return
+	if d == nil || f.lease.Poisoned() {
+		return // poisoned: the watchdog stays armed; "disarmed" would be false
 	}
 	a.ReportWatchdog(watchdogState(d, false))
 	for deadline := time.Now().Add(disarmReportWait); a.Unacked() > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -21,6 +21,9 @@ var (
 	ErrGrantDuration = errors.New("lease grant: duration out of range")
 	ErrGrantStale    = errors.New("lease grant: from an older epoch than one already held")
 	ErrGrantTime     = errors.New("lease grant: answers a request sent after now")
+	// ErrPillStale: a stop-feeding pill from an older epoch than a grant the agent took (a deposed
+	// leader's); it is ignored.
+	ErrPillStale = errors.New("stop-feeding pill: from an older epoch than a grant already held")
 )
 
 // Agent is an agent's side of the lease: the lease it holds, by its own clock. The zero value is not
@@ -31,6 +34,8 @@ type Agent struct {
 	expiry  time.Time // zero: never held one
 	epoch   int64
 	id      uint64
+	// poisoned: the leader told the agent to stop feeding (a watchdog fence); it never feeds again.
+	poisoned bool
 }
 
 // NewAgent starts an agent's lease state at its start time (its clock); it holds no lease.
@@ -59,6 +64,20 @@ func (a *Agent) Grant(g Grant, sentAt, now time.Time) error {
 	a.epoch, a.id = g.Epoch, g.ID
 	return nil
 }
+
+// Poison takes the leader's stop-feeding pill of epoch: from now on MayFeed says Stop, whatever
+// lease or peer answers the agent holds, for as long as this Agent lives (the node resets). A pill
+// from an epoch older than a grant the agent took is a deposed leader's and is refused.
+func (a *Agent) Poison(epoch int64) error {
+	if epoch < a.epoch {
+		return fmt.Errorf("%w: epoch %d, held %d", ErrPillStale, epoch, a.epoch)
+	}
+	a.poisoned = true
+	return nil
+}
+
+// Poisoned says whether the agent took a stop-feeding pill.
+func (a *Agent) Poisoned() bool { return a.poisoned }
 
 // Echo is the latest grant the agent took (epoch 0: none), for its next request.
 func (a *Agent) Echo() (epoch int64, id uint64) { return a.epoch, a.id }
@@ -105,6 +124,9 @@ func (d Decision) String() string {
 // MayFeed decides whether the agent named self, in a cluster of n agents, may feed its watchdog at
 // now, given its latest peer confirmation (zero when it has none).
 func (a *Agent) MayFeed(now time.Time, self string, n int, c Confirmation) Decision {
+	if a.poisoned {
+		return Stop
+	}
 	if a.Holds(now) {
 		return FeedLease
 	}

@@ -105,6 +105,9 @@ type Options struct {
 	// answering the others' lease checks on its node's address (PeerPort) and asking theirs.
 	// Stop removes the devices after the agents' clean stop. 0: no watchdog.
 	Watchdog time.Duration
+	// WatchdogFallback writes watchdog_fallback=true into every node's fence-config ConfigMap: a
+	// power-off whose BMC does not answer falls back to the node's watchdog (proof by time).
+	WatchdogFallback bool
 	// Log receives progress (nil: discarded).
 	Log *slog.Logger
 }
@@ -340,6 +343,10 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 			Data: map[string]string{"template.properties": "name=bmc\nagent_name=fence_ipmilan\nipaddr=127.0.0.1\nusername=" + cluster.BMCUser +
 				"\npassword_secret=bmc-credentials/password\nlanplus=1\ncipher=3\nmust_sucess=yes\n"}},
 	}
+	fallback := ""
+	if d.Opts.WatchdogFallback {
+		fallback = "watchdog_fallback=true\n"
+	}
 	for _, n := range c.Nodes {
 		port := n.BMC.Port
 		if d.Opts.BMCPort != nil && d.Opts.BMCPort(n) != 0 {
@@ -349,7 +356,7 @@ func (d *Deployment) setupKube(ctx context.Context, admin *kubernetes.Clientset)
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-method-bmc-" + n.Name, Namespace: Namespace},
 				Data: map[string]string{"method.properties": "template=fence-method-template-bmc\nipport=" + strconv.Itoa(port) + "\n"}},
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fence-config-" + n.Name, Namespace: Namespace},
-				Data: map[string]string{"config.properties": "node_name=" + n.Name + "\npower_management=bmc\n"}})
+				Data: map[string]string{"config.properties": "node_name=" + n.Name + "\npower_management=bmc\n" + fallback}})
 	}
 	for _, obj := range objs {
 		var err error

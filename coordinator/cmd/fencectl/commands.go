@@ -39,12 +39,18 @@ var commands = []*command{
 progress once. Exit 0 when the record is done, 1 when it ends in error. Ctrl-C stops following only:
 the fence continues on the coordinator (fencectl watch ID follows it again). A node that stands
 confirmed off (its last fence confirmed it off and neither its agent nor its kubelet has reported
-since) is not switched again: fencectl says so and exits 0; --again fences it anyway.`,
+since) is not switched again: fencectl says so and exits 0; --again fences it anyway.
+--method watchdog fences with the node's watchdog alone, whether or not its steps list a watchdog
+method (the "poison pill"): the leader tells the node's agent to stop feeding its watchdog now and
+the record is proven off by time (proof watchdog-timeout) once the node's safe time passed and a
+majority of the other agents held the leader's lease; refused for a node whose agent's last report
+was not "armed" (docs/watchdog.md).`,
 		setup: func(fs *flag.FlagSet) runFunc {
 			reason, noWatch := reasonFlag(fs), noWatchFlag(fs)
 			again := fs.Bool("again", false, "fence even a node that stands confirmed off (one powered on by hand, outside nodefence)")
+			method := fs.String("method", "", `fence with this method alone instead of the node's steps; the one accepted: "watchdog" (stop feeding the node's watchdog, proof by time)`)
 			return func(ctx context.Context, c *ctl, a []string) error {
-				return c.fence(ctx, a[0], *reason, *noWatch, *again)
+				return c.fence(ctx, a[0], *reason, *method, *noWatch, *again)
 			}
 		}},
 	{name: "unfence", args: "NODE", minArgs: 1, maxArgs: 1, summary: "power a node back on, confirmed by read-back, and follow the record",

@@ -20,10 +20,10 @@ import (
 
 // fence powers the node off and follows the record; a node that stands confirmed off is not
 // switched again (unless again): fencectl says which record confirmed it.
-func (c *ctl) fence(ctx context.Context, node, reason string, noWatch, again bool) error {
+func (c *ctl) fence(ctx context.Context, node, reason, method string, noWatch, again bool) error {
 	var standing *coordv1.NodeFence
 	_, err := c.follow(ctx, noWatch, func(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) (*coordv1.NodeFence, error) {
-		r, err := fenceClient(conn).Fence(ctx, &coordv1.FenceRequest{Node: node, Reason: reason, Again: again}, opts...)
+		r, err := fenceClient(conn).Fence(ctx, &coordv1.FenceRequest{Node: node, Reason: reason, Again: again, Method: method}, opts...)
 		if r.GetAlreadyOff() {
 			standing = r.GetFence()
 			return nil, errStanding
@@ -105,6 +105,7 @@ func recordTables(f *coordv1.NodeFence) []table {
 	add("finished:", when(f.FinishedAt))
 	add("confirmed off:", when(f.ConfirmedOffAt))
 	add("acknowledged by:", f.AcknowledgedBy)
+	add("proof:", proofWord(f.Proof))
 	if f.WrongMachineAt != nil {
 		add("WRONG MACHINE:", when(f.WrongMachineAt)+": the node kept reporting after this power-off; its pods are never released")
 	}

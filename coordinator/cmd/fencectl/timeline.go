@@ -128,7 +128,7 @@ func timelinePhases(rec *coordv1.NodeFence, audit []*coordv1.AuditEntry) []phase
 			add(op.FinishedAt, "driver answer", res)
 		}
 	}
-	add(rec.ConfirmedOffAt, "confirmed off", "a status read-back (or an acknowledgement) confirmed the node off: its pods may be released once its witnesses are silent")
+	add(rec.ConfirmedOffAt, "confirmed off", confirmedBy(rec.Proof))
 	add(rec.WrongMachineAt, "wrong machine", "the node kept reporting after its confirmed power-off: nothing is released")
 	fin := word(rec.Status)
 	if rec.Error != "" {
@@ -148,4 +148,24 @@ func timelinePhases(rec *coordv1.NodeFence, audit []*coordv1.AuditEntry) []phase
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out
+}
+
+// confirmedBy says what confirmed a record off, by its proof.
+func confirmedBy(p coordv1.FenceProof) string {
+	switch p {
+	case coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT:
+		return "proof watchdog-timeout: the node's watchdog, unfed past its safe time while a majority of agents held the leader's lease, has reset it: its pods may be released once its witnesses are silent"
+	case coordv1.FenceProof_FENCE_PROOF_OPERATOR:
+		return "proof operator: an operator acknowledged the node off"
+	}
+	return "a status read-back (or an acknowledgement) confirmed the node off: its pods may be released once its witnesses are silent"
+}
+
+// proofWord is a record's proof as the coordinator names it (read-back, operator,
+// watchdog-timeout), "" for none.
+func proofWord(p coordv1.FenceProof) string {
+	if p == coordv1.FenceProof_FENCE_PROOF_UNSPECIFIED {
+		return ""
+	}
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(p.String(), "FENCE_PROOF_")), "_", "-")
 }

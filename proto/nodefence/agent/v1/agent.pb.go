@@ -1300,6 +1300,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Config
 	//	*ConnectResponse_Grant
 	//	*ConnectResponse_Lease
+	//	*ConnectResponse_StopFeeding
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1378,6 +1379,15 @@ func (x *ConnectResponse) GetLease() *LeaseGrant {
 	return nil
 }
 
+func (x *ConnectResponse) GetStopFeeding() *StopFeeding {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_StopFeeding); ok {
+			return x.StopFeeding
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -1402,6 +1412,11 @@ type ConnectResponse_Lease struct {
 	Lease *LeaseGrant `protobuf:"bytes,4,opt,name=lease,proto3,oneof"`
 }
 
+type ConnectResponse_StopFeeding struct {
+	// StopFeeding is the leader's "poison pill": stop feeding the watchdog now.
+	StopFeeding *StopFeeding `protobuf:"bytes,5,opt,name=stop_feeding,json=stopFeeding,proto3,oneof"`
+}
+
 func (*ConnectResponse_Ack) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Config) isConnectResponse_Msg() {}
@@ -1409,6 +1424,68 @@ func (*ConnectResponse_Config) isConnectResponse_Msg() {}
 func (*ConnectResponse_Grant) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Lease) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_StopFeeding) isConnectResponse_Msg() {}
+
+// StopFeeding tells an agent that keeps a watchdog to stop feeding it at once and for as long as it
+// runs (a watchdog fence method, issue 24): the node resets when the watchdog's timeout passes. The
+// agent obeys only a pill whose epoch is not older than any lease grant it took (a deposed leader's
+// pill is ignored), stops feeding without the magic close (a clean stop afterwards does not disarm),
+// and keeps reporting. Only the leader sends it, in answer to a heartbeat that asked for a lease, on
+// the node's own stream.
+type StopFeeding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Epoch is the leader's fencing token.
+	Epoch int64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// FenceId is the fence record the pill belongs to, for the agent's log.
+	FenceId       string `protobuf:"bytes,2,opt,name=fence_id,json=fenceId,proto3" json:"fence_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopFeeding) Reset() {
+	*x = StopFeeding{}
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopFeeding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopFeeding) ProtoMessage() {}
+
+func (x *StopFeeding) ProtoReflect() protoreflect.Message {
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopFeeding.ProtoReflect.Descriptor instead.
+func (*StopFeeding) Descriptor() ([]byte, []int) {
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StopFeeding) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *StopFeeding) GetFenceId() string {
+	if x != nil {
+		return x.FenceId
+	}
+	return ""
+}
 
 // LeaseGrant is the leader's watchdog lease for an agent: the agent may feed its watchdog until
 // duration after it sent the heartbeat request_seq (by its own clock), and echoes epoch and grant_id
@@ -1429,7 +1506,7 @@ type LeaseGrant struct {
 
 func (x *LeaseGrant) Reset() {
 	*x = LeaseGrant{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1518,7 @@ func (x *LeaseGrant) String() string {
 func (*LeaseGrant) ProtoMessage() {}
 
 func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1531,7 @@ func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
 func (*LeaseGrant) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseGrant) GetEpoch() int64 {
@@ -1496,7 +1573,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1585,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1598,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Ack) GetAckedSeq() uint64 {
@@ -1546,7 +1623,7 @@ type AgentConfig struct {
 
 func (x *AgentConfig) Reset() {
 	*x = AgentConfig{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1635,7 @@ func (x *AgentConfig) String() string {
 func (*AgentConfig) ProtoMessage() {}
 
 func (x *AgentConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1648,7 @@ func (x *AgentConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentConfig.ProtoReflect.Descriptor instead.
 func (*AgentConfig) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AgentConfig) GetHeartbeatInterval() *durationpb.Duration {
@@ -1608,7 +1685,7 @@ type EvictionGrant struct {
 
 func (x *EvictionGrant) Reset() {
 	*x = EvictionGrant{}
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1697,7 @@ func (x *EvictionGrant) String() string {
 func (*EvictionGrant) ProtoMessage() {}
 
 func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_nodefence_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1710,7 @@ func (x *EvictionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictionGrant.ProtoReflect.Descriptor instead.
 func (*EvictionGrant) Descriptor() ([]byte, []int) {
-	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_nodefence_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EvictionGrant) GetSignal() string {
@@ -1733,13 +1810,17 @@ const file_nodefence_agent_v1_agent_proto_rawDesc = "" +
 	"\x04kind\x18\x05 \x01(\x0e2 .nodefence.agent.v1.EvictionKindR\x04kind\x12<\n" +
 	"\fgrace_period\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vgracePeriod\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12*\n" +
-	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf3\x01\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xb9\x02\n" +
 	"\x0fConnectResponse\x12+\n" +
 	"\x03ack\x18\x01 \x01(\v2\x17.nodefence.agent.v1.AckH\x00R\x03ack\x129\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.nodefence.agent.v1.AgentConfigH\x00R\x06config\x129\n" +
 	"\x05grant\x18\x03 \x01(\v2!.nodefence.agent.v1.EvictionGrantH\x00R\x05grant\x126\n" +
-	"\x05lease\x18\x04 \x01(\v2\x1e.nodefence.agent.v1.LeaseGrantH\x00R\x05leaseB\x05\n" +
-	"\x03msg\"\x95\x01\n" +
+	"\x05lease\x18\x04 \x01(\v2\x1e.nodefence.agent.v1.LeaseGrantH\x00R\x05lease\x12D\n" +
+	"\fstop_feeding\x18\x05 \x01(\v2\x1f.nodefence.agent.v1.StopFeedingH\x00R\vstopFeedingB\x05\n" +
+	"\x03msg\">\n" +
+	"\vStopFeeding\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x19\n" +
+	"\bfence_id\x18\x02 \x01(\tR\afenceId\"\x95\x01\n" +
 	"\n" +
 	"LeaseGrant\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x19\n" +
@@ -1795,7 +1876,7 @@ func file_nodefence_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_nodefence_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_nodefence_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(ConditionType)(0),            // 0: nodefence.agent.v1.ConditionType
 	(ConditionStatus)(0),          // 1: nodefence.agent.v1.ConditionStatus
@@ -1814,13 +1895,14 @@ var file_nodefence_agent_v1_agent_proto_goTypes = []any{
 	(*EvictionCandidate)(nil),     // 14: nodefence.agent.v1.EvictionCandidate
 	(*EvictionReport)(nil),        // 15: nodefence.agent.v1.EvictionReport
 	(*ConnectResponse)(nil),       // 16: nodefence.agent.v1.ConnectResponse
-	(*LeaseGrant)(nil),            // 17: nodefence.agent.v1.LeaseGrant
-	(*Ack)(nil),                   // 18: nodefence.agent.v1.Ack
-	(*AgentConfig)(nil),           // 19: nodefence.agent.v1.AgentConfig
-	(*EvictionGrant)(nil),         // 20: nodefence.agent.v1.EvictionGrant
-	nil,                           // 21: nodefence.agent.v1.Hello.LabelsEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*StopFeeding)(nil),           // 17: nodefence.agent.v1.StopFeeding
+	(*LeaseGrant)(nil),            // 18: nodefence.agent.v1.LeaseGrant
+	(*Ack)(nil),                   // 19: nodefence.agent.v1.Ack
+	(*AgentConfig)(nil),           // 20: nodefence.agent.v1.AgentConfig
+	(*EvictionGrant)(nil),         // 21: nodefence.agent.v1.EvictionGrant
+	nil,                           // 22: nodefence.agent.v1.Hello.LabelsEntry
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
 }
 var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
 	6,  // 0: nodefence.agent.v1.ConnectRequest.hello:type_name -> nodefence.agent.v1.Hello
@@ -1831,39 +1913,40 @@ var file_nodefence_agent_v1_agent_proto_depIdxs = []int32{
 	13, // 5: nodefence.agent.v1.ConnectRequest.candidates:type_name -> nodefence.agent.v1.EvictionCandidates
 	15, // 6: nodefence.agent.v1.ConnectRequest.eviction:type_name -> nodefence.agent.v1.EvictionReport
 	5,  // 7: nodefence.agent.v1.ConnectRequest.watchdog:type_name -> nodefence.agent.v1.WatchdogState
-	22, // 8: nodefence.agent.v1.WatchdogState.timeout:type_name -> google.protobuf.Duration
-	21, // 9: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
+	23, // 8: nodefence.agent.v1.WatchdogState.timeout:type_name -> google.protobuf.Duration
+	22, // 9: nodefence.agent.v1.Hello.labels:type_name -> nodefence.agent.v1.Hello.LabelsEntry
 	7,  // 10: nodefence.agent.v1.Hello.capacity:type_name -> nodefence.agent.v1.Capacity
 	5,  // 11: nodefence.agent.v1.Hello.watchdog:type_name -> nodefence.agent.v1.WatchdogState
-	23, // 12: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	23, // 13: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
+	24, // 12: nodefence.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	24, // 13: nodefence.agent.v1.SignalSample.observed_at:type_name -> google.protobuf.Timestamp
 	10, // 14: nodefence.agent.v1.SignalSample.signals:type_name -> nodefence.agent.v1.Signal
 	0,  // 15: nodefence.agent.v1.ConditionChange.type:type_name -> nodefence.agent.v1.ConditionType
 	1,  // 16: nodefence.agent.v1.ConditionChange.status:type_name -> nodefence.agent.v1.ConditionStatus
-	23, // 17: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
+	24, // 17: nodefence.agent.v1.ConditionChange.transition_time:type_name -> google.protobuf.Timestamp
 	2,  // 18: nodefence.agent.v1.ShutdownEvent.phase:type_name -> nodefence.agent.v1.ShutdownPhase
-	23, // 19: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
-	22, // 20: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
+	24, // 19: nodefence.agent.v1.ShutdownEvent.at:type_name -> google.protobuf.Timestamp
+	23, // 20: nodefence.agent.v1.ShutdownEvent.grace_period:type_name -> google.protobuf.Duration
 	14, // 21: nodefence.agent.v1.EvictionCandidates.candidates:type_name -> nodefence.agent.v1.EvictionCandidate
-	22, // 22: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
+	23, // 22: nodefence.agent.v1.EvictionCandidate.grace_period:type_name -> google.protobuf.Duration
 	3,  // 23: nodefence.agent.v1.EvictionReport.kind:type_name -> nodefence.agent.v1.EvictionKind
-	22, // 24: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
-	23, // 25: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
-	18, // 26: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
-	19, // 27: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
-	20, // 28: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
-	17, // 29: nodefence.agent.v1.ConnectResponse.lease:type_name -> nodefence.agent.v1.LeaseGrant
-	22, // 30: nodefence.agent.v1.LeaseGrant.duration:type_name -> google.protobuf.Duration
-	22, // 31: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	22, // 32: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
-	14, // 33: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
-	4,  // 34: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
-	16, // 35: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
-	35, // [35:36] is the sub-list for method output_type
-	34, // [34:35] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	23, // 24: nodefence.agent.v1.EvictionReport.grace_period:type_name -> google.protobuf.Duration
+	24, // 25: nodefence.agent.v1.EvictionReport.at:type_name -> google.protobuf.Timestamp
+	19, // 26: nodefence.agent.v1.ConnectResponse.ack:type_name -> nodefence.agent.v1.Ack
+	20, // 27: nodefence.agent.v1.ConnectResponse.config:type_name -> nodefence.agent.v1.AgentConfig
+	21, // 28: nodefence.agent.v1.ConnectResponse.grant:type_name -> nodefence.agent.v1.EvictionGrant
+	18, // 29: nodefence.agent.v1.ConnectResponse.lease:type_name -> nodefence.agent.v1.LeaseGrant
+	17, // 30: nodefence.agent.v1.ConnectResponse.stop_feeding:type_name -> nodefence.agent.v1.StopFeeding
+	23, // 31: nodefence.agent.v1.LeaseGrant.duration:type_name -> google.protobuf.Duration
+	23, // 32: nodefence.agent.v1.AgentConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	23, // 33: nodefence.agent.v1.AgentConfig.sample_interval:type_name -> google.protobuf.Duration
+	14, // 34: nodefence.agent.v1.EvictionGrant.pods:type_name -> nodefence.agent.v1.EvictionCandidate
+	4,  // 35: nodefence.agent.v1.AgentService.Connect:input_type -> nodefence.agent.v1.ConnectRequest
+	16, // 36: nodefence.agent.v1.AgentService.Connect:output_type -> nodefence.agent.v1.ConnectResponse
+	36, // [36:37] is the sub-list for method output_type
+	35, // [35:36] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_agent_v1_agent_proto_init() }
@@ -1886,6 +1969,7 @@ func file_nodefence_agent_v1_agent_proto_init() {
 		(*ConnectResponse_Config)(nil),
 		(*ConnectResponse_Grant)(nil),
 		(*ConnectResponse_Lease)(nil),
+		(*ConnectResponse_StopFeeding)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1893,7 +1977,7 @@ func file_nodefence_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_agent_v1_agent_proto_rawDesc), len(file_nodefence_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

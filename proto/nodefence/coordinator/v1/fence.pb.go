@@ -259,6 +259,65 @@ func (OperationResult) EnumDescriptor() ([]byte, []int) {
 	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{3}
 }
 
+// FenceProof is what a record holds as the proof that its node is off.
+type FenceProof int32
+
+const (
+	// FENCE_PROOF_UNSPECIFIED: not proven off (or a record written before proofs were named).
+	FenceProof_FENCE_PROOF_UNSPECIFIED FenceProof = 0
+	// FENCE_PROOF_READ_BACK: a driver confirmed the power state (or isolation) by read-back.
+	FenceProof_FENCE_PROOF_READ_BACK FenceProof = 1
+	// FENCE_PROOF_OPERATOR: an operator acknowledged the node off (fencectl ack).
+	FenceProof_FENCE_PROOF_OPERATOR FenceProof = 2
+	// FENCE_PROOF_WATCHDOG_TIMEOUT: the node's agent last reported an armed watchdog, and the
+	// leader's timing rule (services/wdlease: safe time after its last lease, a majority of the other
+	// agents holding leases) says the watchdog has reset it.
+	FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT FenceProof = 3
+)
+
+// Enum value maps for FenceProof.
+var (
+	FenceProof_name = map[int32]string{
+		0: "FENCE_PROOF_UNSPECIFIED",
+		1: "FENCE_PROOF_READ_BACK",
+		2: "FENCE_PROOF_OPERATOR",
+		3: "FENCE_PROOF_WATCHDOG_TIMEOUT",
+	}
+	FenceProof_value = map[string]int32{
+		"FENCE_PROOF_UNSPECIFIED":      0,
+		"FENCE_PROOF_READ_BACK":        1,
+		"FENCE_PROOF_OPERATOR":         2,
+		"FENCE_PROOF_WATCHDOG_TIMEOUT": 3,
+	}
+)
+
+func (x FenceProof) Enum() *FenceProof {
+	p := new(FenceProof)
+	*p = x
+	return p
+}
+
+func (x FenceProof) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FenceProof) Descriptor() protoreflect.EnumDescriptor {
+	return file_nodefence_coordinator_v1_fence_proto_enumTypes[4].Descriptor()
+}
+
+func (FenceProof) Type() protoreflect.EnumType {
+	return &file_nodefence_coordinator_v1_fence_proto_enumTypes[4]
+}
+
+func (x FenceProof) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FenceProof.Descriptor instead.
+func (FenceProof) EnumDescriptor() ([]byte, []int) {
+	return file_nodefence_coordinator_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
 // NodeFence is one fence record, persisted in etcd by the leader.
 type NodeFence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -317,6 +376,12 @@ type NodeFence struct {
 	// NotReadySince is, for an automatic fence, when the node was judged not ready (the grace period
 	// ended); the fence timeout and the storm guard's settle window count from there.
 	NotReadySince *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=not_ready_since,json=notReadySince,proto3" json:"not_ready_since,omitempty"`
+	// Proof is what proves the node off once the record is confirmed off (confirmed_off_at) or
+	// acknowledged: a driver's read-back, an operator's word, or the watchdog's timing rule.
+	Proof FenceProof `protobuf:"varint,25,opt,name=proof,proto3,enum=nodefence.coordinator.v1.FenceProof" json:"proof,omitempty"`
+	// Method, if set, is the one method the record runs instead of the node's steps: "watchdog" for
+	// an operator's `fencectl fence NODE --method watchdog` (FenceRequest.method).
+	Method        string `protobuf:"bytes,26,opt,name=method,proto3" json:"method,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,6 +584,20 @@ func (x *NodeFence) GetNotReadySince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *NodeFence) GetProof() FenceProof {
+	if x != nil {
+		return x.Proof
+	}
+	return FenceProof_FENCE_PROOF_UNSPECIFIED
+}
+
+func (x *NodeFence) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
 // Operation is one driver call of a fence record.
 type Operation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -691,7 +770,11 @@ type FenceRequest struct {
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Again fences the node even though it stands confirmed off (see FenceResponse.already_off): for
 	// a node powered on by hand, outside nodefence, whose witnesses stay silent.
-	Again         bool `protobuf:"varint,3,opt,name=again,proto3" json:"again,omitempty"`
+	Again bool `protobuf:"varint,3,opt,name=again,proto3" json:"again,omitempty"`
+	// Method, if set, fences with this method only instead of the node's power steps. The one
+	// value accepted is "watchdog": tell the node's agent to stop feeding its watchdog now and wait
+	// for the timing rule (the node's agent must have reported its watchdog armed).
+	Method        string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -745,6 +828,13 @@ func (x *FenceRequest) GetAgain() bool {
 		return x.Again
 	}
 	return false
+}
+
+func (x *FenceRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
 }
 
 // FenceResponse returns the fence record.
@@ -1474,7 +1564,7 @@ var File_nodefence_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xf6\b\n" +
+	"$nodefence/coordinator/v1/fence.proto\x12\x18nodefence.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a nodefence/driver/v1/driver.proto\"\xca\t\n" +
 	"\tNodeFence\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12=\n" +
@@ -1505,7 +1595,9 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x10wrong_machine_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewrongMachineAt\x12D\n" +
 	"\x10would_release_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0ewouldReleaseAt\x12B\n" +
 	"\x0flast_contact_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rlastContactAt\x12B\n" +
-	"\x0fnot_ready_since\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\rnotReadySince\"\xb8\x04\n" +
+	"\x0fnot_ready_since\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\rnotReadySince\x12:\n" +
+	"\x05proof\x18\x19 \x01(\x0e2$.nodefence.coordinator.v1.FenceProofR\x05proof\x12\x16\n" +
+	"\x06method\x18\x1a \x01(\tR\x06method\"\xb8\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
@@ -1523,11 +1615,12 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\aelapsed\x18\v \x01(\v2\x19.google.protobuf.DurationR\aelapsed\x127\n" +
 	"\x04step\x18\f \x01(\x0e2#.nodefence.coordinator.v1.FenceStepR\x04step\x12\x18\n" +
 	"\aattempt\x18\r \x01(\x05R\aattempt\x12\x1a\n" +
-	"\brequired\x18\x0e \x01(\bR\brequired\"P\n" +
+	"\brequired\x18\x0e \x01(\bR\brequired\"h\n" +
 	"\fFenceRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05again\x18\x03 \x01(\bR\x05again\"k\n" +
+	"\x05again\x18\x03 \x01(\bR\x05again\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\"k\n" +
 	"\rFenceResponse\x129\n" +
 	"\x05fence\x18\x01 \x01(\v2#.nodefence.coordinator.v1.NodeFenceR\x05fence\x12\x1f\n" +
 	"\valready_off\x18\x02 \x01(\bR\n" +
@@ -1590,7 +1683,13 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0fOperationResult\x12 \n" +
 	"\x1cOPERATION_RESULT_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aOPERATION_RESULT_CONFIRMED\x10\x01\x12\x1b\n" +
-	"\x17OPERATION_RESULT_FAILED\x10\x022\xc8\x05\n" +
+	"\x17OPERATION_RESULT_FAILED\x10\x02*\x80\x01\n" +
+	"\n" +
+	"FenceProof\x12\x1b\n" +
+	"\x17FENCE_PROOF_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15FENCE_PROOF_READ_BACK\x10\x01\x12\x18\n" +
+	"\x14FENCE_PROOF_OPERATOR\x10\x02\x12 \n" +
+	"\x1cFENCE_PROOF_WATCHDOG_TIMEOUT\x10\x032\xc8\x05\n" +
 	"\fFenceService\x12X\n" +
 	"\x05Fence\x12&.nodefence.coordinator.v1.FenceRequest\x1a'.nodefence.coordinator.v1.FenceResponse\x12^\n" +
 	"\aUnfence\x12(.nodefence.coordinator.v1.UnfenceRequest\x1a).nodefence.coordinator.v1.UnfenceResponse\x12[\n" +
@@ -1616,80 +1715,82 @@ func file_nodefence_coordinator_v1_fence_proto_rawDescGZIP() []byte {
 	return file_nodefence_coordinator_v1_fence_proto_rawDescData
 }
 
-var file_nodefence_coordinator_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_nodefence_coordinator_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_nodefence_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_nodefence_coordinator_v1_fence_proto_goTypes = []any{
 	(FenceAction)(0),              // 0: nodefence.coordinator.v1.FenceAction
 	(FenceStep)(0),                // 1: nodefence.coordinator.v1.FenceStep
 	(FenceStatus)(0),              // 2: nodefence.coordinator.v1.FenceStatus
 	(OperationResult)(0),          // 3: nodefence.coordinator.v1.OperationResult
-	(*NodeFence)(nil),             // 4: nodefence.coordinator.v1.NodeFence
-	(*Operation)(nil),             // 5: nodefence.coordinator.v1.Operation
-	(*FenceRequest)(nil),          // 6: nodefence.coordinator.v1.FenceRequest
-	(*FenceResponse)(nil),         // 7: nodefence.coordinator.v1.FenceResponse
-	(*UnfenceRequest)(nil),        // 8: nodefence.coordinator.v1.UnfenceRequest
-	(*UnfenceResponse)(nil),       // 9: nodefence.coordinator.v1.UnfenceResponse
-	(*RebootRequest)(nil),         // 10: nodefence.coordinator.v1.RebootRequest
-	(*RebootResponse)(nil),        // 11: nodefence.coordinator.v1.RebootResponse
-	(*AcknowledgeRequest)(nil),    // 12: nodefence.coordinator.v1.AcknowledgeRequest
-	(*AcknowledgeResponse)(nil),   // 13: nodefence.coordinator.v1.AcknowledgeResponse
-	(*GetFenceRequest)(nil),       // 14: nodefence.coordinator.v1.GetFenceRequest
-	(*GetFenceResponse)(nil),      // 15: nodefence.coordinator.v1.GetFenceResponse
-	(*ListFencesRequest)(nil),     // 16: nodefence.coordinator.v1.ListFencesRequest
-	(*ListFencesResponse)(nil),    // 17: nodefence.coordinator.v1.ListFencesResponse
-	(*WatchFenceRequest)(nil),     // 18: nodefence.coordinator.v1.WatchFenceRequest
-	(*WatchFenceResponse)(nil),    // 19: nodefence.coordinator.v1.WatchFenceResponse
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(v1.PowerState)(0),            // 21: nodefence.driver.v1.PowerState
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(FenceProof)(0),               // 4: nodefence.coordinator.v1.FenceProof
+	(*NodeFence)(nil),             // 5: nodefence.coordinator.v1.NodeFence
+	(*Operation)(nil),             // 6: nodefence.coordinator.v1.Operation
+	(*FenceRequest)(nil),          // 7: nodefence.coordinator.v1.FenceRequest
+	(*FenceResponse)(nil),         // 8: nodefence.coordinator.v1.FenceResponse
+	(*UnfenceRequest)(nil),        // 9: nodefence.coordinator.v1.UnfenceRequest
+	(*UnfenceResponse)(nil),       // 10: nodefence.coordinator.v1.UnfenceResponse
+	(*RebootRequest)(nil),         // 11: nodefence.coordinator.v1.RebootRequest
+	(*RebootResponse)(nil),        // 12: nodefence.coordinator.v1.RebootResponse
+	(*AcknowledgeRequest)(nil),    // 13: nodefence.coordinator.v1.AcknowledgeRequest
+	(*AcknowledgeResponse)(nil),   // 14: nodefence.coordinator.v1.AcknowledgeResponse
+	(*GetFenceRequest)(nil),       // 15: nodefence.coordinator.v1.GetFenceRequest
+	(*GetFenceResponse)(nil),      // 16: nodefence.coordinator.v1.GetFenceResponse
+	(*ListFencesRequest)(nil),     // 17: nodefence.coordinator.v1.ListFencesRequest
+	(*ListFencesResponse)(nil),    // 18: nodefence.coordinator.v1.ListFencesResponse
+	(*WatchFenceRequest)(nil),     // 19: nodefence.coordinator.v1.WatchFenceRequest
+	(*WatchFenceResponse)(nil),    // 20: nodefence.coordinator.v1.WatchFenceResponse
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(v1.PowerState)(0),            // 22: nodefence.driver.v1.PowerState
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
 }
 var file_nodefence_coordinator_v1_fence_proto_depIdxs = []int32{
 	0,  // 0: nodefence.coordinator.v1.NodeFence.action:type_name -> nodefence.coordinator.v1.FenceAction
 	1,  // 1: nodefence.coordinator.v1.NodeFence.step:type_name -> nodefence.coordinator.v1.FenceStep
 	2,  // 2: nodefence.coordinator.v1.NodeFence.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	5,  // 3: nodefence.coordinator.v1.NodeFence.operations:type_name -> nodefence.coordinator.v1.Operation
-	20, // 4: nodefence.coordinator.v1.NodeFence.created_at:type_name -> google.protobuf.Timestamp
-	20, // 5: nodefence.coordinator.v1.NodeFence.updated_at:type_name -> google.protobuf.Timestamp
-	20, // 6: nodefence.coordinator.v1.NodeFence.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
-	20, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
-	20, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
-	20, // 10: nodefence.coordinator.v1.NodeFence.would_release_at:type_name -> google.protobuf.Timestamp
-	20, // 11: nodefence.coordinator.v1.NodeFence.last_contact_at:type_name -> google.protobuf.Timestamp
-	20, // 12: nodefence.coordinator.v1.NodeFence.not_ready_since:type_name -> google.protobuf.Timestamp
-	3,  // 13: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
-	21, // 14: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
-	20, // 15: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
-	20, // 16: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
-	22, // 17: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
-	1,  // 18: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
-	4,  // 19: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 20: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 21: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 22: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 23: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	2,  // 24: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
-	4,  // 25: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
-	4,  // 26: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
-	6,  // 27: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
-	8,  // 28: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
-	10, // 29: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
-	12, // 30: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
-	14, // 31: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
-	16, // 32: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
-	18, // 33: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
-	7,  // 34: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
-	9,  // 35: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
-	11, // 36: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
-	13, // 37: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
-	15, // 38: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
-	17, // 39: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
-	19, // 40: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
-	34, // [34:41] is the sub-list for method output_type
-	27, // [27:34] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	6,  // 3: nodefence.coordinator.v1.NodeFence.operations:type_name -> nodefence.coordinator.v1.Operation
+	21, // 4: nodefence.coordinator.v1.NodeFence.created_at:type_name -> google.protobuf.Timestamp
+	21, // 5: nodefence.coordinator.v1.NodeFence.updated_at:type_name -> google.protobuf.Timestamp
+	21, // 6: nodefence.coordinator.v1.NodeFence.finished_at:type_name -> google.protobuf.Timestamp
+	21, // 7: nodefence.coordinator.v1.NodeFence.confirmed_off_at:type_name -> google.protobuf.Timestamp
+	21, // 8: nodefence.coordinator.v1.NodeFence.next_attempt_at:type_name -> google.protobuf.Timestamp
+	21, // 9: nodefence.coordinator.v1.NodeFence.wrong_machine_at:type_name -> google.protobuf.Timestamp
+	21, // 10: nodefence.coordinator.v1.NodeFence.would_release_at:type_name -> google.protobuf.Timestamp
+	21, // 11: nodefence.coordinator.v1.NodeFence.last_contact_at:type_name -> google.protobuf.Timestamp
+	21, // 12: nodefence.coordinator.v1.NodeFence.not_ready_since:type_name -> google.protobuf.Timestamp
+	4,  // 13: nodefence.coordinator.v1.NodeFence.proof:type_name -> nodefence.coordinator.v1.FenceProof
+	3,  // 14: nodefence.coordinator.v1.Operation.result:type_name -> nodefence.coordinator.v1.OperationResult
+	22, // 15: nodefence.coordinator.v1.Operation.state:type_name -> nodefence.driver.v1.PowerState
+	21, // 16: nodefence.coordinator.v1.Operation.started_at:type_name -> google.protobuf.Timestamp
+	21, // 17: nodefence.coordinator.v1.Operation.finished_at:type_name -> google.protobuf.Timestamp
+	23, // 18: nodefence.coordinator.v1.Operation.elapsed:type_name -> google.protobuf.Duration
+	1,  // 19: nodefence.coordinator.v1.Operation.step:type_name -> nodefence.coordinator.v1.FenceStep
+	5,  // 20: nodefence.coordinator.v1.FenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	5,  // 21: nodefence.coordinator.v1.UnfenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	5,  // 22: nodefence.coordinator.v1.RebootResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	5,  // 23: nodefence.coordinator.v1.AcknowledgeResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	5,  // 24: nodefence.coordinator.v1.GetFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	2,  // 25: nodefence.coordinator.v1.ListFencesRequest.status:type_name -> nodefence.coordinator.v1.FenceStatus
+	5,  // 26: nodefence.coordinator.v1.ListFencesResponse.fences:type_name -> nodefence.coordinator.v1.NodeFence
+	5,  // 27: nodefence.coordinator.v1.WatchFenceResponse.fence:type_name -> nodefence.coordinator.v1.NodeFence
+	7,  // 28: nodefence.coordinator.v1.FenceService.Fence:input_type -> nodefence.coordinator.v1.FenceRequest
+	9,  // 29: nodefence.coordinator.v1.FenceService.Unfence:input_type -> nodefence.coordinator.v1.UnfenceRequest
+	11, // 30: nodefence.coordinator.v1.FenceService.Reboot:input_type -> nodefence.coordinator.v1.RebootRequest
+	13, // 31: nodefence.coordinator.v1.FenceService.Acknowledge:input_type -> nodefence.coordinator.v1.AcknowledgeRequest
+	15, // 32: nodefence.coordinator.v1.FenceService.GetFence:input_type -> nodefence.coordinator.v1.GetFenceRequest
+	17, // 33: nodefence.coordinator.v1.FenceService.ListFences:input_type -> nodefence.coordinator.v1.ListFencesRequest
+	19, // 34: nodefence.coordinator.v1.FenceService.WatchFence:input_type -> nodefence.coordinator.v1.WatchFenceRequest
+	8,  // 35: nodefence.coordinator.v1.FenceService.Fence:output_type -> nodefence.coordinator.v1.FenceResponse
+	10, // 36: nodefence.coordinator.v1.FenceService.Unfence:output_type -> nodefence.coordinator.v1.UnfenceResponse
+	12, // 37: nodefence.coordinator.v1.FenceService.Reboot:output_type -> nodefence.coordinator.v1.RebootResponse
+	14, // 38: nodefence.coordinator.v1.FenceService.Acknowledge:output_type -> nodefence.coordinator.v1.AcknowledgeResponse
+	16, // 39: nodefence.coordinator.v1.FenceService.GetFence:output_type -> nodefence.coordinator.v1.GetFenceResponse
+	18, // 40: nodefence.coordinator.v1.FenceService.ListFences:output_type -> nodefence.coordinator.v1.ListFencesResponse
+	20, // 41: nodefence.coordinator.v1.FenceService.WatchFence:output_type -> nodefence.coordinator.v1.WatchFenceResponse
+	35, // [35:42] is the sub-list for method output_type
+	28, // [28:35] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_nodefence_coordinator_v1_fence_proto_init() }
@@ -1702,7 +1803,7 @@ func file_nodefence_coordinator_v1_fence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodefence_coordinator_v1_fence_proto_rawDesc), len(file_nodefence_coordinator_v1_fence_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -1,0 +1,88 @@
+package clustere2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/nodefence/nodefence/services/wdlease"
+	"github.com/nodefence/nodefence/testbed/cluster"
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/nfcluster"
+)
+
+// TestBMCDark (issue 24 item 5): node-2 and its BMC both lose power — the node is switched off and
+// its fence configuration's BMC answers nothing (a UDP black hole: a BMC without power). Without the
+// watchdog the fence stays in error for ever; with watchdog_fallback the IPMI method fails as
+// unreachable, the record falls back to the node's watchdog, and it is proven off by time
+// (NodeFence status.proof watchdog-timeout) no earlier than the safe time after the node's last
+// lease; then the StatefulSet's pod runs elsewhere, and its log shows one writer at a time.
+func TestBMCDark(t *testing.T) {
+	dark, closeDark, err := ipmisim.Blackhole()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDark()
+	s := start(t, nfcluster.Options{Watchdog: wdTimeout, WatchdogFallback: true, FenceOpTimeout: 5 * time.Second,
+		BMCPort: func(n *cluster.Node) int {
+			if n.Name == "node-2" {
+				return dark
+			}
+			return 0
+		}})
+	for _, n := range s.c.Nodes {
+		s.waitArmed(t, n, 30*time.Second)
+	}
+	w, pod := s.writer("dark")
+	victim := s.c.Node(pod.Spec.NodeName)
+	if victim.Name != "node-2" {
+		t.Fatalf("the writer runs on %s, not node-2 (whose BMC is dark)", victim.Name)
+	}
+	// The leader proves the other agents' leases only over a whole window of its own.
+	time.Sleep(wdlease.Defaults(wdTimeout).Window())
+	ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
+	defer cancel()
+	if err := ipmisim.IpmitoolChassisPower(ctx, victim.BMC.Port, cluster.BMCUser, s.c.BMCPassword(), "off"); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now()
+	newPod := s.recovered(w, pod.UID, victim.Name, recoveryTimeout)
+	running := time.Since(lost)
+	var proven *unstructured.Unstructured
+	for _, f := range s.fences(victim.Name) {
+		if p, _, _ := unstructured.NestedString(f.Object, "status", "proof"); p == "watchdog-timeout" {
+			proven = &f
+		}
+	}
+	if proven == nil {
+		t.Fatalf("no NodeFence of %s with proof watchdog-timeout: %v", victim.Name, s.fences(victim.Name))
+	}
+	offAt, _, _ := unstructured.NestedString(proven.Object, "status", "confirmedOffAt")
+	off, err := time.Parse(time.RFC3339, offAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	safe := wdlease.Defaults(wdTimeout)
+	safe.Lease = 4 * time.Second // the coordinator's default lease
+	// The node's last grant answered a heartbeat sent at most one heartbeat before the power loss
+	// (the NodeFence's times are whole seconds).
+	if earliest := lost.Add(safe.SafeAfterGrant() - 2*time.Second); off.Before(earliest) {
+		t.Fatalf("proven off at %s, %s after the power loss: before the safe time %s", off, off.Sub(lost), safe.SafeAfterGrant())
+	}
+	ops, _, _ := unstructured.NestedSlice(proven.Object, "status", "operations")
+	var methods []string
+	for _, o := range ops {
+		m, _, _ := unstructured.NestedString(o.(map[string]any), "method")
+		methods = append(methods, m)
+	}
+	if strings.Join(methods, ",") != "bmc,watchdog" {
+		t.Errorf("operations %v, want bmc then the watchdog fallback", methods)
+	}
+	t.Logf("power loss -> proven off by watchdog %s after (safe time %s) -> writer running on %s %s after",
+		off.Sub(lost).Round(time.Second), safe.SafeAfterGrant(), newPod.Spec.NodeName, running.Round(time.Millisecond))
+	eps := s.checkLog(w, newPod)
+	t.Logf("writer log: %s", describe(eps))
+}
