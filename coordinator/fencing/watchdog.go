@@ -111,7 +111,7 @@ func (r *Runner) watchdogOff(ctx context.Context, rec *coordv1.NodeFence, op *co
 		select {
 		case <-ctx.Done():
 			return unknown, ctx.Err()
-		case <-time.After(judgeEvery):
+		case <-r.after(judgeEvery):
 		}
 	}
 }
