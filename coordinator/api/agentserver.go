@@ -86,26 +86,10 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if err := in.ack(first.Seq); err != nil {
 		return err
 	}
-	// The engine's grants for this node leave on this stream, from a goroutine of their own; in
-	// serializes them with the acks.
-	grants, unsubscribe := l.Loop.Subscribe(name)
-	defer unsubscribe()
-	go sendGrants(ctx, in, grants)
+	// The engine's grants for this node leave on this stream, from a goroutine the loop runs
+	// only while grants wait; in serializes them with the acks.
+	defer l.Loop.Subscribe(name, in.send)()
 	return s.receive(ctx, in, l, name, first.Seq)
-}
-
-// sendGrants sends the engine's grants for the stream's node on in until ctx ends or a send fails.
-func sendGrants(ctx context.Context, in *agentStream, grants <-chan *agentv1.ConnectResponse) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case g := <-grants:
-			if err := in.send(g); err != nil {
-				return
-			}
-		}
-	}
 }
 
 // receive is the stream's receive loop after the hello (whose seq was firstSeq): every message of
