@@ -204,18 +204,14 @@ func onOwnStack(f func() error) error {
 // until the next recv.
 type agentStream struct {
 	agentv1.AgentService_ConnectServer
-	sendMu  sync.Mutex // acks and grants are sent from two goroutines
-	buf     wire.Encoded
-	dec     agentwire.Decoder
-	out     wire.Encoded
-	ackMsg  *agentv1.Ack
-	ackResp *agentv1.ConnectResponse
+	sendMu sync.Mutex // acks and grants are sent from two goroutines
+	buf    wire.Encoded
+	dec    agentwire.Decoder
+	out    wire.Encoded
 }
 
 func newAgentStream(stream agentv1.AgentService_ConnectServer) *agentStream {
-	ack := &agentv1.Ack{}
-	return &agentStream{AgentService_ConnectServer: stream, ackMsg: ack,
-		ackResp: &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: ack}}}
+	return &agentStream{AgentService_ConnectServer: stream}
 }
 
 // send sends one coordinator message, serialized with the acks.
@@ -243,14 +239,10 @@ func (s *agentStream) recv() (m *agentv1.ConnectRequest, reused bool, err error)
 }
 
 // ack acknowledges every message up to seq. It is sent once a second by each of thousands of
-// streams, so the response and its encoding are reused too.
+// streams, so it is encoded by hand into a buffer the stream reuses.
 func (s *agentStream) ack(seq uint64) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	s.ackMsg.AckedSeq = seq
-	var err error
-	if s.out.B, err = (proto.MarshalOptions{}).MarshalAppend(s.out.B[:0], s.ackResp); err != nil {
-		return err
-	}
+	s.out.B = agentwire.AppendAck(s.out.B[:0], seq)
 	return s.SendMsg(&s.out)
 }
