@@ -416,8 +416,10 @@ func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, up func()) 
 		return err
 	}
 	up()
-	s := newSampler()
-	err = pace(ctx, rate, func(seq uint64) error { return send(s.next(seq, time.Now())) })
+	err = pace(ctx, rate, func(seq uint64) error {
+		buf = appendSample(buf[:0], seq, time.Now())
+		return conn.send(stream, buf)
+	})
 	conn.closeSend(stream)
 	return err
 }
