@@ -158,10 +158,11 @@ func (l *Loop) observed(at time.Time, sample *agentv1.SignalSample) {
 	if m == nil {
 		return
 	}
+	now := l.now() // one reading for both latencies: a clock reading per update is not free
 	if sample != nil && sample.ObservedAt != nil {
-		m.ApplyLatency.Observe(l.now().Sub(sample.ObservedAt.AsTime()).Seconds())
+		m.ApplyLatency.Observe(now.Sub(sample.ObservedAt.AsTime()).Seconds())
 	}
-	m.QueueLatency.Observe(l.now().Sub(at).Seconds())
+	m.QueueLatency.Observe(now.Sub(at).Seconds())
 	m.Updates.Inc()
 }
 
