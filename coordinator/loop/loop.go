@@ -141,14 +141,16 @@ func (l *Loop) StepSync(ctx context.Context, in engine.Input) error {
 // is unknown to it; the caller then steps a Message instead. It fails once the loop has stopped.
 func (l *Loop) Observe(node string, at time.Time, sample *agentv1.SignalSample) (bool, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.stopped {
+		l.mu.Unlock()
 		return false, ErrStopped
 	}
-	if l.eng == nil || !l.eng.Observe(node, at, sample) {
+	applied := l.eng != nil && l.eng.Observe(node, at, sample)
+	l.mu.Unlock()
+	if !applied {
 		return false, nil
 	}
-	l.observed(at, sample)
+	l.observed(at, sample) // the metrics are safe for concurrent use: the other streams need not wait
 	return true, nil
 }
 
