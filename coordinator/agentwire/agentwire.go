@@ -86,27 +86,48 @@ type field struct {
 	bytes  []byte
 }
 
-// next consumes the field at the start of b and returns how many bytes it took, or -1 if b does
-// not start with a well-formed varint or length-delimited field (other wire types included).
-func next(b []byte) (field, int) {
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 {
-		return field{}, -1
+// next consumes the field at the start of b into f and returns how many bytes it took, or -1 if b
+// does not start with a well-formed varint or length-delimited field (other wire types included).
+// Tags, lengths and values under 128 (nearly all of a sample) take one byte and no call.
+func next(b []byte, f *field) int {
+	if len(b) == 0 {
+		return -1
 	}
-	f := field{num: num, typ: typ}
-	var m int
+	tag, n := uint64(b[0]), 1
+	if tag >= 0x80 {
+		if tag, n = protowire.ConsumeVarint(b); n < 0 {
+			return -1
+		}
+	}
+	num, typ := protowire.DecodeTag(tag)
+	if num < protowire.MinValidNumber {
+		return -1
+	}
+	f.num, f.typ = num, typ
+	b = b[n:]
+	var v uint64
+	m := 1
+	switch {
+	case len(b) > 0 && b[0] < 0x80:
+		v = uint64(b[0])
+	default:
+		if v, m = protowire.ConsumeVarint(b); m < 0 {
+			return -1
+		}
+	}
 	switch typ {
 	case protowire.VarintType:
-		f.varint, m = protowire.ConsumeVarint(b[n:])
+		f.varint, f.bytes = v, nil
 	case protowire.BytesType:
-		f.bytes, m = protowire.ConsumeBytes(b[n:])
+		if v > uint64(len(b)-m) {
+			return -1
+		}
+		f.varint, f.bytes = 0, b[m:m+int(v)]
+		m += int(v)
 	default:
-		return field{}, -1
+		return -1
 	}
-	if m < 0 {
-		return field{}, -1
-	}
-	return f, n + m
+	return n + m
 }
 
 // seen records which of fields 1..63 a message had, to refuse a repeated singular field (protobuf
@@ -124,9 +145,12 @@ func (s *seen) first(num protowire.Number) bool {
 // eachField calls fn with each field of the encoded message b in order and reports whether b is
 // well formed, no field but repeated (0: none) occurs twice, and fn accepted every field.
 func eachField(b []byte, repeated protowire.Number, fn func(field) bool) bool {
-	var have seen
+	var (
+		have seen
+		f    field
+	)
 	for len(b) > 0 {
-		f, n := next(b)
+		n := next(b, &f)
 		if n < 0 || (f.num != repeated && !have.first(f.num)) || !fn(f) {
 			return false
 		}

@@ -86,26 +86,10 @@ func (s *AgentServer) Connect(stream agentv1.AgentService_ConnectServer) error {
 	if err := in.ack(first.Seq); err != nil {
 		return err
 	}
-	// The engine's grants for this node leave on this stream, from a goroutine of their own; in
-	// serializes them with the acks.
-	grants, unsubscribe := l.Loop.Subscribe(name)
-	defer unsubscribe()
-	go sendGrants(ctx, in, grants)
+	// The engine's grants for this node leave on this stream, from a goroutine the loop runs
+	// only while grants wait; in serializes them with the acks.
+	defer l.Loop.Subscribe(name, in.send)()
 	return s.receive(ctx, in, l, name, first.Seq)
-}
-
-// sendGrants sends the engine's grants for the stream's node on in until ctx ends or a send fails.
-func sendGrants(ctx context.Context, in *agentStream, grants <-chan *agentv1.ConnectResponse) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case g := <-grants:
-			if err := in.send(g); err != nil {
-				return
-			}
-		}
-	}
 }
 
 // receive is the stream's receive loop after the hello (whose seq was firstSeq): every message of
@@ -220,18 +204,14 @@ func onOwnStack(f func() error) error {
 // until the next recv.
 type agentStream struct {
 	agentv1.AgentService_ConnectServer
-	sendMu  sync.Mutex // acks and grants are sent from two goroutines
-	buf     wire.Encoded
-	dec     agentwire.Decoder
-	out     wire.Encoded
-	ackMsg  *agentv1.Ack
-	ackResp *agentv1.ConnectResponse
+	sendMu sync.Mutex // acks and grants are sent from two goroutines
+	buf    wire.Encoded
+	dec    agentwire.Decoder
+	out    wire.Encoded
 }
 
 func newAgentStream(stream agentv1.AgentService_ConnectServer) *agentStream {
-	ack := &agentv1.Ack{}
-	return &agentStream{AgentService_ConnectServer: stream, ackMsg: ack,
-		ackResp: &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Ack{Ack: ack}}}
+	return &agentStream{AgentService_ConnectServer: stream}
 }
 
 // send sends one coordinator message, serialized with the acks.
@@ -259,14 +239,10 @@ func (s *agentStream) recv() (m *agentv1.ConnectRequest, reused bool, err error)
 }
 
 // ack acknowledges every message up to seq. It is sent once a second by each of thousands of
-// streams, so the response and its encoding are reused too.
+// streams, so it is encoded by hand into a buffer the stream reuses.
 func (s *agentStream) ack(seq uint64) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	s.ackMsg.AckedSeq = seq
-	var err error
-	if s.out.B, err = (proto.MarshalOptions{}).MarshalAppend(s.out.B[:0], s.ackResp); err != nil {
-		return err
-	}
+	s.out.B = agentwire.AppendAck(s.out.B[:0], seq)
 	return s.SendMsg(&s.out)
 }

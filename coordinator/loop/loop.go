@@ -87,7 +87,7 @@ type Loop struct {
 	stopped bool
 
 	outMu sync.Mutex
-	out   map[string]chan *agentv1.ConnectResponse // node -> its latest agent stream's outbound queue
+	out   map[string]*outbox // node -> its latest agent stream's outbound queue (outbox.go)
 }
 
 // New returns a loop; Run starts it.
@@ -145,14 +145,16 @@ func (l *Loop) StepSync(ctx context.Context, in engine.Input) error {
 // is unknown to it; the caller then steps a Message instead. It fails once the loop has stopped.
 func (l *Loop) Observe(node string, at time.Time, sample *agentv1.SignalSample) (bool, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.stopped {
+		l.mu.Unlock()
 		return false, ErrStopped
 	}
-	if l.eng == nil || !l.eng.Observe(node, at, sample) {
+	applied := l.eng != nil && l.eng.Observe(node, at, sample)
+	l.mu.Unlock()
+	if !applied {
 		return false, nil
 	}
-	l.observed(at, sample)
+	l.observed(at, sample) // the metrics are safe for concurrent use: the other streams need not wait
 	return true, nil
 }
 
@@ -162,10 +164,11 @@ func (l *Loop) observed(at time.Time, sample *agentv1.SignalSample) {
 	if m == nil {
 		return
 	}
+	now := l.now() // one reading for both latencies: a clock reading per update is not free
 	if sample != nil && sample.ObservedAt != nil {
-		m.ApplyLatency.Observe(l.now().Sub(sample.ObservedAt.AsTime()).Seconds())
+		m.ApplyLatency.Observe(now.Sub(sample.ObservedAt.AsTime()).Seconds())
 	}
-	m.QueueLatency.Observe(l.now().Sub(at).Seconds())
+	m.QueueLatency.Observe(now.Sub(at).Seconds())
 	m.Updates.Inc()
 }
 
@@ -376,52 +379,6 @@ func (l *Loop) handOver(ctx context.Context, rd engine.Ready) error {
 		l.cfg.OnReady(rd)
 	}
 	return nil
-}
-
-// outboundQueue is how many coordinator -> agent messages wait for one stream.
-const outboundQueue = 16
-
-// Subscribe opens the outbound queue of node's agent stream: the engine's grants for the node
-// arrive on it. A newer stream of the node replaces an older one. Call cancel when the stream ends.
-func (l *Loop) Subscribe(node string) (<-chan *agentv1.ConnectResponse, func()) {
-	ch := make(chan *agentv1.ConnectResponse, outboundQueue)
-	l.outMu.Lock()
-	if l.out == nil {
-		l.out = map[string]chan *agentv1.ConnectResponse{}
-	}
-	l.out[node] = ch
-	l.outMu.Unlock()
-	return ch, func() {
-		l.outMu.Lock()
-		if l.out[node] == ch {
-			delete(l.out, node)
-		}
-		l.outMu.Unlock()
-	}
-}
-
-// deliver queues a grant on its node's stream. With no stream, or a full queue, the grant is lost:
-// the engine counts it in flight until its TTL, and the agent, with no grant, falls back to a
-// local eviction after its own timeout.
-func (l *Loop) deliver(g engine.Grant) {
-	msg := &agentv1.ConnectResponse{Msg: &agentv1.ConnectResponse_Grant{Grant: g.Grant}}
-	l.outMu.Lock()
-	ch, ok := l.out[g.Node]
-	sent := false
-	if ok {
-		select {
-		case ch <- msg:
-			sent = true
-		default:
-		}
-	}
-	l.outMu.Unlock()
-	if l.cfg.Metrics != nil {
-		l.cfg.Metrics.PodGrants.WithLabelValues(g.Zone).Inc()
-	}
-	if !sent {
-		l.cfg.Log.Warn("eviction grant not delivered: no agent stream or its queue is full", "node", g.Node, "zone", g.Zone)
-	}
 }
 
 // maxOps stays under etcd's default --max-txn-ops (128) with room for the guard.

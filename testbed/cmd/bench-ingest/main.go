@@ -58,6 +58,13 @@ type result struct {
 	// counts the hellos refused and retried (as agents do, with backoff) on the way.
 	ConnectS     float64 `json:"connect_s"`
 	HelloRetries int64   `json:"hello_retries"`
+	// The cost of one update, less sensitive to a shared machine's load than p99: CPU seconds
+	// per 1,000 updates applied (coordinator and generator), and the coordinator's heap
+	// allocations (count and bytes, its Go runtime's counters) per update, over the window.
+	CoordCPUPer1k   float64 `json:"coordinator_cpu_s_per_1k_updates"`
+	GenCPUPer1k     float64 `json:"generator_cpu_s_per_1k_updates"`
+	AllocsPerUpdate float64 `json:"coordinator_allocs_per_update"`
+	BytesPerUpdate  float64 `json:"coordinator_alloc_bytes_per_update"`
 }
 
 func main() {
@@ -162,11 +169,14 @@ func run(ctx context.Context, fleet *benchkit.Fleet, client string, rate float64
 	sp99, _ := promscrape.Quantile(before, after, "nodefence_engine_queue_latency_seconds", 0.99)
 	updates := after["nodefence_agent_updates_total"] - before["nodefence_agent_updates_total"]
 	gogc := int(after["go_gc_gogc_percent"]) // what the coordinator's runtime had in force
+	perUpdate := func(metric string) float64 { return round3((after[metric] - before[metric]) / max(updates, 1)) }
 	return &result{
 		Bench: "ingest", Agents: agents, UpdatesPerS: round(updates / elapsed), P50ms: round(p50 * 1000), P99ms: round(p99 * 1000), ServerP99ms: round(sp99 * 1000),
 		RSSMB: round(rss), CPUCores: runtime.NumCPU(), CoordCPU: round((cpu1 - cpu0) / elapsed), GenCPU: round((gen1 - gen0) / elapsed),
 		StacksMB: round(after["go_memstats_stack_inuse_bytes"] / (1 << 20)), CoordGC: gogc, OfferedPerS: round(float64(agents) * rate), SendErrors: sendErrs.Load(), WindowS: round(elapsed), RatePerAgent: rate,
 		ConnectS: round(connectS), HelloRetries: retries.Load(),
+		CoordCPUPer1k: round3((cpu1 - cpu0) / max(updates, 1) * 1000), GenCPUPer1k: round3((gen1 - gen0) / max(updates, 1) * 1000),
+		AllocsPerUpdate: perUpdate("go_memstats_mallocs_total"), BytesPerUpdate: perUpdate("go_memstats_alloc_bytes_total"),
 	}, nil
 }
 
@@ -406,8 +416,10 @@ func agentH2(ctx context.Context, conn *h2Conn, i int, rate float64, up func()) 
 		return err
 	}
 	up()
-	s := newSampler()
-	err = pace(ctx, rate, func(seq uint64) error { return send(s.next(seq, time.Now())) })
+	err = pace(ctx, rate, func(seq uint64) error {
+		buf = appendSample(buf[:0], seq, time.Now())
+		return conn.send(stream, buf)
+	})
 	conn.closeSend(stream)
 	return err
 }
@@ -468,3 +480,6 @@ func cpuSeconds(pid int) (float64, error) {
 }
 
 func round(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
+
+// round3 keeps three decimals (per-update costs are small).
+func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
