@@ -10,15 +10,18 @@
 //     node.kubernetes.io/out-of-service=nodeshutdown:NoExecute the moment its Ready condition
 //     stops being True.
 //
-// Two rows, each on its own cluster bring-up: first the DEFAULTS row — kube-controller-manager on
-// its own defaults and nodefence with nothing but what deploy/ ships (nfcluster.Options.Shipped) —
-// with the manual taint beside it; then the short-settings row, where kube-controller-manager and
-// nodefence share --grace as their node-monitor grace period, with the manual taint and Kubernetes
-// alone beside it. Each nodefence round prints its phases (seconds from the kill): the agent's last
-// contact, the kubelet's last Lease renewal, both witnesses judged silent, the decision, the driver
-// call, the confirmed power-off, the out-of-service taint, the old pod deleted, the new pod
-// scheduled and Running. The failure is the same each round: every process of the node running the
-// pod is SIGKILLed while its BMC still says on. The LAST line of output is one JSON object.
+// Three rows. On the first cluster bring-up, the DARK-BMC row (issue 24.6): the node and its BMC
+// lose power together, nodefence as shipped plus a watchdog on every node and the watchdog
+// fallback, so the power-off is proven by time (dark.go). Then, on the same cluster, the DEFAULTS
+// row — kube-controller-manager on its own defaults and nodefence with nothing but what deploy/
+// ships (nfcluster.Options.Shipped) — with the manual taint beside it; then, on a cluster of its
+// own, the short-settings row, where kube-controller-manager and nodefence share --grace as their
+// node-monitor grace period, with the manual taint and Kubernetes alone beside it. Each nodefence
+// round of the last two rows prints its phases (seconds from the kill): the agent's last contact,
+// the kubelet's last Lease renewal, both witnesses judged silent, the decision, the driver call, the
+// confirmed power-off, the out-of-service taint, the old pod deleted, the new pod scheduled and
+// Running. Their failure is the same each round: every process of the node running the pod is
+// SIGKILLed while its BMC still says on. The LAST line of output is one JSON object.
 package main
 
 import (
@@ -72,6 +75,14 @@ type result struct {
 	ManualTaintEach  []float64 `json:"manual_taint_each_s"`
 	NodefenceGoalS   float64   `json:"nodefence_goal_s"`
 	NodefenceGoalMet bool      `json:"nodefence_goal_met"`
+	// The dark-BMC row (issue 24.6).
+	DarkP50              float64   `json:"dark_bmc_p50_s,omitempty"`
+	DarkMax              float64   `json:"dark_bmc_max_s,omitempty"`
+	DarkEach             []float64 `json:"dark_bmc_each_s,omitempty"`
+	WatchdogSafeTimeS    float64   `json:"watchdog_safe_time_s,omitempty"`
+	DarkWatchdogTimeoutS float64   `json:"dark_bmc_watchdog_timeout_s,omitempty"`
+	DarkGoalS            float64   `json:"dark_bmc_goal_p50_s,omitempty"`
+	DarkGoalMet          bool      `json:"dark_bmc_goal_met"`
 }
 
 type options struct {
@@ -80,6 +91,8 @@ type options struct {
 	aloneWait           time.Duration
 	binDir, dir         string
 	defaults, short     bool
+	dark                bool
+	watchdog            time.Duration
 }
 
 func main() {
@@ -92,9 +105,12 @@ func main() {
 	flag.StringVar(&o.dir, "dir", "", "working directory (default: a new temporary directory, removed at the end)")
 	flag.BoolVar(&o.defaults, "defaults", true, "run the defaults row (kube-controller-manager's and nodefence's shipped settings)")
 	flag.BoolVar(&o.short, "short", true, "run the short-settings row (--grace, --fence-timeout) with Kubernetes alone")
+	flag.BoolVar(&o.dark, "dark", true, "run the dark-BMC row (with the defaults row's cluster): the node and its BMC lose power; the watchdog proves it off")
+	flag.DurationVar(&o.watchdog, "watchdog-timeout", 15*time.Second, "the dark-BMC row's --watchdog-timeout (the agent's default)")
 	flag.Parse()
-	if o.rounds < 1 || o.rounds > 10 || o.grace < 5*time.Second || o.fenceTimeout < 0 || o.aloneWait < time.Second {
-		fmt.Fprintln(os.Stderr, "bench-recovery-cluster: --rounds 1..10, --grace >= 5s, --fence-timeout >= 0, --alone-wait >= 1s")
+	if o.rounds < 1 || o.rounds > 10 || o.grace < 5*time.Second || o.fenceTimeout < 0 || o.aloneWait < time.Second ||
+		o.watchdog < time.Second || o.watchdog%time.Second != 0 {
+		fmt.Fprintln(os.Stderr, "bench-recovery-cluster: --rounds 1..10, --grace >= 5s, --fence-timeout >= 0, --alone-wait >= 1s, --watchdog-timeout whole seconds >= 1s")
 		os.Exit(2)
 	}
 	res, err := run(o)
@@ -107,7 +123,7 @@ func main() {
 }
 
 func run(o options) (*result, error) {
-	budget := time.Duration(4*o.rounds)*(3*o.grace+3*time.Minute) + o.aloneWait + 10*time.Minute
+	budget := time.Duration(6*o.rounds)*(3*o.grace+3*time.Minute) + o.aloneWait + 10*time.Minute
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if o.dir == "" {
@@ -125,7 +141,7 @@ func run(o options) (*result, error) {
 	o.binDir = bin
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	res := &result{Bench: "recovery-cluster", Rounds: o.rounds, GraceS: o.grace.Seconds(), FenceTimeoutS: o.fenceTimeout.Seconds()}
-	if o.defaults {
+	if o.defaults || o.dark {
 		if err := defaultsRow(ctx, o, log, res); err != nil {
 			return nil, fmt.Errorf("defaults row: %w", err)
 		}
@@ -144,8 +160,8 @@ const (
 	defaultsGoalMax = 40.0
 )
 
-// defaultsRow runs nodefence on the shipped settings and the manual taint on a cluster whose
-// kube-controller-manager keeps its own defaults.
+// defaultsRow runs, on a cluster whose kube-controller-manager keeps its own defaults, the dark-BMC
+// row (with --dark), then nodefence on the shipped settings and the manual taint (with --defaults).
 func defaultsRow(ctx context.Context, o options, log *slog.Logger, res *result) error {
 	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(o.dir, "cluster-defaults")}, log)
 	if err != nil {
@@ -155,6 +171,14 @@ func defaultsRow(ctx context.Context, o options, log *slog.Logger, res *result) 
 	b, err := newBench(o, c, log)
 	if err != nil {
 		return err
+	}
+	if o.dark {
+		if err := darkRow(ctx, o, c, b, log, res); err != nil {
+			return fmt.Errorf("dark-BMC row: %w", err)
+		}
+	}
+	if !o.defaults {
+		return nil
 	}
 	d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: o.binDir, Dir: filepath.Join(o.dir, "nodefence-defaults"), Shipped: true, Log: log})
 	if err != nil {
@@ -266,6 +290,10 @@ type bench struct {
 	log   *slog.Logger
 	d     *nfcluster.Deployment // set during nodefence rounds: their phases are read from it
 	last  phases                // the phases of the latest nodefence round
+	// powerLoss: the round powers the node off through its BMC instead of crashing it; settle is
+	// how long the round waits with the writer running before it (the dark-BMC row).
+	powerLoss bool
+	settle    time.Duration
 }
 
 // round creates a writer, kills the node it runs on and measures until the writer runs on
@@ -283,7 +311,8 @@ func (b *bench) round(ctx context.Context, name string, timeout time.Duration, t
 		return 0, false, err
 	}
 	victim := b.c.Node(pod.Spec.NodeName)
-	if _, err := victim.Crash(); err != nil {
+	time.Sleep(b.settle)
+	if err := b.kill(ctx, victim); err != nil {
 		return 0, false, err
 	}
 	t0 := time.Now()
@@ -306,6 +335,16 @@ func (b *bench) round(ctx context.Context, name string, timeout time.Duration, t
 		b.last = b.phasesOf(ctx, victim.Name, t0, deleted, np, running)
 	}
 	return math.Round(running.Sub(t0).Seconds()*100) / 100, true, nil
+}
+
+// kill is the round's failure: every process of the node SIGKILLed while its BMC still says on; or,
+// in the dark-BMC row, the node powered off through its real BMC (the node and its BMC lose power).
+func (b *bench) kill(ctx context.Context, victim *cluster.Node) error {
+	if b.powerLoss {
+		return ipmisim.IpmitoolChassisPower(ctx, victim.BMC.Port, cluster.BMCUser, b.c.BMCPassword(), "off")
+	}
+	_, err := victim.Crash()
+	return err
 }
 
 // operator is the on-call operator's script: poll the Node every 500 ms and taint it
