@@ -17,12 +17,13 @@ var programs = map[string]struct {
 	pkg  string
 	help [][]string
 }{
-	"coordinator":       {module + "/coordinator/cmd/coordinator", [][]string{{"-h"}}},
-	"fencectl":          {module + "/coordinator/cmd/fencectl", [][]string{{"-h"}, {"certs", "-h"}}},
-	"node-agent":        {module + "/node-agent/cmd/node-agent", [][]string{{"-h"}}},
-	"fence-driver":      {module + "/fence-drivers/cmd/fence-driver", [][]string{{"-h"}}},
-	"nodefence-testbed": {module + "/testbed/cmd/nodefence-testbed", [][]string{{"-h"}}},
-	"bench-ingest":      {module + "/testbed/cmd/bench-ingest", [][]string{{"-h"}}},
+	"coordinator":            {module + "/coordinator/cmd/coordinator", [][]string{{"-h"}}},
+	"fencectl":               {module + "/coordinator/cmd/fencectl", [][]string{{"-h"}, {"certs", "-h"}}},
+	"node-agent":             {module + "/node-agent/cmd/node-agent", [][]string{{"-h"}}},
+	"fence-driver":           {module + "/fence-drivers/cmd/fence-driver", [][]string{{"-h"}}},
+	"nodefence-testbed":      {module + "/testbed/cmd/nodefence-testbed", [][]string{{"-h"}}},
+	"bench-ingest":           {module + "/testbed/cmd/bench-ingest", [][]string{{"-h"}}},
+	"bench-recovery-cluster": {module + "/testbed/cmd/bench-recovery-cluster", [][]string{{"-h"}}},
 }
 
 // foreignFlags are flags the README and docs/ name that belong to programs we do not build, each with its
