@@ -209,6 +209,26 @@ func (s *system) snapshot(t *testing.T) snapshot {
 	return snap
 }
 
+// settled is a snapshot once the system stopped changing on its own: two snapshots a second apart
+// agree (an agent that just connected has its registration and audit entries written in batches,
+// after the call that connected it returned). It fails t when the system keeps changing for 20 s.
+func (s *system) settled(t *testing.T) snapshot {
+	t.Helper()
+	prev := s.snapshot(t)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		time.Sleep(time.Second)
+		cur := s.snapshot(t)
+		d := prev.diff(cur)
+		if d == "" {
+			return cur
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the system did not settle before the attacks: %s", d)
+		}
+		prev = cur
+	}
+}
+
 func (a snapshot) diff(b snapshot) string {
 	var out []string
 	for n, p := range a.power {

@@ -39,7 +39,7 @@ func TestWatchdogPillAttacks(t *testing.T) {
 	agentA := dialWith(t, s.coord.Addr(), s.files(t, identity.Agent, "node-a"))
 	agentB := dialWith(t, s.coord.Addr(), s.files(t, identity.Agent, "node-b"))
 	viewer := dialWith(t, s.coord.Addr(), s.files(t, identity.Viewer, "bob"))
-	before := s.snapshot(t)
+	before := s.settled(t)
 	fc := coordv1.NewFenceServiceClient
 	for _, tc := range []struct {
 		name string

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // The faults of the no-fence scenarios (testbed/clustere2e's nofence_test.go): a stalled
@@ -123,7 +124,7 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() (stat string
 				errs = append(errs, fmt.Errorf("%s: move %d back to %s: %w", n.Name, pid, cg, err))
 			}
 		}
-		if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := removeCgroup(h, dir, from); err != nil {
 			errs = append(errs, fmt.Errorf("%s: remove %s: %w", n.Name, dir, err))
 		}
 		return strings.Join(strings.Fields(string(stat)), " "), errors.Join(errs...)
@@ -140,6 +141,35 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() (stat string
 		from[pid] = cg
 	}
 	return restore, nil
+}
+
+// removeCgroup removes the starvation cgroup dir of hierarchy h. Processes the starved ones started
+// meanwhile (a kubelet's helpers) inherited it: they go back to the cgroup the first starved process
+// came from, and the removal is tried again while the cgroup is busy (an exiting process leaves it a
+// moment later), for up to 2 s.
+func removeCgroup(h, dir string, from map[int]string) error {
+	back := ""
+	for _, cg := range from {
+		back = cg
+		break
+	}
+	var err error
+	for range 20 {
+		if back != "" {
+			procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for _, pid := range strings.Fields(string(procs)) {
+				_ = os.WriteFile(filepath.Join(h, back, "cgroup.procs"), []byte(pid), 0o644)
+			}
+		}
+		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
 }
 
 // cpuHierarchy is the mount point of the cgroup v1 hierarchy with the cpu controller.
