@@ -18,12 +18,9 @@ import (
 	"github.com/nodefence/nodefence/testbed/nfcluster"
 )
 
-// darkVictim is the node whose BMC goes dark in the dark-BMC row: the writer prefers it.
-const darkVictim = "node-2"
-
 // darkRow is the dark-BMC row (issue 24 item 6), on the defaults row's cluster: nodefence with what
 // deploy/ ships plus a watchdog on every node (--watchdog-timeout o.watchdog) and watchdog_fallback
-// on every node, the victim's fence configuration naming a BMC that answers nothing (a UDP black
+// on every node, every node's fence configuration naming a BMC that answers nothing (a UDP black
 // hole). Each round powers the victim off through its real BMC — the node and its BMC lose power
 // together — and measures until the writer runs elsewhere: the IPMI method fails as unreachable,
 // the record falls back to the watchdog and is proven off by time. A round's record stays proven
@@ -49,12 +46,9 @@ func darkRow(ctx context.Context, o options, c *cluster.Cluster, b *bench, log *
 	for i := 1; i <= o.rounds; i++ {
 		d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: o.binDir, Dir: filepath.Join(o.dir, fmt.Sprintf("nodefence-dark-%d", i)),
 			Shipped: true, Watchdog: o.watchdog, WatchdogFallback: true, Log: log,
-			BMCPort: func(n *cluster.Node) int {
-				if n.Name == darkVictim {
-					return dark
-				}
-				return 0
-			}})
+			// Every node's configuration names the dark BMC: the victim is whichever node the
+			// writer runs on (node-2 preferred), and only it is fenced.
+			BMCPort: func(*cluster.Node) int { return dark }})
 		if err != nil {
 			return err
 		}
