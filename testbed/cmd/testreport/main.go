@@ -162,7 +162,10 @@ func Slowest(r io.Reader, w io.Writer, n int, module string) error {
 
 // maxMessages is how many of a failed test's own messages Failures keeps (its last ones: the
 // failure is usually the last thing a test says).
-const maxMessages = 6
+const maxMessages = 12
+
+// maxMessageLines is how many lines of one message Failures keeps (a dumped log is cut).
+const maxMessageLines = 6
 
 // Failures prints, after a line naming their count, each failed test with its last maxMessages own
 // messages: a message starts at a "file.go:line: " prefix and runs over its indented continuation
@@ -222,7 +225,8 @@ func Failures(r io.Reader, w io.Writer, module string) error {
 }
 
 // addMessage adds one output line of a test to its messages: a "name.go:N: " line starts one (unless
-// it is a structured log line), an indented line continues the last one, anything else is dropped.
+// it is a structured log line), an indented line continues the last one (up to maxMessageLines, and
+// never a structured log line a test dumped), anything else is dropped.
 func addMessage(msgs [][]string, line string) [][]string {
 	t := strings.TrimLeft(line, " \t")
 	switch {
@@ -233,7 +237,8 @@ func addMessage(msgs [][]string, line string) [][]string {
 			return append(msgs, nil) // a log line: ends the message before it, kept out
 		}
 		return append(msgs, []string{line})
-	case len(msgs) > 0 && msgs[len(msgs)-1] != nil && len(t) < len(line):
+	case len(msgs) > 0 && msgs[len(msgs)-1] != nil && len(t) < len(line) && !strings.Contains(t, " level=") &&
+		len(msgs[len(msgs)-1]) < maxMessageLines:
 		msgs[len(msgs)-1] = append(msgs[len(msgs)-1], line)
 	}
 	return msgs

@@ -20,7 +20,7 @@ func TestRealGoTestJSON(t *testing.T) {
 		"a/a_test.go": `package a
 import ("testing"; "time")
 func TestPasses(t *testing.T) { t.Log("quiet when passing") }
-func TestFails(t *testing.T) { t.Log("shown when failing"); t.Log("time=x level=INFO msg=\"a log\"\n  its tail"); t.Error("boom\n  second line") }
+func TestFails(t *testing.T) { t.Log("shown when failing"); t.Log("time=x level=INFO msg=\"a log\"\n  its tail"); t.Log("log tail:\ntime=y level=INFO msg=\"dumped\""); t.Error("boom\n  second line") }
 func TestSlow(t *testing.T) { t.Run("sub", func(t *testing.T) { time.Sleep(300 * time.Millisecond) }) }
 func TestSkipped(t *testing.T) { t.Skip("not here") }
 `,
@@ -64,12 +64,12 @@ func TestSkipped(t *testing.T) { t.Skip("not here") }
 		t.Fatal(err)
 	}
 	f := failures.String()
-	for _, want := range []string{"2 failed tests", "--- FAIL: TestFails (a)", "--- FAIL: TestHangs, which did not finish (d)", "shown when failing", "boom", "second line"} {
+	for _, want := range []string{"2 failed tests", "--- FAIL: TestFails (a)", "--- FAIL: TestHangs, which did not finish (d)", "log tail:", "shown when failing", "boom", "second line"} {
 		if !strings.Contains(f, want) {
 			t.Errorf("Failures: no %q in\n%s", want, f)
 		}
 	}
-	for _, not := range []string{"a log", "its tail", "TestPasses"} {
+	for _, not := range []string{"a log", "its tail", "dumped", "TestPasses"} {
 		if strings.Contains(f, not) {
 			t.Errorf("Failures: %q in\n%s", not, f)
 		}
