@@ -144,14 +144,15 @@ func (n *Node) StarveCPU(permille int, pids ...int) (restore func() (stat string
 }
 
 // removeCgroup removes the starvation cgroup dir of hierarchy h. Processes the starved ones started
-// meanwhile (a kubelet's helpers) inherited it: they go back to the cgroup the first starved process
-// came from, and the removal is tried again while the cgroup is busy (an exiting process leaves it a
-// moment later), for up to 2 s.
+// meanwhile (a kubelet's helpers) inherited it: they go back to the cgroup of the starved process
+// with the lowest pid, and the removal is tried again while the cgroup is busy (an exiting process
+// leaves it a moment later), for up to 2 s.
 func removeCgroup(h, dir string, from map[int]string) error {
-	back := ""
-	for _, cg := range from {
-		back = cg
-		break
+	back, first := "", 0
+	for pid, cg := range from {
+		if first == 0 || pid < first {
+			back, first = cg, pid
+		}
 	}
 	var err error
 	for range 20 {
