@@ -179,13 +179,20 @@ func Failures(r io.Reader, w io.Writer, module string) error {
 		key := e.Package + "\x00" + e.Test
 		switch {
 		case e.Test == "" && e.Action == "fail":
-			// A package that failed with tests still running (a timeout, a crash): name them.
+			// A package that failed with tests still running (a timeout, a crash): name them, in
+			// order, with what they said.
+			var hung []string
 			for k := range held {
 				if pkg, test, _ := strings.Cut(k, "\x00"); pkg == e.Package && !strings.Contains(test, "/") {
-					order = append(order, failed{test + ", which did not finish", strings.TrimPrefix(strings.TrimPrefix(pkg, module), "/")})
-					msgs = append(msgs, nil)
-					delete(held, k)
+					hung = append(hung, k)
 				}
+			}
+			sort.Strings(hung)
+			for _, k := range hung {
+				pkg, test, _ := strings.Cut(k, "\x00")
+				order = append(order, failed{test + ", which did not finish", strings.TrimPrefix(strings.TrimPrefix(pkg, module), "/")})
+				msgs = append(msgs, ownMessages(held[k]))
+				delete(held, k)
 			}
 		case e.Test == "":
 		case e.Action == "output":
@@ -193,13 +200,7 @@ func Failures(r io.Reader, w io.Writer, module string) error {
 		case e.Action == "fail":
 			pkg := strings.TrimPrefix(strings.TrimPrefix(e.Package, module), "/")
 			order = append(order, failed{e.Test, pkg})
-			var own [][]string
-			for _, m := range held[key] {
-				if m != nil {
-					own = append(own, m)
-				}
-			}
-			msgs = append(msgs, own)
+			msgs = append(msgs, ownMessages(held[key]))
 			delete(held, key)
 		case e.Action == "pass" || e.Action == "skip":
 			delete(held, key)
@@ -222,6 +223,17 @@ func Failures(r io.Reader, w io.Writer, module string) error {
 		}
 	}
 	return nil
+}
+
+// ownMessages leaves out the places of the log lines addMessage kept out (nil).
+func ownMessages(msgs [][]string) [][]string {
+	var own [][]string
+	for _, m := range msgs {
+		if m != nil {
+			own = append(own, m)
+		}
+	}
+	return own
 }
 
 // addMessage adds one output line of a test to its messages: a "name.go:N: " line starts one (unless

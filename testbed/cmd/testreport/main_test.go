@@ -64,7 +64,7 @@ func TestSkipped(t *testing.T) { t.Skip("not here") }
 		t.Fatal(err)
 	}
 	f := failures.String()
-	for _, want := range []string{"2 failed tests", "--- FAIL: TestFails (a)", "--- FAIL: TestHangs, which did not finish (d)", "log tail:", "shown when failing", "boom", "second line"} {
+	for _, want := range []string{"2 failed tests", "--- FAIL: TestFails (a)", "--- FAIL: TestHangs, which did not finish (d)", "before the hang", "log tail:", "shown when failing", "boom", "second line"} {
 		if !strings.Contains(f, want) {
 			t.Errorf("Failures: no %q in\n%s", want, f)
 		}
