@@ -324,15 +324,17 @@ func TestKdumpReconnectAbortsAutomaticFence(t *testing.T) {
 	if p, err := ipmisim.IpmitoolPower(ctx, n.bmc.Port, "admin", "password"); err != nil || p != "on" {
 		t.Fatalf("ipmitool after the agent reconnected: %q %v", p, err)
 	}
-	au, err := cl.ListAudit(ctx, &coordv1.ListAuditRequest{Node: n.name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var aborted bool
-	for _, e := range au.Entries {
-		aborted = aborted || (e.Kind == "fence-aborted" && strings.Contains(e.Text, rec.Id))
-	}
-	if !aborted {
-		t.Fatalf("no fence-aborted audit entry for %s: %v", rec.Id, au.Entries)
-	}
+	// The audit writer appends after the record is stored: the entry may follow it by a moment.
+	wait.Until(t, 10*time.Second, "a fence-aborted audit entry for "+rec.Id, func() error {
+		au, err := cl.ListAudit(ctx, &coordv1.ListAuditRequest{Node: n.name})
+		if err != nil {
+			return err
+		}
+		for _, e := range au.Entries {
+			if e.Kind == "fence-aborted" && strings.Contains(e.Text, rec.Id) {
+				return nil
+			}
+		}
+		return fmt.Errorf("audit: %v", au.Entries)
+	})
 }

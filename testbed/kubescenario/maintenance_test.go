@@ -2,6 +2,7 @@ package kubescenario
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/testbed/promscrape"
+	"github.com/nodefence/nodefence/testbed/wait"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -103,18 +105,22 @@ func TestMaintenanceHoldsTheFence(t *testing.T) {
 			t.Errorf("nodefence_recovery_seconds{phase=%q} observed %v times, want once", phase, n)
 		}
 	}
-	audit, err := cluster.ListAudit(ctx, &coordv1.ListAuditRequest{Node: victim.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var started, ended bool
-	for _, a := range audit.Entries {
-		started = started || a.Kind == "maintenance" && strings.Contains(a.Text, "started by") && strings.Contains(a.Text, "operator/scenario") && strings.Contains(a.Text, "firmware")
-		ended = ended || a.Kind == "maintenance" && strings.Contains(a.Text, "ended by")
-	}
-	if !started || !ended {
-		t.Errorf("audit trail of %s lacks the maintenance's start (%v) or end (%v): %v", victim.Name, started, ended, audit.Entries)
-	}
+	// The audit writer appends in the background: the end's entry may follow the answer by a moment.
+	wait.Until(t, 10*time.Second, "the audit trail of "+victim.Name+" holds the maintenance's start and end", func() error {
+		audit, err := cluster.ListAudit(ctx, &coordv1.ListAuditRequest{Node: victim.Name})
+		if err != nil {
+			return err
+		}
+		var started, ended bool
+		for _, a := range audit.Entries {
+			started = started || a.Kind == "maintenance" && strings.Contains(a.Text, "started by") && strings.Contains(a.Text, "operator/scenario") && strings.Contains(a.Text, "firmware")
+			ended = ended || a.Kind == "maintenance" && strings.Contains(a.Text, "ended by")
+		}
+		if !started || !ended {
+			return fmt.Errorf("start %v, end %v: %v", started, ended, audit.Entries)
+		}
+		return nil
+	})
 	if n, err := env.Admin.CoreV1().Nodes().Get(ctx, victim.Name, metav1.GetOptions{}); err != nil || n.Annotations[kube.AnnotationMaintenance] != "" {
 		t.Fatalf("%s after stop: %v %v", victim.Name, err, n.GetAnnotations())
 	}
