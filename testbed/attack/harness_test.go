@@ -26,20 +26,14 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/testlog"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
 func testLog(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
+	return testlog.New(t, slog.LevelWarn)
 }
 
 // system is one coordinator, one IPMI driver and two nodes with their BMCs, all on mutual TLS.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/pki"
 	"github.com/nodefence/nodefence/testbed/syncbuf"
+	"github.com/nodefence/nodefence/testbed/testlog"
 	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -80,17 +82,7 @@ func startImpostor(t *testing.T, files tlsfiles.Files) *impostor {
 
 // logTo is a logger writing text lines into buf and to the test log.
 func logTo(t *testing.T, buf *syncbuf.Buffer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(multiWriter{buf, tWriter{t}}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type multiWriter struct {
-	a *syncbuf.Buffer
-	b tWriter
-}
-
-func (w multiWriter) Write(p []byte) (int, error) {
-	_, _ = w.a.Write(p)
-	return w.b.Write(p)
+	return slog.New(slog.NewTextHandler(io.MultiWriter(buf, testlog.Writer{T: t}), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // The coordinator checks who answers: an attacker holding an agent certificate (on every node's

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodefence/nodefence/testbed/ipmisim"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
@@ -95,7 +97,7 @@ func (c *Cluster) Verify(ctx context.Context, dead map[string]bool, seen *Record
 			r.problem("BMC of %s: %v", n, err)
 			continue
 		}
-		r.PowerOffs[n] = powerOffs(calls)
+		r.PowerOffs[n] = ipmisim.PowerOffs(calls)
 		if r.PowerOffs[n] > 1 {
 			r.DoubleFences++
 			r.problem("node %s was powered off %d times", n, r.PowerOffs[n])
@@ -137,24 +139,6 @@ func (c *Cluster) Verify(ctx context.Context, dead map[string]bool, seen *Record
 	}
 	r.StaleEpochCalls = staleEpochs(ops, r.problem)
 	return r
-}
-
-// powerOffs counts a BMC's on -> off transitions in its call log (it starts on; retransmitted
-// requests repeat a call without a transition).
-func powerOffs(calls []string) int {
-	on, n := true, 0
-	for _, call := range calls {
-		switch call {
-		case "set power 0":
-			if on {
-				n++
-			}
-			on = false
-		case "set power 1":
-			on = true
-		}
-	}
-	return n
 }
 
 // staleEpochs counts operations the driver ran (not rejected) with an epoch below one it had already

@@ -29,18 +29,3 @@ func TestDriverOpsOrderAndStaleEpoch(t *testing.T) {
 		t.Fatalf("stale-epoch calls = %d, want 1 (d ran epoch 4 after b ran 5; c was rejected)", n)
 	}
 }
-
-func TestPowerOffsCountsTransitions(t *testing.T) {
-	for _, tc := range []struct {
-		calls []string
-		want  int
-	}{
-		{nil, 0},
-		{[]string{"get power", "set power 0", "set power 0", "get power"}, 1},
-		{[]string{"set power 0", "set power 1", "set power 0"}, 2},
-	} {
-		if got := powerOffs(tc.calls); got != tc.want {
-			t.Errorf("powerOffs(%q) = %d, want %d", tc.calls, got, tc.want)
-		}
-	}
-}

@@ -21,6 +21,7 @@ import (
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/nfcluster"
 	"github.com/nodefence/nodefence/testbed/procs"
+	"github.com/nodefence/nodefence/testbed/testlog"
 )
 
 // scenario is one test's nodefence deployment on the shared cluster.
@@ -31,13 +32,6 @@ type scenario struct {
 	d     *nfcluster.Deployment
 	admin *kubernetes.Clientset
 	dyn   dynamic.Interface
-}
-
-type tlog struct{ t *testing.T }
-
-func (w tlog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // start deploys nodefence for the test (fresh etcd, fresh coordinators) on healthy nodes; at the
@@ -64,7 +58,7 @@ func start(t *testing.T, opts nfcluster.Options) *scenario {
 	if opts.FenceTimeout == 0 {
 		opts.FenceTimeout = fenceTimeout
 	}
-	opts.Log = slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts.Log = testlog.New(t, slog.LevelWarn)
 	d, err := nfcluster.Deploy(ctx, c, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ import (
 	"github.com/nodefence/nodefence/services/tlsfiles"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/testlog"
 	"github.com/nodefence/nodefence/testbed/wait"
 
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
@@ -70,14 +71,7 @@ func tlsAs(t *testing.T, role identity.Role, name string) tlsfiles.Files {
 }
 
 func testLog(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
+	return testlog.New(t, slog.LevelInfo)
 }
 
 // startDriver serves the IPMI driver on 127.0.0.1 over mutual TLS (identity driver/ipmi; only

@@ -317,6 +317,24 @@ func (b *BMC) CompletePower(on bool) error {
 	return nil
 }
 
+// PowerOffs counts the on -> off transitions in a call log as Calls returns it, from on: a
+// power-off repeated while off (a retransmitted request) is no second power-off.
+func PowerOffs(calls []string) int {
+	on, n := true, 0
+	for _, call := range calls {
+		switch call {
+		case "set power 0":
+			if on {
+				n++
+			}
+			on = false
+		case "set power 1":
+			on = true
+		}
+	}
+	return n
+}
+
 // Calls returns the chassis-control call log, oldest first, one call a line without the timestamp,
 // for example "get power" or "set power 0".
 func (b *BMC) Calls() ([]string, error) {

@@ -185,3 +185,18 @@ func TestExternalPower(t *testing.T) {
 		t.Fatalf("ipmitool with the built-in supply again = %q, %v; want on", got, err)
 	}
 }
+
+func TestPowerOffsCountsTransitions(t *testing.T) {
+	for _, tc := range []struct {
+		calls []string
+		want  int
+	}{
+		{nil, 0},
+		{[]string{"get power", "set power 0", "set power 0", "get power"}, 1},
+		{[]string{"set power 0", "set power 1", "set power 0"}, 2},
+	} {
+		if got := PowerOffs(tc.calls); got != tc.want {
+			t.Errorf("PowerOffs(%q) = %d, want %d", tc.calls, got, tc.want)
+		}
+	}
+}

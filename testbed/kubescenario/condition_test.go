@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
+	"github.com/nodefence/nodefence/testbed/testlog"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -26,7 +27,7 @@ func TestNodeConditionPowerCycles(t *testing.T) {
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 2, Victims: 1, Grace: time.Second, FenceTimeout: time.Second,
 		UnhealthyConditions: []engine.ConditionTrigger{{Type: "KernelDeadlock", Status: "True", For: 2 * time.Second}},
-		Log:                 slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Log:                 testlog.New(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

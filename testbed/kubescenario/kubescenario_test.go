@@ -4,7 +4,6 @@ import (
 	"context"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,16 +11,10 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/testlog"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
 
 // The payoff, against a real kube-apiserver: a StatefulSet member on a node whose agent goes silent
 // (BMC still on) is released only after the coordinator powered the node off and read it back —
@@ -31,7 +24,7 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 4, Victims: 3, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +180,7 @@ func TestStormReleasesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 2, Victims: 3, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}

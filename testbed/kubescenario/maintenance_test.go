@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/testbed/promscrape"
+	"github.com/nodefence/nodefence/testbed/testlog"
 	"github.com/nodefence/nodefence/testbed/wait"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -26,7 +27,7 @@ func TestMaintenanceHoldsTheFence(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 3, Victims: 1, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Log: testlog.New(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nodefence/nodefence/services/identity"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
 	"github.com/nodefence/nodefence/testbed/pki"
+	"github.com/nodefence/nodefence/testbed/testlog"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -34,7 +35,7 @@ func TestObserveModeSwitchesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 4, Victims: 1, Grace: time.Second, FenceTimeout: time.Second,
-		FenceMode: engine.FenceModeObserve, Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		FenceMode: engine.FenceModeObserve, Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestObserveAnnotationAtRunTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 4, Victims: 1, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/testbed/ipmisim"
+	"github.com/nodefence/nodefence/testbed/testlog"
 )
 
 // remediationNS is where the health checker's template lives, so where it creates remediations.
@@ -35,7 +36,7 @@ func TestNodeHealthCheckContract(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 2, Victims: 1, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Log: testlog.New(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodefence/nodefence/coordinator/kube"
+	"github.com/nodefence/nodefence/testbed/testlog"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -23,7 +24,7 @@ func TestOneWitnessNeverFences(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 3, Victims: 2, Grace: time.Second, FenceTimeout: time.Second,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestReleaseSurvivesAPIServerOutage(t *testing.T) {
 	// The BMC password is in the template: a fence whose credentials are a Secret cannot run while
 	// the apiserver is away (see the report), and this test is about the release.
 	env, err := Start(ctx, t.TempDir(), Options{Healthy: 3, Victims: 1, Grace: time.Second, FenceTimeout: time.Second, HealthyDelay: 4 * time.Second, PlainPassword: true,
-		Log: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Log: testlog.New(t, slog.LevelInfo)})
 	if err != nil {
 		t.Fatal(err)
 	}

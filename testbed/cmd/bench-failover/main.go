@@ -265,7 +265,7 @@ func (b *bench) round(ctx context.Context, r int, leader leaderInfo, answered []
 	if err != nil {
 		return leader, roundStats{}, err
 	}
-	if offs := powerOffs(calls[len(calls0):]); offs != 1 || rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
+	if offs := ipmisim.PowerOffs(calls[len(calls0):]); offs != 1 || rec.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
 		doubles += max(0, offs-1)
 		fmt.Printf("round %d: fence %s %s with %d power-offs\n", r, rec.Id, rec.Status, offs)
 	}
@@ -544,23 +544,6 @@ func (b *bench) audit(ctx context.Context) (stale, live int, err error) {
 		return stale, live, nil
 	}
 	return stale, live, errors.New("no coordinator listed the fence records")
-}
-
-// powerOffs counts the on -> off transitions in a BMC's calls, from on.
-func powerOffs(calls []string) int {
-	on, n := true, 0
-	for _, c := range calls {
-		switch c {
-		case "set power 0":
-			if on {
-				n++
-			}
-			on = false
-		case "set power 1":
-			on = true
-		}
-	}
-	return n
 }
 
 func poll(ctx context.Context, timeout time.Duration, ok func() bool) error {
