@@ -333,8 +333,8 @@ func TestChaosLong(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := c.Run(ctx, Schedule(seed, *longSteps, 3), 40*time.Second, 120*time.Second)
-	t.Logf("seed %d: power-offs %v, double fences %d, live nodes fenced %d, stale-epoch calls %d, lost records %d",
-		seed, r.PowerOffs, r.DoubleFences, r.LiveNodesFenced, r.StaleEpochCalls, len(r.LostRecords))
+	t.Logf("seed %d: power-offs %v, double fences %d, live nodes fenced %d, stale-epoch calls %d, lost records %d; checked %d times while it ran",
+		seed, r.PowerOffs, r.DoubleFences, r.LiveNodesFenced, r.StaleEpochCalls, len(r.LostRecords), r.Looks)
 	for _, p := range r.Problems {
 		t.Error(p)
 	}
@@ -355,8 +355,8 @@ func TestChaosShort(t *testing.T) {
 	}
 	steps := Schedule(shortSeed, 8, 2)
 	r := c.Run(ctx, steps, 40*time.Second, 90*time.Second)
-	t.Logf("power-offs %v, double fences %d, live nodes fenced %d, stale-epoch calls %d, lost records %d",
-		r.PowerOffs, r.DoubleFences, r.LiveNodesFenced, r.StaleEpochCalls, len(r.LostRecords))
+	t.Logf("power-offs %v, double fences %d, live nodes fenced %d, stale-epoch calls %d, lost records %d; checked %d times while it ran",
+		r.PowerOffs, r.DoubleFences, r.LiveNodesFenced, r.StaleEpochCalls, len(r.LostRecords), r.Looks)
 	for _, p := range r.Problems {
 		t.Error(p)
 	}

@@ -173,7 +173,11 @@ func (c *Cluster) Run(ctx context.Context, steps []Step, recover, settle time.Du
 			break
 		}
 		c.opts.Log("step %d/%d: %s", i+1, len(steps), s)
-		if err := c.Apply(ctx, s, dead); err != nil {
+		seen.during(fmt.Sprintf("step %d (%s)", i+1, s.Kind), dead)
+		err := c.Apply(ctx, s, dead)
+		// A killed node's agent is dead from here on: its fence comes a grace period later.
+		seen.during(fmt.Sprintf("step %d (%s)", i+1, s.Kind), dead)
+		if err != nil {
 			problems = append(problems, fmt.Sprintf("step %d (%s): %v", i+1, s.Kind, err))
 			break
 		}
@@ -208,9 +212,15 @@ func (c *Cluster) Run(ctx context.Context, steps []Step, recover, settle time.Du
 	}); err != nil {
 		problems = append(problems, err.Error())
 	}
+	seen.during("the settling after the last step", dead)
+	seen.look(ctx)
 	stop()
 	r := c.Verify(ctx, dead, seen)
-	r.Problems = append(problems, r.Problems...)
+	r.Looks = seen.Looks()
+	if r.Looks == 0 {
+		problems = append(problems, "the invariants were never checked while the run went: no observation could be taken whole")
+	}
+	r.Problems = append(append(problems, seen.Violations()...), r.Problems...)
 	return r
 }
 

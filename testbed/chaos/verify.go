@@ -8,7 +8,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nodefence/nodefence/testbed/ipmisim"
@@ -28,6 +27,8 @@ type Report struct {
 	// StaleEpochCalls counts driver operations that ran with an epoch lower than one the driver had
 	// already run for the same device.
 	StaleEpochCalls int
+	// Looks counts the whole observations the invariants were checked on while the run went.
+	Looks int
 	// LostRecords are fence records seen during the run and missing at the end.
 	LostRecords []string
 	// Problems describes every violation.
@@ -39,36 +40,6 @@ func (r Report) OK() bool { return len(r.Problems) == 0 }
 
 func (r *Report) problem(format string, args ...any) {
 	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
-}
-
-// Records watches the fence records during a run, so that the end can tell whether one was lost.
-type Records struct {
-	mu   sync.Mutex
-	seen map[string]string // id -> node
-}
-
-// Watch lists the records through any coordinator every interval until ctx ends.
-func (c *Cluster) Watch(ctx context.Context, interval time.Duration) *Records {
-	r := &Records{seen: map[string]string{}}
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			if fs, err := c.ListFences(ctx); err == nil {
-				r.mu.Lock()
-				for _, f := range fs {
-					r.seen[f.Id] = f.Node
-				}
-				r.mu.Unlock()
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return r
 }
 
 // ListFences asks each coordinator in turn (any replica answers from etcd).
