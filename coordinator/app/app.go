@@ -172,9 +172,7 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 		return
 	}
 	nc := a.fences().Nodes[req.Node]
-	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot,
-		LastContact: req.LastContact, NotReadySince: req.NotReadySince, Silent: req.Silent},
-		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
+	rec := req.Record(func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
 		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()

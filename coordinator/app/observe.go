@@ -21,7 +21,7 @@ import (
 
 // Observe mode's I/O (docs/observe.md): the engine decides (coordinator/engine/observe.go), the
 // record rules say what an observed decision's record is (coordinator/fencing/observe.go), the
-// release reconciler decides "would release" (coordinator/kube.DecideRelease); this file writes
+// release reconciler decides "would release" (coordinator/release.Decide); this file writes
 // the records, the audit and the counters. It never calls a driver, never starts the runner, and
 // never writes to a Node or a Pod.
 
@@ -58,8 +58,7 @@ func (t *termParts) observeFence(req engine.FenceRequest) {
 	if !a.policyAllows(term, &req, "observe mode: would not fence: ") {
 		return
 	}
-	rec := fencing.ObservedRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
-		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, term.Epoch, a.now())
+	rec := req.Record(func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, 0, term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
 	got, _, created, err := a.store.CreateFence(ctx, term, rec)
@@ -75,7 +74,9 @@ func (t *termParts) observeFence(req engine.FenceRequest) {
 	a.observeMx.wouldFence.Inc()
 	a.log.Warn("would fence (observe mode: nothing switched)", "node", req.Node, "fence", got.Id, "evidence", strings.Join(rec.Evidence, "; "))
 	a.audit(term, req.Node, "would-fence", fmt.Sprintf("fence %s recorded as would fence (observe mode): no driver was called", got.Id))
-	_ = t.loop.Step(ctx, engine.FenceRecord{Record: got, At: a.now()})
+	for _, in := range engine.RecordWritten(got, a.now()) {
+		_ = t.loop.Step(ctx, in)
+	}
 	if a.kube != nil {
 		a.kube.onObserved(got)
 	}
@@ -88,11 +89,10 @@ func (a *App) wouldRelease(ctx context.Context, term *leader.Term, node string, 
 	if err != nil {
 		return nil, err
 	}
-	next := fencing.WouldRelease(v.Fence, a.now())
+	next := fencing.WouldRelease(v.Fence, a.now(), term.Epoch)
 	if next == nil {
 		return nil, nil
 	}
-	next.Epoch = term.Epoch
 	if _, err := a.store.UpdateFence(ctx, term, next, v.Revision); err != nil {
 		return nil, fmt.Errorf("record would release on fence %s: %w", f.GetId(), err)
 	}
