@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
-	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -55,10 +54,10 @@ func newObserveMetrics(reg prometheus.Registerer) *observeMetrics {
 // on a goroutine of its own, started from the loop's OnReady after the decision was persisted.
 func (t *termParts) observeFence(req engine.FenceRequest) {
 	a, term := t.a, t.term
-	if !a.policyAllows(term, &req, "observe mode: would not fence: ") {
+	rec := a.admit(term, req, 0)
+	if rec == nil {
 		return
 	}
-	rec := req.Record(func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, 0, term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
 	got, _, created, err := a.store.CreateFence(ctx, term, rec)
