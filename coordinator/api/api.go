@@ -184,7 +184,9 @@ func (s *FenceServer) startWith(ctx context.Context, requester, node, reason str
 	} else {
 		// The operator acted: the node's newest record is this one (a standing power-off no
 		// longer holds its automatic fences).
-		_ = l.Loop.Step(ctx, engine.FenceRecord{Record: got, At: s.now()})
+		for _, in := range engine.RecordWritten(got, s.now()) {
+			_ = l.Loop.Step(ctx, in)
+		}
 	}
 	l.Runner.Start(got.Id)
 	return got, nil

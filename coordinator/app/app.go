@@ -33,6 +33,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
+	termcore "github.com/nodefence/nodefence/coordinator/term"
 	"github.com/nodefence/nodefence/services/job"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
@@ -162,20 +163,15 @@ func (a *App) Etcd() *clientv3.Client { return a.cli }
 // Store is the app's record store.
 func (a *App) Store() *store.Store { return a.store }
 
-// autoFence starts the engine's automatic fence request: a record with the engine's evidence and
-// the node's configured delay. It runs on a goroutine of its own, started from the loop's OnReady
-// after the request was persisted.
+// autoFence starts the engine's automatic fence request: the record the admission rule gives
+// (admit) with the node's configured delay. It runs on a goroutine of its own, started from the
+// loop's OnReady after the request was persisted.
 func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
-	reboot := req.Action == coordv1.FenceAction_FENCE_ACTION_REBOOT
-	// A power cycle repairs the node: the stateful-pods policy is about releases.
-	if !reboot && !a.policyAllows(term, &req, "automatic fencing not needed: ") {
+	nc := a.fences().Nodes[req.Node]
+	rec := a.admit(term, req, fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N))
+	if rec == nil {
 		return
 	}
-	nc := a.fences().Nodes[req.Node]
-	rec := fencing.AutoRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Reboot: reboot,
-		LastContact: req.LastContact, NotReadySince: req.NotReadySince, Silent: req.Silent},
-		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
-		fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N), term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
 	got, _, created, err := a.store.CreateFence(ctx, term, rec)
@@ -196,24 +192,23 @@ func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.Fe
 	runner.Start(got.Id)
 }
 
-// policyAllows applies Kubernetes mode's fencing policy (--fence-policy) to an automatic request:
-// false, audited with the reason after held, when the node is not worth fencing; otherwise what the
-// policy found (the node's stateful pods) joins the request's evidence.
-func (a *App) policyAllows(term *leader.Term, req *engine.FenceRequest, held string) bool {
-	if a.kube == nil {
-		return true
+// admit is the wiring of the admission rule (coordinator/term.Admit): it asks Kubernetes mode's
+// fencing policy (--fence-policy) for the request's verdict when the rule needs one, and audits a
+// request held back. It returns the record to create, nil when held back.
+func (a *App) admit(term *leader.Term, req engine.FenceRequest, delay time.Duration) *coordv1.NodeFence {
+	var p termcore.Policy
+	if a.kube != nil && termcore.NeedsPolicy(req) {
+		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
+		p.Needed, p.Why = a.kube.needsFencing(ctx, req.Node)
+		p.Asked = true
+		cancel()
 	}
-	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
-	ok, why := a.kube.needsFencing(ctx, req.Node)
-	cancel()
-	if !ok {
-		a.audit(term, req.Node, "fence-held-back", held+why)
-		return false
+	ad := termcore.Admit(req, p, func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
+		delay, term.Epoch, a.now())
+	if ad.Record == nil {
+		a.audit(term, req.Node, termcore.KindHeldBack, ad.Held)
 	}
-	if why != "" {
-		req.Evidence = append(req.Evidence, why)
-	}
-	return true
+	return ad.Record
 }
 
 // Close stops the server, the drivers' connections, the etcd client and the embedded etcd.

@@ -26,6 +26,7 @@ import (
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
+	"github.com/nodefence/nodefence/coordinator/release"
 	"github.com/nodefence/nodefence/coordinator/store"
 	"github.com/nodefence/nodefence/services/cli"
 	"github.com/nodefence/nodefence/services/job"
@@ -269,8 +270,8 @@ func (f releaseFacts) Node(ctx context.Context, node string) (*coordv1.Node, err
 	return v, err
 }
 
-func (f releaseFacts) Proof(ctx context.Context, node string) (kube.Proven, error) {
-	var p kube.Proven
+func (f releaseFacts) Proof(ctx context.Context, node string) (release.Proven, error) {
+	var p release.Proven
 	err := f.lp.Query(ctx, func(e *engine.Engine) { p.Fence, p.Verdict, p.Spoke = e.Proof(node) })
 	return p, err
 }

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
-	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
 	"github.com/nodefence/nodefence/coordinator/kube"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -21,7 +20,7 @@ import (
 
 // Observe mode's I/O (docs/observe.md): the engine decides (coordinator/engine/observe.go), the
 // record rules say what an observed decision's record is (coordinator/fencing/observe.go), the
-// release reconciler decides "would release" (coordinator/kube.DecideRelease); this file writes
+// release reconciler decides "would release" (coordinator/release.Decide); this file writes
 // the records, the audit and the counters. It never calls a driver, never starts the runner, and
 // never writes to a Node or a Pod.
 
@@ -55,11 +54,10 @@ func newObserveMetrics(reg prometheus.Registerer) *observeMetrics {
 // on a goroutine of its own, started from the loop's OnReady after the decision was persisted.
 func (t *termParts) observeFence(req engine.FenceRequest) {
 	a, term := t.a, t.term
-	if !a.policyAllows(term, &req, "observe mode: would not fence: ") {
+	rec := a.admit(term, req, 0)
+	if rec == nil {
 		return
 	}
-	rec := fencing.ObservedRecord(fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero()},
-		func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) }, term.Epoch, a.now())
 	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
 	defer cancel()
 	got, _, created, err := a.store.CreateFence(ctx, term, rec)
@@ -75,7 +73,9 @@ func (t *termParts) observeFence(req engine.FenceRequest) {
 	a.observeMx.wouldFence.Inc()
 	a.log.Warn("would fence (observe mode: nothing switched)", "node", req.Node, "fence", got.Id, "evidence", strings.Join(rec.Evidence, "; "))
 	a.audit(term, req.Node, "would-fence", fmt.Sprintf("fence %s recorded as would fence (observe mode): no driver was called", got.Id))
-	_ = t.loop.Step(ctx, engine.FenceRecord{Record: got, At: a.now()})
+	for _, in := range engine.RecordWritten(got, a.now()) {
+		_ = t.loop.Step(ctx, in)
+	}
 	if a.kube != nil {
 		a.kube.onObserved(got)
 	}
@@ -88,11 +88,10 @@ func (a *App) wouldRelease(ctx context.Context, term *leader.Term, node string, 
 	if err != nil {
 		return nil, err
 	}
-	next := fencing.WouldRelease(v.Fence, a.now())
+	next := fencing.WouldRelease(v.Fence, a.now(), term.Epoch)
 	if next == nil {
 		return nil, nil
 	}
-	next.Epoch = term.Epoch
 	if _, err := a.store.UpdateFence(ctx, term, next, v.Revision); err != nil {
 		return nil, fmt.Errorf("record would release on fence %s: %w", f.GetId(), err)
 	}

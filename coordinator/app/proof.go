@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -24,7 +23,7 @@ import (
 // or outlet is mapped to another machine. That raises a critical alarm — the record's
 // wrong_machine_at, the metric nodefence_fence_wrong_machine_total, an audit entry (the engine's
 // event), a Kubernetes Event — and the release reconciler never releases the node
-// (kube.DecideRelease) and withdraws its out-of-service taint; the engine requests no automatic
+// (release.Decide) and withdraws its out-of-service taint; the engine requests no automatic
 // fence of the node until an operator acts.
 type proof struct {
 	a      *App
@@ -62,12 +61,10 @@ func (p *proof) raise(ctx context.Context, term *leader.Term, lp *loop.Loop, r e
 			p.a.log.Error("wrong-machine alarm not written to the record", "fence", r.Fence, "err", err)
 			break
 		}
-		f := v.Fence
-		if f.WrongMachineAt != nil {
+		f := fencing.WrongMachine(v.Fence, r.At, r.Why)
+		if f == nil {
 			break
 		}
-		f.WrongMachineAt = timestamppb.New(r.At)
-		f.Evidence = append(f.Evidence, "wrong machine: "+r.Why)
 		if _, err := p.a.store.UpdateFence(ctx, term, f, v.Revision); err != nil {
 			if errors.Is(err, leader.ErrConflict) {
 				continue
@@ -75,7 +72,9 @@ func (p *proof) raise(ctx context.Context, term *leader.Term, lp *loop.Loop, r e
 			p.a.log.Error("wrong-machine alarm not written to the record", "fence", r.Fence, "err", err)
 			break
 		}
-		_ = lp.Step(ctx, engine.FenceRecord{Record: f, At: p.a.now()})
+		for _, in := range engine.RecordWritten(f, p.a.now()) {
+			_ = lp.Step(ctx, in)
+		}
 		break
 	}
 	if p.a.kube != nil {

@@ -201,9 +201,8 @@ func (t *termParts) fenceChanged(f *coordv1.NodeFence) {
 	t.a.fenceChanged(t.term, f)
 	ctx, cancel := context.WithTimeout(t.term.Context(), 5*time.Second)
 	defer cancel()
-	_ = t.loop.Step(ctx, engine.FenceRecord{Record: f, At: t.a.now()})
-	if f.Action == coordv1.FenceAction_FENCE_ACTION_OFF && f.ConfirmedOffAt != nil {
-		_ = t.loop.Step(ctx, engine.PoweredOff{Node: f.Node, Fence: f.Id, At: f.ConfirmedOffAt.AsTime()})
+	for _, in := range engine.RecordWritten(f, t.a.now()) {
+		_ = t.loop.Step(ctx, in)
 	}
 }
 

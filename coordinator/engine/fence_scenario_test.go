@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/fencing"
@@ -18,12 +17,15 @@ import (
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
 
-// The fence flow in the scenario scripts: the engine decides to fence (its Ready's Fences); the pure
-// rules of coordinator/fencing build the record, run it (Decide, Record), accept or refuse an
-// acknowledgement and judge the proof. The harness plays the store (one record per node, the latest;
-// "active" while unfinished, as store.CreateFence sees it) and the drivers (the driver command).
-// What stays outside: etcd, the Kubernetes checks of coordinator/app (needsFencing) and the release
-// reconciler (coordinator/kube.DecideRelease, tested there).
+// The fence flow in the scenario scripts: the engine decides to fence (its Ready's Fences); the
+// production code builds the record (FenceRequest.Record), runs it (fencing.Decide), writes each
+// version (fencing.Stamp) and each driver answer (fencing.Answer), hands it to the engine
+// (RecordWritten), accepts or refuses an acknowledgement, judges the proof, writes the
+// wrong-machine alarm (fencing.WrongMachine) and gates the release (coordinator/release; the
+// release command, release_scenario_test.go). The harness plays the store (one record per node,
+// the latest; "active" while unfinished, as store.CreateFence sees it), the drivers (the driver
+// command) and the random part of a node's delay. What stays outside: etcd, the Kubernetes checks
+// of coordinator/app (needsFencing) and the reconciler's own I/O (taint, pod deletion, Events).
 
 // fenceFlow is the harness's fence state, created by the first fence-plan.
 type fenceFlow struct {
@@ -105,9 +107,10 @@ func (h *harness) handleFencePolicy(args map[string]string) []string {
 	return nil
 }
 
-// autoFences builds the record of each automatic fence request of a Ready, as coordinator/app
-// does, for the nodes with a fence-plan (others print nothing, so scripts without the fence flow
-// are unchanged). The random part of a node's delay is drawn as the middle of its range.
+// autoFences creates the record of each automatic fence request of a Ready (FenceRequest.Record,
+// as coordinator/app does), for the nodes with a fence-plan (others print nothing, so scripts
+// without the fence flow are unchanged). The random part of a node's delay is drawn as the middle
+// of its range.
 func (h *harness) autoFences(reqs []FenceRequest) []string {
 	var out []string
 	for _, req := range reqs {
@@ -118,15 +121,8 @@ func (h *harness) autoFences(reqs []FenceRequest) []string {
 		if !ok {
 			continue
 		}
-		auto := fencing.AutoRequest{Node: req.Node, Evidence: req.Evidence, Dumping: !req.KdumpSince.IsZero(), Silent: req.Silent}
-		if req.Observe {
-			// Observe mode: the record says would fence and is finished when written.
-			out = append(out, h.create(fencing.ObservedRecord(auto, h.plan(req.Node), h.fence.epoch, h.now))...)
-			continue
-		}
 		delay := fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, func(n int64) int64 { return n / 2 })
-		rec := fencing.AutoRecord(auto, h.plan(req.Node), delay, h.fence.epoch, h.now)
-		out = append(out, h.create(rec)...)
+		out = append(out, h.create(req.Record(h.plan(req.Node), delay, h.fence.epoch, h.now))...)
 	}
 	return out
 }
@@ -140,13 +136,13 @@ func (h *harness) create(rec *coordv1.NodeFence) []string {
 	return []string{h.summary(rec)}
 }
 
-// keep stores the node's newest record and hands it to the engine, as the runner's change
-// callback and the API do (coordinator/app's fenceChanged, api's poweredOff).
+// keep stores the node's newest record and hands it to the engine (RecordWritten), as every
+// writer of coordinator/app and api does.
 func (h *harness) keep(rec *coordv1.NodeFence) {
+	h.fence.transition(h.fence.records[rec.Node], rec)
 	h.fence.records[rec.Node] = rec
-	h.e.Step(FenceRecord{Record: rec, At: h.now})
-	if rec.Action == coordv1.FenceAction_FENCE_ACTION_OFF && rec.ConfirmedOffAt != nil {
-		h.e.Step(PoweredOff{Node: rec.Node, Fence: rec.Id, At: rec.ConfirmedOffAt.AsTime()})
+	for _, in := range RecordWritten(rec, h.now) {
+		h.e.Step(in)
 	}
 }
 
@@ -212,19 +208,9 @@ func (h *harness) handleDecide(pos []string) []string {
 	return nil
 }
 
-// write is the runner's write of a record version: the epoch on the record and on every call not
-// yet answered, the update time (and the finish time) now.
+// write is the runner's write of a record version (fencing.Stamp under the harness's epoch).
 func (h *harness) write(next *coordv1.NodeFence) *coordv1.NodeFence {
-	next.Epoch = h.fence.epoch
-	for _, op := range next.Operations {
-		if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
-			op.Epoch = h.fence.epoch
-		}
-	}
-	next.UpdatedAt = timestamppb.New(h.now)
-	if next.FinishedAt != nil {
-		next.FinishedAt = next.UpdatedAt
-	}
+	fencing.Stamp(next, h.fence.epoch, h.now)
 	h.keep(next)
 	return next
 }
@@ -263,12 +249,7 @@ func (h *harness) handleDriver(pos []string, args map[string]string) []string {
 		h.t.Fatalf("driver %s: want confirmed, failed or state=", node)
 	}
 	next := proto.Clone(rec).(*coordv1.NodeFence)
-	fencing.Record(next, op.OperationId, state, callErr, args["error"], h.now, time.Second)
-	for _, o := range next.Operations {
-		if o.OperationId == op.OperationId {
-			o.Epoch = h.fence.epoch // the epoch the call was sent with (the runner's call does the same)
-		}
-	}
+	fencing.Answer(next, op.OperationId, state, callErr, args["error"], h.now, time.Second, h.fence.epoch)
 	rec = h.write(next)
 	for _, o := range rec.Operations {
 		if o.OperationId == op.OperationId {
@@ -353,13 +334,14 @@ func (h *harness) relative(text string) string {
 	return strings.Join(out, " ")
 }
 
-// alarms writes each wrong-machine verdict on its record, as coordinator/app does.
+// alarms writes each wrong-machine verdict on its record (fencing.WrongMachine), as
+// coordinator/app does.
 func (h *harness) alarms(proofs []ProofResult) {
 	for _, p := range proofs {
 		if r := h.fence.records[p.Node]; p.Verdict == fencing.ProofWrongMachine && r != nil && r.Id == p.Fence {
-			next := proto.Clone(r).(*coordv1.NodeFence)
-			next.WrongMachineAt = timestamppb.New(p.At)
-			h.keep(next)
+			if next := fencing.WrongMachine(r, p.At, p.Why); next != nil {
+				h.keep(next)
+			}
 		}
 	}
 }

@@ -60,6 +60,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the sc
 //	disconnect a1..a3                      those agents' streams close
 //	proof a1                               the engine's proof verdict on a driver-confirmed power-off
 //	fence-record a1                        print the node's latest record
+//	release a1 [tainted=true] [node-ready=1m] [healthy-delay=1m]   one pass of the release reconciler
 func TestScenarios(t *testing.T) {
 	files, _ := filepath.Glob("testdata/*.txt")
 	if len(files) == 0 {
@@ -204,6 +205,8 @@ func (h *harness) run(cmd string) []string {
 		return h.handleProof(pos)
 	case "fence-record": // fence-record a1
 		return h.handleFenceRecord(pos)
+	case "release": // release a1 [tainted=true] [node-ready=1m] [healthy-delay=1m]
+		return h.handleRelease(pos, args)
 	case "zones": // zones
 		return h.handleZones()
 	case "nodes": // nodes

@@ -39,14 +39,14 @@ func Observed(f *coordv1.NodeFence) bool {
 	return f.GetStatus() == coordv1.FenceStatus_FENCE_STATUS_OBSERVED
 }
 
-// WouldRelease returns the next version of an observed record once the release reconciler found
-// that it would have released the node's pods at at; nil when f is not an observed record or
-// already says so (the first time stands).
-func WouldRelease(f *coordv1.NodeFence, at time.Time) *coordv1.NodeFence {
+// WouldRelease returns the next version of an observed record, written under epoch, once the
+// release reconciler found that it would have released the node's pods at at; nil when f is not an
+// observed record or already says so (the first time stands).
+func WouldRelease(f *coordv1.NodeFence, at time.Time, epoch int64) *coordv1.NodeFence {
 	if !Observed(f) || f.GetWouldReleaseAt() != nil {
 		return nil
 	}
 	next := proto.Clone(f).(*coordv1.NodeFence)
-	next.WouldReleaseAt, next.UpdatedAt = timestamppb.New(at), timestamppb.New(at)
+	next.WouldReleaseAt, next.UpdatedAt, next.Epoch = timestamppb.New(at), timestamppb.New(at), epoch
 	return next
 }

@@ -17,7 +17,7 @@ import (
 // proven dark once every witness has been silent past its own cadence, as heard by the current
 // leadership term only; a term that began after the power-off observes a full window of its own,
 // since it has heard nothing before it started. The engine applies these rules to what it hears (coordinator/engine/proof.go);
-// the release (coordinator/kube.DecideRelease) frees the pods of a driver-confirmed record only
+// the release (coordinator/release.Decide) frees the pods of a driver-confirmed record only
 // once proven dark, never while a witness spoke after the power-off, never after the alarm; and
 // no automatic fence of the node starts while its record stands (HoldsAutoFence).
 

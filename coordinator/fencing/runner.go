@@ -24,7 +24,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
 	"github.com/nodefence/nodefence/coordinator/leader"
@@ -307,16 +306,7 @@ func (r *Runner) write(ctx context.Context, next *coordv1.NodeFence, rev int64) 
 	if r.crash("before-write", next) {
 		return errCrashed
 	}
-	next.Epoch = r.Term.Epoch
-	for _, op := range next.Operations {
-		if op.Result == coordv1.OperationResult_OPERATION_RESULT_UNSPECIFIED {
-			op.Epoch = r.Term.Epoch // the epoch the call is (re)sent with
-		}
-	}
-	next.UpdatedAt = timestamppb.New(r.now())
-	if next.FinishedAt != nil {
-		next.FinishedAt = next.UpdatedAt
-	}
+	Stamp(next, r.Term.Epoch, r.now())
 	if _, err := r.Store.UpdateFence(ctx, r.Term, next, rev); err != nil {
 		return err
 	}
@@ -359,8 +349,7 @@ func (r *Runner) call(ctx context.Context, rec *coordv1.NodeFence, opID string) 
 		return // not an answer: the next leader re-sends
 	}
 	end := r.now()
-	Record(rec, opID, state, err, errText, end, end.Sub(start))
-	op.Epoch = r.Term.Epoch
+	Answer(rec, opID, state, err, errText, end, end.Sub(start), r.Term.Epoch)
 	r.Log.Info("driver call", "fence", rec.Id, "node", rec.Node, "step", op.Step.String(), "method", op.Method, "action", op.Action,
 		"operation_id", op.OperationId, "epoch", r.Term.Epoch, "result", op.Result.String(), "error", op.Error,
 		"elapsed", end.Sub(start).Round(time.Millisecond))

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/release"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -39,117 +39,7 @@ type ReleaseFacts interface {
 	Node(ctx context.Context, node string) (*coordv1.Node, error)
 	// Proof returns the leader's proof of the node's newest record (coordinator/fencing's rules,
 	// applied by the engine to every witness it hears).
-	Proof(ctx context.Context, node string) (Proven, error)
-}
-
-// Proven is the leader's proof of a node's newest fence record.
-type Proven struct {
-	// Fence is the record judged ("" when the leader has none for the node).
-	Fence string
-	// Verdict is the current term's: dark only once every witness was silent past its own window.
-	Verdict fencing.Proof
-	// Spoke names the witness heard after the record's confirmed power-off, "" if none.
-	Spoke string
-}
-
-// ReleaseAction is what one reconciler pass does to a node's workloads.
-type ReleaseAction int
-
-// Release actions.
-const (
-	// ReleaseNothing: the node is as it should be.
-	ReleaseNothing ReleaseAction = iota
-	// ReleaseApply: taint out-of-service, force-delete the pods, delete the VolumeAttachments.
-	ReleaseApply
-	// ReleaseRemove: the node is back and healthy long enough: remove the out-of-service taint.
-	ReleaseRemove
-	// ReleaseHold: nothing now; look again later (requeue after the returned delay, if any).
-	ReleaseHold
-	// ReleaseWithdraw: a witness of the node spoke after its confirmed power-off (the fence hit
-	// another machine): remove the out-of-service taint from the running node.
-	ReleaseWithdraw
-	// ReleaseWould: observe mode. The node's newest record was observed, not executed, and its
-	// witnesses are silent: had the fence confirmed the node off, its pods would be released now.
-	// Nothing is tainted or deleted; the record says when (would_release_at) and an Event says why.
-	ReleaseWould
-)
-
-// proofPoll is how often a pass looks again at a release that waits for the proof (the engine's
-// verdict also asks for a pass at once).
-const proofPoll = 5 * time.Second
-
-// ReleaseState is what one pass observes about a node.
-type ReleaseState struct {
-	// Fence is the node's newest record (nil: none); Running is set while one of its records runs.
-	Fence   *coordv1.NodeFence
-	Running bool
-	// WitnessesBack is set when the engine judges the node ready: a witness reports again.
-	WitnessesBack bool
-	// BackSince is when the engine last judged the node ready.
-	BackSince time.Time
-	// NodeReady is the Node's Ready condition (kubelet's and kube-controller-manager's) being True,
-	// since ReadySince.
-	NodeReady  bool
-	ReadySince time.Time
-	// Tainted is set while the node has the out-of-service taint.
-	Tainted bool
-	// Proof is the leader's proof of Fence (zero when it judged another record or none).
-	Proof Proven
-}
-
-// DecideRelease is the reconciler's rule, pure:
-//   - a driver-confirmed power-off that hit another machine — its wrong_machine_at alarm, or any
-//     witness (agent, kubelet) heard after its confirmed_off_at — never releases anything, and
-//     withdraws the out-of-service taint if it is there, even once the node falls silent later;
-//   - a driver-confirmed power-off releases only once the leader proved the node dark: every
-//     witness silent past its own window, as the current term heard them; until then hold (a node
-//     back from a power-off an earlier term proved is judged by the rules below: its taint comes
-//     off once it is healthy)
-//     (an operator's acknowledgement is the operator's word and needs no proof);
-//   - the newest record of the node is a power-off (or isolation) confirmed by read-back, operator
-//     acknowledgement or fence_kdump, and the engine still has both witnesses silent: release
-//     (idempotent, so every pass completes what an earlier one could not);
-//   - a witness reports again after a confirmed power-off while the record runs: hold (the fence
-//     flow decides: recovery, or a power-off that did not take);
-//   - the node has the out-of-service taint, a record of ours, no record running, both witnesses
-//     report (the engine's Ready and the Node's Ready condition) and have for healthyDelay: remove
-//     the taint; not yet that long: hold until then;
-//   - the newest record was made in observe mode (never executed, never confirmed): with both
-//     witnesses silent, "would release" once (until the record says it would have); nothing else
-//     about it is ever applied.
-func DecideRelease(s ReleaseState, now time.Time, healthyDelay time.Duration) (ReleaseAction, time.Duration, string) {
-	// A record made in observe mode is never a confirmation, whatever else it says.
-	confirmed := s.Fence != nil && s.Fence.GetAction() == coordv1.FenceAction_FENCE_ACTION_OFF && s.Fence.GetConfirmedOffAt() != nil && !fencing.Observed(s.Fence)
-	var proof Proven
-	if s.Proof.Fence == s.Fence.GetId() {
-		proof = s.Proof
-	}
-	wrong := confirmed && fencing.NeedsProof(s.Fence) &&
-		(s.Fence.GetWrongMachineAt() != nil || proof.Verdict == fencing.ProofWrongMachine || proof.Spoke != "")
-	switch {
-	case wrong && s.Tainted:
-		return ReleaseWithdraw, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): out-of-service taint withdrawn, pods are never released", s.Fence.GetId())
-	case wrong:
-		return ReleaseHold, 0, fmt.Sprintf("fence %s switched off another machine (the node kept reporting): pods are never released", s.Fence.GetId())
-	case confirmed && fencing.NeedsProof(s.Fence) && proof.Verdict != fencing.ProofDark && !s.WitnessesBack:
-		return ReleaseHold, proofPoll, fmt.Sprintf("fence %s confirmed the node off; its witnesses are being observed before anything is released", s.Fence.GetId())
-	case confirmed && !s.WitnessesBack:
-		return ReleaseApply, 0, fmt.Sprintf("fence %s confirmed the node off; its witnesses are silent", s.Fence.GetId())
-	case confirmed && s.Running && !s.Tainted:
-		return ReleaseHold, 0, fmt.Sprintf("a witness reports after fence %s confirmed the node off: pods are not released", s.Fence.GetId())
-	case fencing.Observed(s.Fence) && !s.WitnessesBack && s.Fence.GetWouldReleaseAt() == nil:
-		return ReleaseWould, 0, fmt.Sprintf("would release (observe mode): fence %s was observed, not executed; its witnesses are silent, so had it confirmed the node off its pods would be released now; nothing was tainted or deleted", s.Fence.GetId())
-	case s.Tainted && s.Fence != nil && !s.Running && s.WitnessesBack && s.NodeReady:
-		since := s.ReadySince
-		if s.BackSince.After(since) {
-			since = s.BackSince
-		}
-		if wait := healthyDelay - now.Sub(since); wait > 0 {
-			return ReleaseHold, wait, fmt.Sprintf("node back and Ready; out-of-service taint stays until it has been healthy for %s", healthyDelay)
-		}
-		return ReleaseRemove, 0, fmt.Sprintf("node back and Ready for %s, no fence running", now.Sub(since).Round(time.Second))
-	}
-	return ReleaseNothing, 0, ""
+	Proof(ctx context.Context, node string) (release.Proven, error)
 }
 
 // ReconcilerOptions configure a Reconciler.
@@ -290,32 +180,22 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 			return 0, err
 		}
 	}
-	st := ReleaseState{Fence: latest, Running: running, Tainted: hasOutOfService(n)}
+	st := release.State{Fence: latest, Running: running, Tainted: hasOutOfService(n)}
 	if latest != nil {
 		if st.Proof, err = r.facts.Proof(ctx, n.Name); err != nil {
 			return 0, err
 		}
 	}
-	if fencing.Alive(view) {
-		st.WitnessesBack = true
-		st.BackSince = view.GetReadinessChangedAt().AsTime()
-		if back := view.GetHeardAgainAt(); back != nil && back.AsTime().After(st.BackSince) {
-			st.BackSince = back.AsTime()
-		}
-	}
+	st.Witnesses(view)
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
 			st.NodeReady, st.ReadySince = true, c.LastTransitionTime.Time
 		}
 	}
-	if view == nil && latest != nil {
-		// The engine does not know the node (yet): never release on its silence alone.
-		st.WitnessesBack = true
-	}
 	now := r.opts.Now()
-	action, after, why := DecideRelease(st, now, r.opts.HealthyDelay)
+	action, after, why := release.Decide(st, now, r.opts.HealthyDelay)
 	switch action {
-	case ReleaseApply:
+	case release.Apply:
 		rel, err := r.w.ReleaseNode(ctx, n.Name)
 		if err != nil {
 			return 0, err
@@ -327,7 +207,7 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 				r.opts.OnRelease(n.Name, latest, rel)
 			}
 		}
-	case ReleaseRemove:
+	case release.Remove:
 		removed, err := r.w.Unrelease(ctx, n.Name)
 		if err != nil {
 			return 0, err
@@ -338,7 +218,7 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 				r.opts.OnRecover(n.Name, why)
 			}
 		}
-	case ReleaseWithdraw:
+	case release.Withdraw:
 		removed, err := r.w.Unrelease(ctx, n.Name)
 		if err != nil {
 			return 0, err
@@ -346,11 +226,11 @@ func (r *Reconciler) syncRelease(ctx context.Context, n *corev1.Node, view *coor
 		if removed {
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseWithdrawn", why)
 		}
-	case ReleaseWould:
+	case release.Would:
 		if err := r.wouldRelease(ctx, n.Name, latest, why); err != nil {
 			return 0, err
 		}
-	case ReleaseHold:
+	case release.Hold:
 		if after == 0 {
 			r.event(n.Name, latest, corev1.EventTypeWarning, "ReleaseHeldBack", why)
 		}

@@ -21,44 +21,9 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/release"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
-
-func TestDecideRelease(t *testing.T) {
-	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
-	confirmed := &coordv1.NodeFence{Id: "n-1", Action: coordv1.FenceAction_FENCE_ACTION_OFF, ConfirmedOffAt: timestamppb.New(now.Add(-time.Minute))}
-	unconfirmed := &coordv1.NodeFence{Id: "n-1", Action: coordv1.FenceAction_FENCE_ACTION_OFF}
-	dark := Proven{Fence: "n-1", Verdict: fencing.ProofDark} // the leader proved the node dark
-	delay := time.Minute
-	for _, tc := range []struct {
-		name  string
-		s     ReleaseState
-		want  ReleaseAction
-		after time.Duration
-	}{
-		{"no record", ReleaseState{}, ReleaseNothing, 0},
-		{"not confirmed yet", ReleaseState{Fence: unconfirmed, Running: true}, ReleaseNothing, 0},
-		{"confirmed, witnesses silent", ReleaseState{Proof: dark, Fence: confirmed, Running: true}, ReleaseApply, 0},
-		{"confirmed, finished, still silent: completes the release", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true}, ReleaseApply, 0},
-		{"confirmed but a witness reports while it runs", ReleaseState{Proof: dark, Fence: confirmed, Running: true, WitnessesBack: true}, ReleaseHold, 0},
-		{"back but a fence runs", ReleaseState{Proof: dark, Fence: confirmed, Running: true, Tainted: true, WitnessesBack: true, NodeReady: true}, ReleaseNothing, 0},
-		{"back, Node not Ready", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true}, ReleaseNothing, 0},
-		{"back and Ready, not long enough", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-20 * time.Second), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseHold, 40 * time.Second},
-		{"Ready only recently", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-time.Hour), NodeReady: true, ReadySince: now.Add(-50 * time.Second)}, ReleaseHold, 10 * time.Second},
-		{"back and Ready long enough", ReleaseState{Proof: dark, Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-2 * time.Minute), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseRemove, 0},
-		{"silent, proof pending: hold", ReleaseState{Fence: confirmed, Running: true}, ReleaseHold, proofPoll},
-		{"a new term's pending proof does not keep a node that came back tainted", ReleaseState{Fence: confirmed, Tainted: true, WitnessesBack: true, BackSince: now.Add(-2 * time.Minute), NodeReady: true, ReadySince: now.Add(-time.Hour)}, ReleaseRemove, 0},
-		{"an operator's taint, proof pending, silent: nothing deleted", ReleaseState{Fence: confirmed, Tainted: true}, ReleaseHold, proofPoll},
-		{"an operator's taint without a record of ours stays", ReleaseState{Tainted: true, WitnessesBack: true, NodeReady: true}, ReleaseNothing, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, after, why := DecideRelease(tc.s, now, delay)
-			if got != tc.want || after != tc.after {
-				t.Errorf("DecideRelease = %v after %s (%s), want %v after %s", got, after, why, tc.want, tc.after)
-			}
-		})
-	}
-}
 
 func TestAgentCondition(t *testing.T) {
 	for _, tc := range []struct {
@@ -85,7 +50,7 @@ type facts struct {
 	fence   *coordv1.NodeFence
 	running bool
 	view    *coordv1.Node
-	proof   *Proven
+	proof   *release.Proven
 }
 
 func (f *facts) Fence(context.Context, string) (*coordv1.NodeFence, bool, error) {
@@ -101,13 +66,13 @@ func (f *facts) Node(context.Context, string) (*coordv1.Node, error) {
 }
 
 // Proof is the leader's proof: proven dark for the record set, unless the test set another.
-func (f *facts) Proof(context.Context, string) (Proven, error) {
+func (f *facts) Proof(context.Context, string) (release.Proven, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.proof != nil {
 		return *f.proof, nil
 	}
-	return Proven{Fence: f.fence.GetId(), Verdict: fencing.ProofDark}, nil
+	return release.Proven{Fence: f.fence.GetId(), Verdict: fencing.ProofDark}, nil
 }
 
 // The reconciler against a real apiserver, as the coordinator's ServiceAccount: a Node whose

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/release"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -63,7 +64,7 @@ type RemediationState struct {
 	Fence   *coordv1.NodeFence
 	Running bool
 	// Proof is the leader's proof of Fence.
-	Proof Proven
+	Proof release.Proven
 }
 
 // RemediationVerdict is what a pass reports on the remediation, and whether to fence now.
@@ -126,7 +127,7 @@ func followFence(s RemediationState) RemediationVerdict {
 	F, T, U := metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionUnknown
 	proof := s.Proof
 	if proof.Fence != f.GetId() {
-		proof = Proven{}
+		proof = release.Proven{}
 	}
 	switch {
 	case f.GetWrongMachineAt() != nil || proof.Verdict == fencing.ProofWrongMachine:

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/release"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -56,13 +57,13 @@ func TestDecideRemediation(t *testing.T) {
 		{"a record running", with(func(s *RemediationState) { s.View, s.Fence, s.Running = silent, rec("r1", -time.Hour, nil), true }), T, U, ReasonFencing, "r1", false},
 		{"confirmed, proof pending", with(func(s *RemediationState) { s.View, s.Fence = silent, rec("r1", -30*time.Second, confirmed) }), T, U, ReasonFencing, "r1", false},
 		{"confirmed and proven dark", with(func(s *RemediationState) {
-			s.View, s.Fence, s.Proof = silent, rec("r1", -30*time.Second, confirmed), Proven{Fence: "r1", Verdict: fencing.ProofDark}
+			s.View, s.Fence, s.Proof = silent, rec("r1", -30*time.Second, confirmed), release.Proven{Fence: "r1", Verdict: fencing.ProofDark}
 		}), F, T, ReasonFenced, "r1", false},
 		{"the proof of another record does not count", with(func(s *RemediationState) {
-			s.View, s.Fence, s.Proof = silent, rec("r1", -30*time.Second, confirmed), Proven{Fence: "r0", Verdict: fencing.ProofDark}
+			s.View, s.Fence, s.Proof = silent, rec("r1", -30*time.Second, confirmed), release.Proven{Fence: "r0", Verdict: fencing.ProofDark}
 		}), T, U, ReasonFencing, "r1", false},
 		{"fenced long before the checker noticed", with(func(s *RemediationState) {
-			s.View, s.Fence, s.Proof = silent, rec("r1", -time.Hour, confirmed), Proven{Fence: "r1", Verdict: fencing.ProofDark}
+			s.View, s.Fence, s.Proof = silent, rec("r1", -time.Hour, confirmed), release.Proven{Fence: "r1", Verdict: fencing.ProofDark}
 		}), F, T, ReasonFenced, "r1", false},
 		{"acknowledged by an operator", with(func(s *RemediationState) {
 			s.View, s.Fence = silent, rec("r1", -30*time.Second, func(f *coordv1.NodeFence) { confirmed(f); f.AcknowledgedBy = "operator/alice" })
@@ -97,9 +98,9 @@ type noFacts struct{}
 func (noFacts) Fence(context.Context, string) (*coordv1.NodeFence, bool, error) {
 	return nil, false, nil
 }
-func (noFacts) Node(context.Context, string) (*coordv1.Node, error) { return nil, nil }
-func (noFacts) Proof(context.Context, string) (Proven, error)       { return Proven{}, nil }
-func (noFacts) Fenceable(string) bool                               { return false }
+func (noFacts) Node(context.Context, string) (*coordv1.Node, error)   { return nil, nil }
+func (noFacts) Proof(context.Context, string) (release.Proven, error) { return release.Proven{}, nil }
+func (noFacts) Fenceable(string) bool                                 { return false }
 func (noFacts) RequestFence(context.Context, string, string, string) (string, error) {
 	return "", errors.New("no fence expected")
 }

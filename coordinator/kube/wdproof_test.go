@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodefence/nodefence/coordinator/fencing"
+	"github.com/nodefence/nodefence/coordinator/release"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -22,14 +23,14 @@ func TestReleaseWatchdogProof(t *testing.T) {
 		rec := &coordv1.NodeFence{Id: "n-1", Node: "n", Action: coordv1.FenceAction_FENCE_ACTION_OFF, ConfirmedOffAt: timestamppb.New(now.Add(-time.Minute)), Proof: p}
 		for _, tc := range []struct {
 			name string
-			s    ReleaseState
-			want ReleaseAction
+			s    release.State
+			want release.Action
 		}{
-			{"witnesses not yet proven silent", ReleaseState{Fence: rec, Running: true}, ReleaseHold},
-			{"proven dark", ReleaseState{Fence: rec, Running: true, Proof: Proven{Fence: "n-1", Verdict: fencing.ProofDark}}, ReleaseApply},
-			{"a witness spoke after", ReleaseState{Fence: rec, Running: true, Proof: Proven{Fence: "n-1", Verdict: fencing.ProofWrongMachine, Spoke: "its agent"}}, ReleaseHold},
+			{"witnesses not yet proven silent", release.State{Fence: rec, Running: true}, release.Hold},
+			{"proven dark", release.State{Fence: rec, Running: true, Proof: release.Proven{Fence: "n-1", Verdict: fencing.ProofDark}}, release.Apply},
+			{"a witness spoke after", release.State{Fence: rec, Running: true, Proof: release.Proven{Fence: "n-1", Verdict: fencing.ProofWrongMachine, Spoke: "its agent"}}, release.Hold},
 		} {
-			if got, _, why := DecideRelease(tc.s, now, time.Minute); got != tc.want {
+			if got, _, why := release.Decide(tc.s, now, time.Minute); got != tc.want {
 				t.Errorf("%s, %s: %v (%s), want %v", p, tc.name, got, why, tc.want)
 			}
 		}
