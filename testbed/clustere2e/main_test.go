@@ -33,6 +33,9 @@ const (
 var (
 	testCluster *cluster.Cluster
 	binDir      string
+	// nodes is the cluster's size: 3 for the package; make test runs TestTwoNodeMinority again
+	// in a cluster of 5.
+	nodes = flag.Int("clustere2e.nodes", cluster.DefaultNodes, "the number of nodes of the package's cluster")
 )
 
 func TestMain(m *testing.M) {
@@ -56,7 +59,7 @@ func run(m *testing.M) int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start := time.Now()
-	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second,
+	c, err := cluster.Up(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), Nodes: *nodes, NodeMonitorGracePeriod: grace, NodeMonitorPeriod: 2 * time.Second,
 		StartTimeout: 8 * time.Minute, PodsMemory: podsMemory}, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "clustere2e: cluster:", err)
