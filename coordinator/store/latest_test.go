@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -94,4 +95,33 @@ func TestFencedNodes(t *testing.T) {
 	if err != nil || strings.Join(got, ",") != "z,a,m,a-2b" {
 		t.Fatalf("fenced nodes: %v %v", got, err)
 	}
+}
+
+// BenchmarkStandingReads10k is what a new term reads to find the standing records of 10,000
+// configured nodes none of which has a record: one LatestFence per node (perNode) against
+// FencedNodes' keys-only listing (listed).
+func BenchmarkStandingReads10k(b *testing.B) {
+	_, cli := etcdtest.Start(b)
+	s := New(cli, "/s")
+	ctx := context.Background()
+	nodes := make([]string, 10000)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("agent-%d", i)
+	}
+	b.Run("perNode", func(b *testing.B) {
+		for b.Loop() {
+			for _, n := range nodes {
+				if _, err := s.LatestFence(ctx, n); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("listed", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.FencedNodes(ctx, nodes); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
