@@ -213,7 +213,13 @@ func (t *termParts) fenceChanged(f *coordv1.NodeFence) {
 func (t *termParts) standingRecords() {
 	ctx, cancel := context.WithTimeout(t.term.Context(), 30*time.Second)
 	defer cancel()
-	for _, node := range t.a.fences().NodeNames() {
+	// Only the nodes that have records at all are read one by one.
+	fenced, err := t.a.store.FencedNodes(ctx, t.a.fences().NodeNames())
+	if err != nil {
+		t.a.log.Error("cannot list the nodes with fence records; their proofs are not re-checked this term", "err", err)
+		return
+	}
+	for _, node := range fenced {
 		f, err := t.a.store.LatestFence(ctx, node)
 		if err != nil {
 			t.a.log.Error("cannot read the node's newest fence record; its proof is not re-checked this term", "node", node, "err", err)

@@ -176,6 +176,7 @@ type Engine struct {
 type node struct {
 	name, region, zone string
 	zoneKey            string // nodes.ZoneKey(region, zone), kept by enterZone
+	zoneOf             *zone  // e.zones[zoneKey], kept by enterZone (a Tick reads it for every node)
 	firstSeen          time.Time
 	lastContact        time.Time
 	shuttingDown       bool

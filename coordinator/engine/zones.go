@@ -32,6 +32,7 @@ func (e *Engine) enterZone(n *node) {
 		z = &zone{key: k, state: coordv1.ZoneState_ZONE_STATE_INITIAL}
 		e.zones[k] = z
 	}
+	n.zoneOf = z
 	z.members++
 }
 
@@ -84,7 +85,7 @@ func (e *Engine) updateZones(now time.Time) {
 		if n.excluded {
 			continue
 		}
-		z := e.zones[n.zoneKey]
+		z := n.zoneOf
 		z.size++
 		if n.readiness == coordv1.Readiness_READINESS_READY && e.reported(n) {
 			z.ready++
