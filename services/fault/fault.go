@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -28,6 +29,11 @@ var (
 	ErrStaleEpoch = errors.New("stale epoch")
 	// ErrUnreachable: the device or peer did not answer.
 	ErrUnreachable = errors.New("device unreachable")
+	// ErrNotSent: the device did not answer before anything that could change it was sent (a BMC
+	// that never answered the opening of a session): the operation certainly did not happen. It is
+	// an ErrUnreachable (errors.Is); on the wire it is Unavailable with the structured detail
+	// NotSentReason, which NotSent reads back on the client side.
+	ErrNotSent = fmt.Errorf("%w before anything was sent to it", ErrUnreachable)
 	// ErrUnauthenticated: the device refused the credentials.
 	ErrUnauthenticated = errors.New("credentials rejected")
 	// ErrNotConfirmed: the action was accepted but a read-back never confirmed it.
@@ -199,10 +205,45 @@ func Status(err error) error {
 		return nil
 	}
 	if code, ok := domainCode(err); ok {
-		return status.Error(code, err.Error())
+		st := status.New(code, err.Error())
+		if errors.Is(err, ErrNotSent) {
+			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: NotSentReason, Domain: Domain}); derr == nil {
+				st = d
+			}
+		}
+		return st.Err()
 	}
 	m, _ := foreignStatus(err)
 	return status.Error(m.code, m.msg)
+}
+
+// Domain is the domain of nodefence's structured error details (google.rpc.ErrorInfo).
+const Domain = "nodefence.io"
+
+// NotSentReason is the ErrorInfo reason of ErrNotSent: the device did not answer before anything
+// was sent to it.
+const NotSentReason = "DEVICE_UNREACHABLE_NOTHING_SENT"
+
+// NotSent says whether err (an error from this package, or a gRPC status a server made with Status)
+// is ErrNotSent: the device never answered, so the operation certainly did not happen. Only the
+// structured detail counts, never the message.
+func NotSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrNotSent) {
+		return true
+	}
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.Unavailable {
+		return false
+	}
+	for _, d := range s.Details() {
+		if e, ok := d.(*errdetails.ErrorInfo); ok && e.GetDomain() == Domain && e.GetReason() == NotSentReason {
+			return true
+		}
+	}
+	return false
 }
 
 // ElectionTrailer is the metadata key under which a replica says that no leader is elected yet:
