@@ -371,6 +371,9 @@ func (e *Engine) restore(recs []NodeRecord) {
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
 		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
 		n.wouldFence = r.WouldFence
+		if n.helloAt.IsZero() {
+			n.watchdog = restoredWatchdog(r) // an agent heard in this term reported its own
+		}
 		if n.bootID == "" {
 			n.bootID = r.BootID
 		}

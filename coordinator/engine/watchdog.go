@@ -5,6 +5,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nodefence/nodefence/services/wdlease"
+
 	agentv1 "github.com/nodefence/nodefence/proto/nodefence/agent/v1"
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
@@ -29,6 +31,7 @@ func (e *Engine) watchdogReported(n *node, s *agentv1.WatchdogState, at time.Tim
 	}
 	old := n.watchdog
 	n.watchdog = w
+	e.persistNode(n) // a new leader needs the last report (restoredWatchdog)
 	switch {
 	case w.armed:
 		e.event(at, "watchdog", n.name, "node %s: watchdog armed (timeout %s)", n.name, w.timeout)
@@ -43,4 +46,13 @@ func (w watchdog) view(v *coordv1.Node) {
 	if w.armed {
 		v.WatchdogTimeout = durationpb.New(w.timeout)
 	}
+}
+
+// restoredWatchdog is the watchdog report a node's record kept from an earlier term: armed only
+// with a timeout in the range the timing rule accepts (wdlease.MaxWatchdog), else none.
+func restoredWatchdog(r NodeRecord) watchdog {
+	if !r.WatchdogArmed || r.WatchdogTimeout <= 0 || r.WatchdogTimeout > wdlease.MaxWatchdog {
+		return watchdog{}
+	}
+	return watchdog{armed: true, timeout: r.WatchdogTimeout}
 }
