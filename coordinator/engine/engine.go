@@ -478,6 +478,7 @@ func (e *Engine) persistNode(n *node) {
 		TransitionAt: n.transition, NotReadySince: n.notReadySince, Taint: n.taint, Queued: n.queued, QueuedAt: n.queuedAt,
 		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt, BootID: n.bootID,
 		WouldFence: n.wouldFence, WatchdogArmed: n.watchdog.armed, WatchdogTimeout: n.watchdog.timeout,
+		WatchdogNotBefore: n.watchdog.notBefore,
 	}})
 }
 

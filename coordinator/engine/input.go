@@ -181,6 +181,8 @@ func (e *Engine) Step(in Input) {
 		e.kdump(in)
 	case FenceRecord:
 		e.fenceRecord(in)
+	case WatchdogBound:
+		e.watchdogBound(in)
 	}
 }
 
@@ -373,6 +375,8 @@ func (e *Engine) restore(recs []NodeRecord) {
 		n.wouldFence = r.WouldFence
 		if n.helloAt.IsZero() {
 			n.watchdog = restoredWatchdog(r) // an agent heard in this term reported its own
+		} else if r.WatchdogNotBefore.After(n.watchdog.notBefore) {
+			n.watchdog.notBefore = r.WatchdogNotBefore
 		}
 		if n.bootID == "" {
 			n.bootID = r.BootID

@@ -78,6 +78,9 @@ type NodeRecord struct {
 	// report was "disarmed" (issue 24).
 	WatchdogArmed   bool          `json:",omitempty"`
 	WatchdogTimeout time.Duration `json:",omitempty"`
+	// WatchdogNotBefore is the safe time a leader computed when it sent the node its stop-feeding
+	// pill (WatchdogBound): no later term proves the node off by time before it.
+	WatchdogNotBefore time.Time `json:",omitzero"`
 }
 
 // ZoneRecord is a zone's persisted state.

@@ -20,8 +20,8 @@ func nodeWrites(e *Engine) map[string]NodeRecord {
 	return out
 }
 
-// A node's last watchdog report survives a failover (issue 24): the term that heard it writes it
-// with the node's record whenever it changes, and a new leader that never hears the node's agent
+// A node's last watchdog report and its pill's safe time survive a failover (issue 24): the term
+// that heard it writes them with the node's record whenever they change, and a new leader that never hears the node's agent
 // (a dark node whose watchdog fence it takes over) restores it: armed with its timeout, or —
 // after a clean stop's "disarmed" — not armed, so it is never proven off by time. An agent heard
 // in the new term keeps its own report; a restored timeout out of the timing rule's range is none.
@@ -35,8 +35,11 @@ func TestWatchdogReportSurvivesFailover(t *testing.T) {
 	old.Step(Hello{Node: "dark", Zone: "z", BootID: "b1", At: start, Watchdog: armed})
 	old.Step(Hello{Node: "stopped", Zone: "z", BootID: "b2", At: start, Watchdog: armed})
 	old.Step(Message{Node: "stopped", At: start.Add(time.Second), Msg: &agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Watchdog{Watchdog: &agentv1.WatchdogState{}}}})
+	bound := start.Add(40 * time.Second) // the pill's safe time
+	old.Step(WatchdogBound{Node: "dark", NotBefore: bound})
+	old.Step(WatchdogBound{Node: "dark", NotBefore: bound.Add(-time.Second)}) // an earlier one never lowers it
 	recs := nodeWrites(old)
-	if r := recs["dark"]; !r.WatchdogArmed || r.WatchdogTimeout != 15*time.Second {
+	if r := recs["dark"]; !r.WatchdogArmed || r.WatchdogTimeout != 15*time.Second || !r.WatchdogNotBefore.Equal(bound) {
 		t.Fatalf("the armed report was written as %+v", r)
 	}
 	if r, ok := recs["stopped"]; !ok || r.WatchdogArmed {
@@ -52,6 +55,9 @@ func TestWatchdogReportSurvivesFailover(t *testing.T) {
 		{Name: "huge", Zone: "z", WatchdogArmed: true, WatchdogTimeout: time.Hour}}})
 	if n := e.Node("dark"); !n.GetWatchdogArmed() || n.GetWatchdogTimeout().AsDuration() != 15*time.Second {
 		t.Errorf("the new leader restored dark's watchdog as armed=%v timeout=%v", n.GetWatchdogArmed(), n.GetWatchdogTimeout().AsDuration())
+	}
+	if got := e.WatchdogNotBefore("dark"); !got.Equal(bound) {
+		t.Errorf("the new leader restored dark's pill bound as %v, want %v", got, bound)
 	}
 	for _, name := range []string{"stopped", "back", "huge"} {
 		if e.Node(name).GetWatchdogArmed() {
