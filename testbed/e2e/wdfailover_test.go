@@ -9,6 +9,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/nodefence/nodefence/coordinator/app"
+	"github.com/nodefence/nodefence/services/wdlease"
 	"github.com/nodefence/nodefence/testbed/wait"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -25,15 +27,32 @@ import (
 // fence ended in error.
 func TestWatchdogProofSurvivesFailover(t *testing.T) {
 	nodes, cfgPath := wdNodes(t, []string{"wdf-a", "wdf-b", "wdf-c"}, map[string]bool{"wdf-c": true})
-	first := startCoordinator(t, wdCoordinator(t, "first", cfgPath, nil))
+	// The election's lease is the product's default (5 s), not the other tests' 3 s: a replica
+	// waiting in line keeps its place on a machine loaded enough to stall its keepalives.
+	replica := func(id string, etcd *coordinator) *coordinator {
+		cfg := wdCoordinator(t, id, cfgPath, etcd)
+		cfg.ElectionTTL = app.DefaultElectionTTL
+		return startCoordinator(t, cfg)
+	}
+	first := replica("first", nil)
 	cc := conn(t, first.app.Addr())
 	leaderReady(t, cc)
-	second := startCoordinator(t, wdCoordinator(t, "second", cfgPath, first))
-	// Every agent reaches the first replica through its proxy alone; after the failover the others
-	// follow the redirect to the second, and the cut node reaches nothing.
-	for _, n := range nodes {
-		startWDAgent(t, n, first.app.Addr())
+	second := replica("second", first)
+	// The node to be cut off reaches the first replica, the leader, through its proxy alone (a
+	// follower's redirect would name a replica's own address, past the proxy); the others reach
+	// either replica. Their watchdog (wdFailoverTimeout) outlasts the failover: without peers, an
+	// agent stops feeding once its lease expired with no leader to renew it.
+	for _, n := range nodes[:2] {
+		startWDAgent(t, n, wdFailoverTimeout, first.app.Addr(), second.app.Addr())
 	}
+	startWDAgent(t, nodes[2], wdFailoverTimeout, first.app.Addr())
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				t.Logf("agent %s:\n%s", n.name, n.log.String())
+			}
+		}
+	})
 	waitArmed(t, cc, len(nodes))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -83,13 +102,14 @@ func TestWatchdogProofSurvivesFailover(t *testing.T) {
 		t.Fatalf("new epoch %d <= old %d", newEpoch, oldEpoch)
 	}
 
-	f := final(t, coordv1.NewFenceServiceClient(conn(t, second.app.Addr())), r.Fence.Id, 90*time.Second)
+	f := final(t, coordv1.NewFenceServiceClient(conn(t, second.app.Addr())), r.Fence.Id, 2*time.Minute)
 	if f.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || f.Proof != coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT || f.ConfirmedOffAt == nil {
 		t.Fatalf("record %s: %s, proof %s, error %q, evidence %v", f.Id, f.Status, f.Proof, f.Error, f.Evidence)
 	}
 	off := f.ConfirmedOffAt.AsTime()
-	if bound := before.Add(wdSafe()); off.Before(bound) {
-		t.Fatalf("proven off %s after the failover began: before the new leader's bound (its term start + the safe time %s)", off.Sub(before), wdSafe())
+	safe := wdlease.Defaults(wdFailoverTimeout).SafeAfterGrant()
+	if bound := before.Add(safe); off.Before(bound) {
+		t.Fatalf("proven off %s after the failover began: before the new leader's bound (its term start + the safe time %s)", off.Sub(before), safe)
 	}
 	if op := f.Operations[len(f.Operations)-1]; op.GetDriver() != "watchdog" || op.GetEpoch() != newEpoch {
 		t.Fatalf("the proof came from operation %s of epoch %d, want the watchdog operation of the new epoch %d", op.GetMethod(), op.GetEpoch(), newEpoch)
@@ -103,5 +123,11 @@ func TestWatchdogProofSurvivesFailover(t *testing.T) {
 		}
 	}
 	t.Logf("failover began %s; the new leader (epoch %d) proved %s off %s after it (safe time %s)",
-		before.Format(time.StampMilli), newEpoch, c.name, off.Sub(before).Round(time.Millisecond), wdSafe())
+		before.Format(time.StampMilli), newEpoch, c.name, off.Sub(before).Round(time.Millisecond), safe)
 }
+
+// wdFailoverTimeout is the agents' --watchdog-timeout in TestWatchdogProofSurvivesFailover: the lease
+// (4 s) plus it outlasts a failover on a loaded machine (the election's 5 s lease, a campaign the
+// abandoned replica may win again). The safe time is then max(⌈(4 s + 20 s)·1.01/0.99⌉ + 2 s·1.01,
+// 2 × 20 s) = 40 s.
+const wdFailoverTimeout = 20 * time.Second

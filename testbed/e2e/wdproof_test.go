@@ -84,7 +84,7 @@ func startWDCluster(t *testing.T, names []string, fallback map[string]bool) ([]*
 	cc := conn(t, coord.app.Addr())
 	leaderReady(t, cc)
 	for _, n := range nodes {
-		startWDAgent(t, n, coord.app.Addr())
+		startWDAgent(t, n, wdTimeout, coord.app.Addr())
 	}
 	waitArmed(t, cc, len(names))
 	// The leader proves a majority's leases only over a whole window of its own.
@@ -124,9 +124,10 @@ func wdCoordinator(t *testing.T, id, cfgPath string, etcd *coordinator) app.Conf
 	return cfg
 }
 
-// startWDAgent starts n's watchdog stand-in and its agent, which reaches the coordinator replicas
-// at addrs through a proxy each (n.proxies; n.proxy is the first).
-func startWDAgent(t *testing.T, n *wdNode, addrs ...string) {
+// startWDAgent starts n's watchdog stand-in and its agent with --watchdog-timeout timeout (the
+// stand-in fires a second earlier), which reaches the coordinator replicas at addrs through a
+// proxy each (n.proxies; n.proxy is the first).
+func startWDAgent(t *testing.T, n *wdNode, timeout time.Duration, addrs ...string) {
 	t.Helper()
 	var via []string
 	for _, addr := range addrs {
@@ -140,7 +141,7 @@ func startWDAgent(t *testing.T, n *wdNode, addrs ...string) {
 	n.proxy = n.proxies[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan int, 1)
-	sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), 2*time.Second, func() {
+	sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), timeout-time.Second, func() {
 		if n.resetAt.CompareAndSwap(0, time.Now().UnixNano()) {
 			go cancel() // the node lost power: its agent never speaks again (the stream just ends)
 		}
@@ -158,7 +159,7 @@ func startWDAgent(t *testing.T, n *wdNode, addrs ...string) {
 		"--coordinator="+strings.Join(via, ","), "--node-name="+n.name, "--zone=a", "--boot-id-file="+boot,
 		"--proc-root=../../node-agent/signals/testdata/proc", "--cgroup-root=../../node-agent/signals/testdata/v1", "--cgroup-version=1",
 		"--nodefs-path=", "--container-runtime-endpoint=", "--shutdown-grace-period=0s",
-		"--watchdog-device="+sim.Path, "--watchdog-timeout="+wdTimeout.String())
+		"--watchdog-device="+sim.Path, "--watchdog-timeout="+timeout.String())
 	go func() { n.done <- nodeagent.Main(ctx, args, io.Discard, &n.log) }()
 	t.Cleanup(n.stopAgent)
 }

@@ -12,7 +12,9 @@
 //
 // Three rows. On the first cluster bring-up, the DARK-BMC row (issue 24.6): the node and its BMC
 // lose power together, nodefence as shipped plus a watchdog on every node and the watchdog
-// fallback, so the power-off is proven by time (dark.go). Then, on the same cluster, the DEFAULTS
+// fallback, so the power-off is proven by time (dark.go); each of its rounds prints its phases
+// (darkphases.go: the IPMI call and its error, the fallback, the safe time, the proof, the
+// release). Then, on the same cluster, the DEFAULTS
 // row — kube-controller-manager on its own defaults and nodefence with nothing but what deploy/
 // ships (nfcluster.Options.Shipped) — with the manual taint beside it; then, on a cluster of its
 // own, the short-settings row, where kube-controller-manager and nodefence share --grace as their
