@@ -206,8 +206,8 @@ func Status(err error) error {
 	}
 	if code, ok := domainCode(err); ok {
 		st := status.New(code, err.Error())
-		if errors.Is(err, ErrNotSent) {
-			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: NotSentReason, Domain: Domain}); derr == nil {
+		if reason := deviceReason(err); reason != "" {
+			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}); derr == nil {
 				st = d
 			}
 		}
@@ -224,6 +224,66 @@ const Domain = "nodefence.io"
 // was sent to it.
 const NotSentReason = "DEVICE_UNREACHABLE_NOTHING_SENT"
 
+// UnreachableReason and DeviceErrorReason are the ErrorInfo reasons of ErrUnreachable (other than
+// ErrNotSent) and ErrDevice: both are Unavailable on the wire, and only the detail tells a device
+// that did not answer from one that answered with an error.
+const (
+	UnreachableReason = "DEVICE_UNREACHABLE"
+	DeviceErrorReason = "DEVICE_ERROR"
+)
+
+// deviceReason is the ErrorInfo reason Status attaches to err ("" for none).
+func deviceReason(err error) string {
+	switch {
+	case errors.Is(err, ErrDevice):
+		return DeviceErrorReason
+	case errors.Is(err, ErrNotSent):
+		return NotSentReason
+	case errors.Is(err, ErrUnreachable):
+		return UnreachableReason
+	}
+	return ""
+}
+
+// reason is the nodefence ErrorInfo reason a gRPC status error carries ("" for none).
+func reason(err error) string {
+	s, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range s.Details() {
+		if e, ok := d.(*errdetails.ErrorInfo); ok && e.GetDomain() == Domain {
+			return e.GetReason()
+		}
+	}
+	return ""
+}
+
+// Unreachable says whether a driver call's error means the device or its driver host did not
+// answer: this package's ErrUnreachable (locally, or on the wire as Unavailable with its detail), a
+// gRPC Unavailable without a device-error detail (the driver host could not be reached), or no
+// answer in time (DeadlineExceeded). A device that answered with an error (ErrDevice, the detail
+// DeviceErrorReason) is reachable. Only codes and details count, never the message.
+func Unreachable(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrDevice):
+		return false
+	case errors.Is(err, ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.DeadlineExceeded:
+		return true
+	case codes.Unavailable:
+		return reason(err) != DeviceErrorReason
+	}
+	return false
+}
+
 // NotSent says whether err (an error from this package, or a gRPC status a server made with Status)
 // is ErrNotSent: the device never answered, so the operation certainly did not happen. Only the
 // structured detail counts, never the message.
@@ -234,16 +294,7 @@ func NotSent(err error) bool {
 	if errors.Is(err, ErrNotSent) {
 		return true
 	}
-	s, ok := status.FromError(err)
-	if !ok || s.Code() != codes.Unavailable {
-		return false
-	}
-	for _, d := range s.Details() {
-		if e, ok := d.(*errdetails.ErrorInfo); ok && e.GetDomain() == Domain && e.GetReason() == NotSentReason {
-			return true
-		}
-	}
-	return false
+	return status.Code(err) == codes.Unavailable && reason(err) == NotSentReason
 }
 
 // ElectionTrailer is the metadata key under which a replica says that no leader is elected yet:
