@@ -67,7 +67,15 @@ func (ls *Leases) SelfFenced(node string, w wdlease.Watchdog, n int, now time.Ti
 	ok, why := ls.l.SelfFenced(node, w, n, now)
 	var safe time.Time
 	if w.Armed && w.Timeout > 0 {
-		safe = ls.l.SafeTime(node, w.Timeout)
+		safe = ls.l.SafeTimeFor(node, w)
 	}
 	return ok, why, safe
+}
+
+// SafeTime is node's safe time for its watchdog w now (wdlease.Leader.SafeTimeFor). After Poison
+// it no longer moves: the node gets no grant in this term.
+func (ls *Leases) SafeTime(node string, w wdlease.Watchdog) time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.l.SafeTimeFor(node, w)
 }

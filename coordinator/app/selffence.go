@@ -29,17 +29,30 @@ func (s selfFence) watchdog(node string) (w wdlease.Watchdog, n int, connected b
 	_ = s.t.loop.Query(ctx, func(e *engine.Engine) {
 		n = len(e.Nodes())
 		if v := e.Node(node); v != nil {
-			w = wdlease.Watchdog{Armed: v.GetWatchdogArmed(), Timeout: v.GetWatchdogTimeout().AsDuration()}
+			w = wdlease.Watchdog{Armed: v.GetWatchdogArmed(), Timeout: v.GetWatchdogTimeout().AsDuration(), NotBefore: e.WatchdogNotBefore(node)}
 			connected = v.GetConnected()
 		}
 	})
 	return w, n, connected
 }
 
-// Poison sends the node's agent the stop-feeding pill with its next lease request, and audits it.
+// Poison sends the node's agent the stop-feeding pill with its next lease request, audits it and
+// persists the node's safe time from here (engine.WatchdogBound: its last grant of this term is
+// now fixed), so that a new leader continuing the fence never proves it off by time earlier. The
+// fence waits for the write (StepSync) before it judges; a failed write only leaves the new
+// leader's own bound (its term start + the safe time), which is conservative on its own.
 func (s selfFence) Poison(node, fence string) {
 	s.leases.Poison(node, fence)
 	s.t.a.audit(s.t.term, node, "watchdog-pill", "fence "+fence+": the node's agent is told to stop feeding its watchdog (no lease is granted to it in this term)")
+	w, _, _ := s.watchdog(node)
+	if !w.Armed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.t.term.Context(), selfFenceQuery)
+	defer cancel()
+	if err := s.t.loop.StepSync(ctx, engine.WatchdogBound{Node: node, NotBefore: s.leases.SafeTime(node, w)}); err != nil {
+		s.t.a.log.Warn("watchdog fence: the node's safe time was not persisted; a new leader counts its own from its term start", "node", node, "fence", fence, "err", err)
+	}
 }
 
 // Judge applies the timing rule to the node now.

@@ -478,7 +478,8 @@ func (e *Engine) persistNode(n *node) {
 		Name: n.name, Region: n.region, Zone: n.zone, Readiness: n.readiness, Reason: n.reason,
 		TransitionAt: n.transition, NotReadySince: n.notReadySince, Taint: n.taint, Queued: n.queued, QueuedAt: n.queuedAt,
 		ShuttingDown: n.shuttingDown, FenceRequested: n.fenceRequested, ReleasedAt: n.releasedAt, BootID: n.bootID,
-		WouldFence: n.wouldFence,
+		WouldFence: n.wouldFence, WatchdogArmed: n.watchdog.armed, WatchdogTimeout: n.watchdog.timeout,
+		WatchdogNotBefore: n.watchdog.notBefore,
 	}})
 }
 

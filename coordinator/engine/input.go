@@ -181,6 +181,8 @@ func (e *Engine) Step(in Input) {
 		e.kdump(in)
 	case FenceRecord:
 		e.fenceRecord(in)
+	case WatchdogBound:
+		e.watchdogBound(in)
 	}
 }
 
@@ -371,6 +373,11 @@ func (e *Engine) restore(recs []NodeRecord) {
 		n.readiness, n.transition, n.notReadySince, n.reason = r.Readiness, r.TransitionAt, r.NotReadySince, r.Reason
 		n.taint, n.known, n.shuttingDown, n.fenceRequested, n.releasedAt = r.Taint, true, r.ShuttingDown, r.FenceRequested, r.ReleasedAt
 		n.wouldFence = r.WouldFence
+		if n.helloAt.IsZero() {
+			n.watchdog = restoredWatchdog(r) // an agent heard in this term reported its own
+		} else if r.WatchdogNotBefore.After(n.watchdog.notBefore) {
+			n.watchdog.notBefore = r.WatchdogNotBefore
+		}
 		if n.bootID == "" {
 			n.bootID = r.BootID
 		}

@@ -71,6 +71,16 @@ type NodeRecord struct {
 	// WouldFence: an automatic fence of this not-ready episode was observed (observe mode), so a
 	// new leader in observe mode does not record it twice; an enforcing leader ignores it.
 	WouldFence bool `json:",omitempty"`
+	// WatchdogArmed and WatchdogTimeout are the node's watchdog as its agent last reported it
+	// (written when the report changes; the agent's "disarmed" before a clean stop is acknowledged
+	// only once it is written): a new leader that never hears the node's agent — a dark node whose
+	// watchdog fence it takes over — may still prove it off by time, and never one whose last
+	// report was "disarmed" (issue 24).
+	WatchdogArmed   bool          `json:",omitempty"`
+	WatchdogTimeout time.Duration `json:",omitempty"`
+	// WatchdogNotBefore is the safe time a leader computed when it sent the node its stop-feeding
+	// pill (WatchdogBound): no later term proves the node off by time before it.
+	WatchdogNotBefore time.Time `json:",omitzero"`
 }
 
 // ZoneRecord is a zone's persisted state.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+	"github.com/nodefence/nodefence/services/fault"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
@@ -406,6 +407,7 @@ func Record(rec *coordv1.NodeFence, opID string, state driverv1.PowerState, call
 		switch {
 		case callErr != nil:
 			op.Result, op.Error = coordv1.OperationResult_OPERATION_RESULT_FAILED, errText
+			op.Unreachable = fault.Unreachable(callErr)
 		case state != want:
 			op.Result, op.Error = coordv1.OperationResult_OPERATION_RESULT_FAILED, fmt.Sprintf("driver returned %s, want %s", state, want)
 		default:

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodefence/nodefence/services/fault"
+
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 	driverv1 "github.com/nodefence/nodefence/proto/nodefence/driver/v1"
 )
@@ -67,9 +69,14 @@ const (
 //     tries the endpoints in the same order, so both leaders reach the same first host whenever
 //     it is up; the window is the one a single driver host has while the new leader has not yet
 //     called it.
+//
+// An endpoint's answer that the device never answered before anything was sent to it (fault.NotSent,
+// a structured detail: a dark BMC) is a known outcome: the operation did not happen. The next
+// endpoint is then tried once (its path to the device may differ) and, when every endpoint says so,
+// the operation fails at once as unreachable instead of reading a dark device back for OpTimeout.
 func (r *Runner) invokeKnown(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
-	state, err := r.invoke(ctx, rec, op, 0)
-	if !outcomeUnknown(err) {
+	state, err := r.invokeFirst(ctx, rec, op)
+	if !outcomeUnknown(err) || fault.NotSent(err) {
 		return state, err
 	}
 	deadline := r.now().Add(r.OpTimeout)
@@ -98,6 +105,23 @@ func (r *Runner) invokeKnown(ctx context.Context, rec *coordv1.NodeFence, op *co
 		resends++
 		r.Log.Warn("driver call outcome unknown; resending the same operation after a status read-back", "fence", rec.Id,
 			"operation_id", op.OperationId, "read_back", seen.String(), "endpoint", at, "call_error", err)
+		state, err = r.invoke(ctx, rec, op, at)
+	}
+	return state, err
+}
+
+// invokeFirst sends the operation to the driver's first endpoint and, while an endpoint answers that
+// nothing was sent to the device (fault.NotSent), to the next one, each once.
+func (r *Runner) invokeFirst(ctx context.Context, rec *coordv1.NodeFence, op *coordv1.Operation) (driverv1.PowerState, error) {
+	state, err := r.invoke(ctx, rec, op, 0)
+	if !fault.NotSent(err) {
+		return state, err
+	}
+	m, _, derr := r.dispatch(rec, op)
+	if derr != nil {
+		return state, err
+	}
+	for at := 1; at < len(m.Endpoints) && fault.NotSent(err) && ctx.Err() == nil; at++ {
 		state, err = r.invoke(ctx, rec, op, at)
 	}
 	return state, err

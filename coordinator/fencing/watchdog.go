@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
@@ -116,21 +115,12 @@ func (r *Runner) watchdogOff(ctx context.Context, rec *coordv1.NodeFence, op *co
 	}
 }
 
-// Unreachable says whether a failed operation's error says its device (or its driver host) did not
-// answer: the driver's fault.ErrUnreachable (gRPC Unavailable) or no answer in time. A device that
-// answered with an error (fault.ErrDevice, also Unavailable) is reachable.
+// Unreachable says whether a failed operation's device (or its driver host) did not answer, as
+// recorded from the call's error code and structured details (Operation.unreachable,
+// fault.Unreachable), never from its text. A device that answered with an error is reachable. An
+// operation recorded before the field existed reads as reachable: no fallback, the record retries.
 func Unreachable(op *coordv1.Operation) bool {
-	if op.GetResult() != coordv1.OperationResult_OPERATION_RESULT_FAILED {
-		return false
-	}
-	e := op.GetError()
-	switch {
-	case strings.Contains(e, fault.ErrDevice.Error()):
-		return false
-	case strings.HasPrefix(e, "Unavailable:"), strings.HasPrefix(e, "DeadlineExceeded:"):
-		return true
-	}
-	return false
+	return op.GetResult() == coordv1.OperationResult_OPERATION_RESULT_FAILED && op.GetUnreachable()
 }
 
 // fallback is the watchdog operation a power-off record of a node that opted in (Facts.WatchdogFallback)

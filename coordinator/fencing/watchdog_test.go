@@ -2,13 +2,17 @@ package fencing
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodefence/nodefence/coordinator/fenceconfig"
+	"github.com/nodefence/nodefence/services/fault"
 	"github.com/nodefence/nodefence/services/wdlease"
 
 	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
@@ -54,7 +58,7 @@ nodes:
 
 // runWD drives Decide with the BMC failing with bmcErr and the watchdog operation proven, and
 // returns the finished record.
-func runWD(t *testing.T, rec *coordv1.NodeFence, fallbackOn bool, bmcErr string) *coordv1.NodeFence {
+func runWD(t *testing.T, rec *coordv1.NodeFence, fallbackOn bool, bmcErr error) *coordv1.NodeFence {
 	t.Helper()
 	c, err := fenceconfig.Parse([]byte(wdCfg), "test")
 	if err != nil {
@@ -69,7 +73,7 @@ func runWD(t *testing.T, rec *coordv1.NodeFence, fallbackOn bool, bmcErr string)
 			if IsWatchdog(d.Resend) {
 				Record(rec, d.Resend.OperationId, driverv1.PowerState_POWER_STATE_OFF, nil, "", now, time.Second)
 			} else {
-				Record(rec, d.Resend.OperationId, driverv1.PowerState_POWER_STATE_UNKNOWN, errors.New(bmcErr), bmcErr, now, time.Second)
+				Record(rec, d.Resend.OperationId, driverv1.PowerState_POWER_STATE_UNKNOWN, bmcErr, bmcErr.Error(), now, time.Second)
 			}
 		case d.Next != nil:
 			d.Next.UpdatedAt = timestamppb.New(now)
@@ -83,28 +87,37 @@ func runWD(t *testing.T, rec *coordv1.NodeFence, fallbackOn bool, bmcErr string)
 }
 
 // The fallback: only for a node that opted in (and armed: the runner's fact), only when every
-// power method failed as unreachable; it ends with the watchdog-timeout proof.
+// power method failed as unreachable — as the call's error code and structured detail say, never
+// its words; it ends with the watchdog-timeout proof.
 func TestWatchdogFallback(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	newRec := func() *coordv1.NodeFence {
 		return NewRecord("f", "nd", coordv1.FenceAction_FENCE_ACTION_OFF, func(string) ([]fenceconfig.Resolved, error) { return nil, nil }, 0, t0)
 	}
-	unreach := "Unavailable: ipmi 127.0.0.1:9001: device unreachable"
-	r := runWD(t, newRec(), true, unreach)
-	if r.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || r.Proof != coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT || r.ConfirmedOffAt == nil {
-		t.Fatalf("fallback: %s proof %s error %q", r.Status, r.Proof, r.Error)
-	}
-	if n := len(r.Operations); n != 2 || r.Operations[1].Method != WatchdogMethod || !strings.Contains(strings.Join(r.Evidence, "\n"), "falling back") {
-		t.Fatalf("fallback operations/evidence: %v %v", r.Operations, r.Evidence)
+	for name, unreach := range map[string]error{
+		"the BMC did not answer":             fault.Status(fmt.Errorf("ipmi 127.0.0.1:9001: %w", fault.ErrUnreachable)),
+		"the BMC never answered the session": fault.Status(fmt.Errorf("power off: %w", fault.ErrNotSent)),
+		"the driver host is down":            status.Error(codes.Unavailable, "connection refused"),
+		"no answer in time":                  status.Error(codes.DeadlineExceeded, "context deadline exceeded"),
+	} {
+		r := runWD(t, newRec(), true, unreach)
+		if r.Status != coordv1.FenceStatus_FENCE_STATUS_DONE || r.Proof != coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT || r.ConfirmedOffAt == nil {
+			t.Fatalf("%s: fallback: %s proof %s error %q", name, r.Status, r.Proof, r.Error)
+		}
+		if n := len(r.Operations); n != 2 || r.Operations[1].Method != WatchdogMethod || !strings.Contains(strings.Join(r.Evidence, "\n"), "falling back") {
+			t.Fatalf("%s: fallback operations/evidence: %v %v", name, r.Operations, r.Evidence)
+		}
 	}
 	for _, tc := range []struct {
 		name string
 		on   bool
-		err  string
+		err  error
 	}{
-		{"not opted in", false, unreach},
-		{"the BMC answered with an error", true, "Unavailable: ipmi: device reported an error: completion code 0xc1"},
-		{"bad credentials", true, "Unauthenticated: credentials rejected"},
+		{"not opted in", false, fault.Status(fault.ErrUnreachable)},
+		{"the BMC answered with an error", true, fault.Status(fmt.Errorf("ipmi: %w: completion code 0xc1", fault.ErrDevice))},
+		{"bad credentials", true, fault.Status(fault.ErrUnauthenticated)},
+		// The words of an unreachable device without its code: a driver's text is not the proof.
+		{"unreachable in words only", true, errors.New("Unavailable: ipmi 127.0.0.1:9001: device unreachable")},
 	} {
 		r := runWD(t, newRec(), tc.on, tc.err)
 		if r.Status != coordv1.FenceStatus_FENCE_STATUS_ERROR || r.ConfirmedOffAt != nil || len(r.Operations) != 1 {
@@ -119,7 +132,7 @@ func TestProofKinds(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	rec := NewRecord("f", "nd", coordv1.FenceAction_FENCE_ACTION_OFF, func(string) ([]fenceconfig.Resolved, error) { return nil, nil }, 0, t0)
 	rec.Method = fenceconfig.WatchdogDriver
-	r := runWD(t, rec, false, "never called")
+	r := runWD(t, rec, false, errors.New("never called"))
 	if len(r.Operations) != 1 || !IsWatchdog(r.Operations[0]) || r.Proof != coordv1.FenceProof_FENCE_PROOF_WATCHDOG_TIMEOUT || r.Status != coordv1.FenceStatus_FENCE_STATUS_DONE {
 		t.Fatalf("watchdog-only record: %s proof %s ops %v", r.Status, r.Proof, r.Operations)
 	}

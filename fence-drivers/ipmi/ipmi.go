@@ -229,6 +229,17 @@ func withSession(ctx context.Context, t kit.Target, fn func(*client.Client, conf
 	return fn(c, cfg)
 }
 
+// unreachable is the fault of a BMC that did not answer during what: fault.ErrNotSent while the
+// session was being opened (no command that changes power can have left before the session), so
+// the coordinator knows the operation did not happen and need not wait out read-backs of a dark
+// BMC; fault.ErrUnreachable after (a chassis command may have reached the BMC).
+func unreachable(what string) error {
+	if what == "open session" {
+		return fault.ErrNotSent
+	}
+	return fault.ErrUnreachable
+}
+
 // classify wraps a go-ipmi error in the fault sentinel it means, with a message an operator can
 // act on. It never includes the password.
 func classify(ctx context.Context, cfg config, what string, err error) error {
@@ -260,10 +271,10 @@ func classify(ctx context.Context, cfg config, what string, err error) error {
 	case strings.Contains(err.Error(), "Unauthorized name"):
 		return fmt.Errorf("%w: BMC %s does not know user %q (RMCP+ status 0x0d: Unauthorized name)", fault.ErrUnauthenticated, cfg.addr(), cfg.user)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.As(err, &nerr):
-		return fmt.Errorf("%w: IPMI %s on BMC %s: %v", fault.ErrUnreachable, what, cfg.addr(), err)
+		return fmt.Errorf("%w: IPMI %s on BMC %s: %v", unreachable(what), what, cfg.addr(), err)
 	case what == "open session":
 		// Anything else while opening a session means the BMC never answered usefully.
-		return fmt.Errorf("%w: IPMI %s on BMC %s: %v", fault.ErrUnreachable, what, cfg.addr(), err)
+		return fmt.Errorf("%w: IPMI %s on BMC %s: %v", fault.ErrNotSent, what, cfg.addr(), err)
 	}
 	return fmt.Errorf("%w: IPMI %s on BMC %s failed: %v", fault.ErrDevice, what, cfg.addr(), err)
 }

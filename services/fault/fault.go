@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -28,6 +29,11 @@ var (
 	ErrStaleEpoch = errors.New("stale epoch")
 	// ErrUnreachable: the device or peer did not answer.
 	ErrUnreachable = errors.New("device unreachable")
+	// ErrNotSent: the device did not answer before anything that could change it was sent (a BMC
+	// that never answered the opening of a session): the operation certainly did not happen. It is
+	// an ErrUnreachable (errors.Is); on the wire it is Unavailable with the structured detail
+	// NotSentReason, which NotSent reads back on the client side.
+	ErrNotSent = fmt.Errorf("%w before anything was sent to it", ErrUnreachable)
 	// ErrUnauthenticated: the device refused the credentials.
 	ErrUnauthenticated = errors.New("credentials rejected")
 	// ErrNotConfirmed: the action was accepted but a read-back never confirmed it.
@@ -199,10 +205,96 @@ func Status(err error) error {
 		return nil
 	}
 	if code, ok := domainCode(err); ok {
-		return status.Error(code, err.Error())
+		st := status.New(code, err.Error())
+		if reason := deviceReason(err); reason != "" {
+			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}); derr == nil {
+				st = d
+			}
+		}
+		return st.Err()
 	}
 	m, _ := foreignStatus(err)
 	return status.Error(m.code, m.msg)
+}
+
+// Domain is the domain of nodefence's structured error details (google.rpc.ErrorInfo).
+const Domain = "nodefence.io"
+
+// NotSentReason is the ErrorInfo reason of ErrNotSent: the device did not answer before anything
+// was sent to it.
+const NotSentReason = "DEVICE_UNREACHABLE_NOTHING_SENT"
+
+// UnreachableReason and DeviceErrorReason are the ErrorInfo reasons of ErrUnreachable (other than
+// ErrNotSent) and ErrDevice: both are Unavailable on the wire, and only the detail tells a device
+// that did not answer from one that answered with an error.
+const (
+	UnreachableReason = "DEVICE_UNREACHABLE"
+	DeviceErrorReason = "DEVICE_ERROR"
+)
+
+// deviceReason is the ErrorInfo reason Status attaches to err ("" for none).
+func deviceReason(err error) string {
+	switch {
+	case errors.Is(err, ErrDevice):
+		return DeviceErrorReason
+	case errors.Is(err, ErrNotSent):
+		return NotSentReason
+	case errors.Is(err, ErrUnreachable):
+		return UnreachableReason
+	}
+	return ""
+}
+
+// reason is the nodefence ErrorInfo reason a gRPC status error carries ("" for none).
+func reason(err error) string {
+	s, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range s.Details() {
+		if e, ok := d.(*errdetails.ErrorInfo); ok && e.GetDomain() == Domain {
+			return e.GetReason()
+		}
+	}
+	return ""
+}
+
+// Unreachable says whether a driver call's error means the device or its driver host did not
+// answer: this package's ErrUnreachable (locally, or on the wire as Unavailable with its detail), a
+// gRPC Unavailable without a device-error detail (the driver host could not be reached), or no
+// answer in time (DeadlineExceeded). A device that answered with an error (ErrDevice, the detail
+// DeviceErrorReason) is reachable. Only codes and details count, never the message.
+func Unreachable(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrDevice):
+		return false
+	case errors.Is(err, ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.DeadlineExceeded:
+		return true
+	case codes.Unavailable:
+		return reason(err) != DeviceErrorReason
+	}
+	return false
+}
+
+// NotSent says whether err (an error from this package, or a gRPC status a server made with Status)
+// is ErrNotSent: the device never answered, so the operation certainly did not happen. Only the
+// structured detail counts, never the message.
+func NotSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrNotSent) {
+		return true
+	}
+	return status.Code(err) == codes.Unavailable && reason(err) == NotSentReason
 }
 
 // ElectionTrailer is the metadata key under which a replica says that no leader is elected yet:

@@ -73,3 +73,27 @@ func TestStatusMapping(t *testing.T) {
 		t.Error("empty Invalid is not nil")
 	}
 }
+
+// ErrNotSent crosses the wire as Unavailable with a structured detail, and only the detail counts:
+// a status whose message merely says the same words, a plain ErrUnreachable, or another code with
+// the detail is not "nothing was sent".
+func TestNotSentDetail(t *testing.T) {
+	wire := Status(fmt.Errorf("power off: %w: IPMI open session on BMC x", ErrNotSent))
+	if status.Code(wire) != codes.Unavailable || !NotSent(wire) || !errors.Is(ErrNotSent, ErrUnreachable) {
+		t.Fatalf("ErrNotSent on the wire: %v (code %s, NotSent %v)", wire, status.Code(wire), NotSent(wire))
+	}
+	forged, err := status.New(codes.Internal, "x").WithDetails(status.Convert(wire).Proto().GetDetails()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []error{
+		nil,
+		Status(fmt.Errorf("%w: IPMI chassis control on BMC x", ErrUnreachable)),
+		status.Error(codes.Unavailable, ErrNotSent.Error()+": the words without the detail"),
+		forged.Err(),
+	} {
+		if NotSent(e) {
+			t.Errorf("NotSent(%v) = true", e)
+		}
+	}
+}

@@ -159,7 +159,7 @@ func TestMinorityPartitionResets(t *testing.T) {
 		before := w.stats.declared
 		w.runStep()
 		for i := range 2 {
-			if ok, _ := w.leader.l.SelfFenced(w.agents[i].name, Watchdog{true, w.p.b.Watchdog}, 5, w.leader.clk.now()); ok && declaredAt[i] == 0 {
+			if ok, _ := w.leader.l.SelfFenced(w.agents[i].name, Watchdog{Armed: true, Timeout: w.p.b.Watchdog}, 5, w.leader.clk.now()); ok && declaredAt[i] == 0 {
 				declaredAt[i] = w.now
 			}
 		}

@@ -115,6 +115,19 @@ func (l *Leader) SafeTime(name string, t time.Duration) time.Time {
 	return last.Add(l.b.withWatchdog(t).SafeAfterGrant())
 }
 
+// SafeTimeFor is the node's safe time for its watchdog w: SafeTime, and never before w.NotBefore,
+// the bound an earlier term persisted. A new leader's SafeTime counts from its own term start (it
+// never knew the old leader's grants, all sent before the old leader stepped down, before this
+// term began); the persisted bound keeps it from being earlier, on this clock, than what the old
+// leader itself computed.
+func (l *Leader) SafeTimeFor(name string, w Watchdog) time.Time {
+	s := l.SafeTime(name, w.Timeout)
+	if w.NotBefore.After(s) {
+		return w.NotBefore
+	}
+	return s
+}
+
 // MajorityHeld says whether, of a cluster of n agents, a majority other than except provably held
 // this leader's lease throughout [now - Window, now], the window of a node whose watchdog's timeout
 // is t.
@@ -156,6 +169,10 @@ func (r Refusal) String() string {
 type Watchdog struct {
 	Armed   bool
 	Timeout time.Duration
+	// NotBefore is a safe time an earlier term persisted for the node when it sent the node its
+	// stop-feeding pill (zero: none): the node is never taken as self-fenced before it, whatever
+	// this term's own bound says (a leader whose lease or clock differs from the one that granted).
+	NotBefore time.Time
 }
 
 // SelfFenced says whether the leader may take the silent node name, whose agent last reported its
@@ -164,7 +181,7 @@ func (l *Leader) SelfFenced(name string, w Watchdog, n int, now time.Time) (bool
 	if !w.Armed || w.Timeout <= 0 || w.Timeout > MaxWatchdog {
 		return false, NotArmed
 	}
-	if now.Before(l.SafeTime(name, w.Timeout)) {
+	if now.Before(l.SafeTimeFor(name, w)) {
 		return false, BeforeSafe
 	}
 	if l.b.weaken&noMajority == 0 && !l.MajorityHeld(name, w.Timeout, n, now) {

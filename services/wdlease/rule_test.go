@@ -132,7 +132,7 @@ func TestLeaderRule(t *testing.T) {
 		}
 		now = now.Add(time.Second)
 	}
-	if ok, why := l.SelfFenced("n0", Watchdog{false, 15 * time.Second}, 5, now); ok || why != NotArmed {
+	if ok, why := l.SelfFenced("n0", Watchdog{Armed: false, Timeout: 15 * time.Second}, 5, now); ok || why != NotArmed {
 		t.Errorf("not armed: %v %s", ok, why)
 	}
 	if ok, why := l.SelfFenced("n0", wd, 5, t0.Add(29*time.Second)); ok || why != BeforeSafe {

@@ -387,7 +387,7 @@ func (w *world) judge() {
 	}
 	now := w.leader.clk.now()
 	for _, a := range w.agents {
-		if ok, _ := w.leader.l.SelfFenced(a.name, Watchdog{true, w.p.b.Watchdog}, w.p.n, now); ok {
+		if ok, _ := w.leader.l.SelfFenced(a.name, Watchdog{Armed: true, Timeout: w.p.b.Watchdog}, w.p.n, now); ok {
 			w.stats.declared++
 			if a.alive && a.fed {
 				w.viol = fmt.Sprintf("step %d (%s): term %d takes %s as self-fenced while it runs (liar %v)",

@@ -49,7 +49,8 @@ func wdSafe() time.Duration {
 // would (the agent gets no chance to speak again).
 type wdNode struct {
 	node
-	proxy   *tcpproxy.Proxy
+	proxy   *tcpproxy.Proxy   // the first of proxies
+	proxies []*tcpproxy.Proxy // one per coordinator replica
 	sim     *watchdogsim.Device
 	log     syncbuf.Buffer
 	cancel  context.CancelFunc
@@ -78,6 +79,22 @@ func (n *wdNode) stopAgent() {
 // coordinator shows every watchdog armed.
 func startWDCluster(t *testing.T, names []string, fallback map[string]bool) ([]*wdNode, *coordinator, *grpc.ClientConn) {
 	t.Helper()
+	nodes, cfgPath := wdNodes(t, names, fallback)
+	coord := startCoordinator(t, wdCoordinator(t, "e2e", cfgPath, nil))
+	cc := conn(t, coord.app.Addr())
+	leaderReady(t, cc)
+	for _, n := range nodes {
+		startWDAgent(t, n, wdTimeout, coord.app.Addr())
+	}
+	waitArmed(t, cc, len(names))
+	// The leader proves a majority's leases only over a whole window of its own.
+	time.Sleep(wdlease.Defaults(wdTimeout).Window())
+	return nodes, coord, cc
+}
+
+// wdNodes starts a BMC and a driver for names and writes their fence configuration.
+func wdNodes(t *testing.T, names []string, fallback map[string]bool) ([]*wdNode, string) {
+	t.Helper()
 	var nodes []*wdNode
 	for _, n := range names {
 		nodes = append(nodes, &wdNode{node: node{name: n, password: "password", bmc: startBMC(t, n), addr: "127.0.0.1"}})
@@ -93,41 +110,63 @@ func startWDCluster(t *testing.T, names []string, fallback map[string]bool) ([]*
 	if err := os.WriteFile(cfgPath, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	coord := startCoordinator(t, app.Config{FenceConfig: cfgPath, FenceOpTimeout: 3 * time.Second,
-		Server: server.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: tlsAs(t, identity.Coordinator, "e2e"), DrainTimeout: time.Second}})
-	cc := conn(t, coord.app.Addr())
-	leaderReady(t, cc)
-	for _, n := range nodes {
-		p, err := tcpproxy.Start(coord.app.Addr())
+	return nodes, cfgPath
+}
+
+// wdCoordinator is a watchdog cluster's coordinator replica id; with etcd (another replica's), it
+// joins that replica's etcd.
+func wdCoordinator(t *testing.T, id, cfgPath string, etcd *coordinator) app.Config {
+	cfg := app.Config{ID: id, FenceConfig: cfgPath, FenceOpTimeout: 3 * time.Second,
+		Server: server.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", TLS: tlsAs(t, identity.Coordinator, id), DrainTimeout: time.Second}}
+	if etcd != nil {
+		cfg.EtcdEndpoints, cfg.EtcdAccess = []string{etcd.app.EtcdEndpoint()}, etcd.app.EtcdAccess()
+	}
+	return cfg
+}
+
+// startWDAgent starts n's watchdog stand-in and its agent with --watchdog-timeout timeout (the
+// stand-in fires a second earlier), which reaches the coordinator replicas at addrs through a
+// proxy each (n.proxies; n.proxy is the first).
+func startWDAgent(t *testing.T, n *wdNode, timeout time.Duration, addrs ...string) {
+	t.Helper()
+	var via []string
+	for _, addr := range addrs {
+		p, err := tcpproxy.Start(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.Close)
-		n.proxy = p
-		ctx, cancel := context.WithCancel(context.Background())
-		n.cancel, n.done = cancel, make(chan int, 1)
-		sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), 2*time.Second, func() {
-			if n.resetAt.CompareAndSwap(0, time.Now().UnixNano()) {
-				go cancel() // the node lost power: its agent never speaks again (the stream just ends)
-			}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(sim.Stop)
-		n.sim = sim
-		boot := filepath.Join(t.TempDir(), "boot_id")
-		if err := os.WriteFile(boot, []byte("boot-"+n.name+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		args := append(pki.Args("", tlsAs(t, identity.Agent, n.name)),
-			"--coordinator="+p.Addr(), "--node-name="+n.name, "--zone=a", "--boot-id-file="+boot,
-			"--proc-root=../../node-agent/signals/testdata/proc", "--cgroup-root=../../node-agent/signals/testdata/v1", "--cgroup-version=1",
-			"--nodefs-path=", "--container-runtime-endpoint=", "--shutdown-grace-period=0s",
-			"--watchdog-device="+sim.Path, "--watchdog-timeout="+wdTimeout.String())
-		go func() { n.done <- nodeagent.Main(ctx, args, io.Discard, &n.log) }()
-		t.Cleanup(n.stopAgent)
+		n.proxies, via = append(n.proxies, p), append(via, p.Addr())
 	}
+	n.proxy = n.proxies[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel, n.done = cancel, make(chan int, 1)
+	sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), timeout-time.Second, func() {
+		if n.resetAt.CompareAndSwap(0, time.Now().UnixNano()) {
+			go cancel() // the node lost power: its agent never speaks again (the stream just ends)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Stop)
+	n.sim = sim
+	boot := filepath.Join(t.TempDir(), "boot_id")
+	if err := os.WriteFile(boot, []byte("boot-"+n.name+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := append(pki.Args("", tlsAs(t, identity.Agent, n.name)),
+		"--coordinator="+strings.Join(via, ","), "--node-name="+n.name, "--zone=a", "--boot-id-file="+boot,
+		"--proc-root=../../node-agent/signals/testdata/proc", "--cgroup-root=../../node-agent/signals/testdata/v1", "--cgroup-version=1",
+		"--nodefs-path=", "--container-runtime-endpoint=", "--shutdown-grace-period=0s",
+		"--watchdog-device="+sim.Path, "--watchdog-timeout="+timeout.String())
+	go func() { n.done <- nodeagent.Main(ctx, args, io.Discard, &n.log) }()
+	t.Cleanup(n.stopAgent)
+}
+
+// waitArmed waits until the leader at cc shows n watchdogs armed.
+func waitArmed(t *testing.T, cc *grpc.ClientConn, n int) {
+	t.Helper()
 	wait.Until(t, 30*time.Second, "the coordinator shows every watchdog armed", func() error {
 		r, err := coordv1.NewClusterServiceClient(cc).ListNodes(context.Background(), &coordv1.ListNodesRequest{})
 		if err != nil {
@@ -139,14 +178,11 @@ func startWDCluster(t *testing.T, names []string, fallback map[string]bool) ([]*
 				armed++
 			}
 		}
-		if armed != len(names) {
-			return fmt.Errorf("%d of %d armed", armed, len(names))
+		if armed != n {
+			return fmt.Errorf("%d of %d armed", armed, n)
 		}
 		return nil
 	})
-	// The leader proves a majority's leases only over a whole window of its own.
-	time.Sleep(wdlease.Defaults(wdTimeout).Window())
-	return nodes, coord, cc
 }
 
 // final follows record id to its end and returns its last state.

@@ -43,6 +43,7 @@ func darkRow(ctx context.Context, o options, c *cluster.Cluster, b *bench, log *
 	bounds := wdlease.Defaults(o.watchdog)
 	bounds.Lease = 4 * time.Second // the coordinator's default lease: 4 heartbeats of 1 s
 	res.DarkWatchdogTimeoutS, res.WatchdogSafeTimeS = o.watchdog.Seconds(), bounds.SafeAfterGrant().Seconds()
+	var all []phases
 	for i := 1; i <= o.rounds; i++ {
 		d, err := nfcluster.Deploy(ctx, c, nfcluster.Options{BinDir: o.binDir, Dir: filepath.Join(o.dir, fmt.Sprintf("nodefence-dark-%d", i)),
 			Shipped: true, Watchdog: o.watchdog, WatchdogFallback: true, Log: log,
@@ -52,7 +53,7 @@ func darkRow(ctx context.Context, o options, c *cluster.Cluster, b *bench, log *
 		if err != nil {
 			return err
 		}
-		s, ok, err := b.darkRound(ctx, d, fmt.Sprintf("dark-%d", i), bounds.Window())
+		s, ok, err := b.darkRound(ctx, d, fmt.Sprintf("dark-%d", i), bounds)
 		d.Stop()
 		// Nothing can power the node on through nodefence: its BMC is dark. An operator powers it
 		// on at the BMC and clears the round's records.
@@ -61,9 +62,10 @@ func darkRow(ctx context.Context, o options, c *cluster.Cluster, b *bench, log *
 		if err != nil || !ok {
 			return fmt.Errorf("dark-BMC round %d: recovered=%v: %v", i, ok, err)
 		}
-		fmt.Fprintf(os.Stderr, "dark-%d round: %.2f s (safe time %s)\n", i, s, bounds.SafeAfterGrant())
-		res.DarkEach = append(res.DarkEach, s)
+		fmt.Fprintf(os.Stderr, "dark-%d round: %.2f s (safe time %s); phases %s; %s\n", i, s, bounds.SafeAfterGrant(), darkString(b.last), b.lastDark)
+		res.DarkEach, all = append(res.DarkEach, s), append(all, b.last)
 	}
+	res.DarkPhasesP50 = phaseMedians(all, darkPhaseNames)
 	res.DarkP50, res.DarkMax = p50(res.DarkEach), maxOf(res.DarkEach)
 	res.DarkGoalS = min(darkGoalP50, res.WatchdogSafeTimeS+10)
 	res.DarkGoalMet = res.DarkP50 <= res.DarkGoalS
@@ -75,13 +77,13 @@ func darkRow(ctx context.Context, o options, c *cluster.Cluster, b *bench, log *
 const darkGoalP50 = 60.0
 
 // darkRound waits until every agent is connected with its watchdog armed, then runs a power-loss
-// round with d deployed (after window, so the leader can prove the other agents' leases over a
-// whole window of its own).
-func (b *bench) darkRound(ctx context.Context, d *nfcluster.Deployment, name string, window time.Duration) (float64, bool, error) {
+// round with d deployed (after the bounds' window, so the leader can prove the other agents' leases
+// over a whole window of its own), and reads its phases from d's leader.
+func (b *bench) darkRound(ctx context.Context, d *nfcluster.Deployment, name string, bounds wdlease.Bounds) (float64, bool, error) {
 	if err := d.WaitAgents(ctx, 90*time.Second); err != nil {
 		return 0, false, err
 	}
-	b.powerLoss, b.settle = true, window
-	defer func() { b.powerLoss, b.settle = false, 0 }()
+	b.powerLoss, b.settle, b.darkSafe, b.d, b.last, b.lastDark = true, bounds.Window(), bounds.SafeAfterGrant(), d, nil, darkDetail{}
+	defer func() { b.powerLoss, b.settle, b.d = false, 0, nil }()
 	return b.round(ctx, name, 3*time.Minute, false)
 }

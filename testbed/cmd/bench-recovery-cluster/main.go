@@ -12,7 +12,9 @@
 //
 // Three rows. On the first cluster bring-up, the DARK-BMC row (issue 24.6): the node and its BMC
 // lose power together, nodefence as shipped plus a watchdog on every node and the watchdog
-// fallback, so the power-off is proven by time (dark.go). Then, on the same cluster, the DEFAULTS
+// fallback, so the power-off is proven by time (dark.go); each of its rounds prints its phases
+// (darkphases.go: the IPMI call and its error, the fallback, the safe time, the proof, the
+// release). Then, on the same cluster, the DEFAULTS
 // row — kube-controller-manager on its own defaults and nodefence with nothing but what deploy/
 // ships (nfcluster.Options.Shipped) — with the manual taint beside it; then, on a cluster of its
 // own, the short-settings row, where kube-controller-manager and nodefence share --grace as their
@@ -83,6 +85,8 @@ type result struct {
 	DarkWatchdogTimeoutS float64   `json:"dark_bmc_watchdog_timeout_s,omitempty"`
 	DarkGoalS            float64   `json:"dark_bmc_goal_p50_s,omitempty"`
 	DarkGoalMet          bool      `json:"dark_bmc_goal_met"`
+	// DarkPhasesP50 are the dark rounds' phase medians (darkPhaseNames), seconds from the power loss.
+	DarkPhasesP50 map[string]float64 `json:"dark_phase_p50_s,omitempty"`
 }
 
 type options struct {
@@ -189,7 +193,7 @@ func defaultsRow(ctx context.Context, o options, log *slog.Logger, res *result) 
 	if err != nil {
 		return err
 	}
-	res.DefaultsEach, res.DefaultsP50, res.DefaultsMax, res.DefaultsPhasesP50 = each, p50(each), maxOf(each), phaseMedians(phases)
+	res.DefaultsEach, res.DefaultsP50, res.DefaultsMax, res.DefaultsPhasesP50 = each, p50(each), maxOf(each), phaseMedians(phases, phaseNames)
 	if res.DefaultsManualEach, err = b.manualRounds(ctx, "defaults-manual", 4*time.Minute); err != nil {
 		return err
 	}
@@ -220,7 +224,7 @@ func shortRow(ctx context.Context, o options, log *slog.Logger, res *result) err
 	if err != nil {
 		return err
 	}
-	res.NodefenceEach, res.ShortPhasesP50 = each, phaseMedians(phases)
+	res.NodefenceEach, res.ShortPhasesP50 = each, phaseMedians(phases, phaseNames)
 	if res.ManualTaintEach, err = b.manualRounds(ctx, "manual", 3*o.grace+90*time.Second); err != nil {
 		return err
 	}
@@ -294,6 +298,9 @@ type bench struct {
 	// how long the round waits with the writer running before it (the dark-BMC row).
 	powerLoss bool
 	settle    time.Duration
+	// darkSafe is the dark row's safe time; lastDark the latest dark round's record detail.
+	darkSafe time.Duration
+	lastDark darkDetail
 }
 
 // round creates a writer, kills the node it runs on and measures until the writer runs on
@@ -333,6 +340,9 @@ func (b *bench) round(ctx context.Context, name string, timeout time.Duration, t
 	}
 	if b.d != nil {
 		b.last = b.phasesOf(ctx, victim.Name, t0, deleted, np, running)
+		if b.powerLoss {
+			b.lastDark = b.darkPhases(ctx, victim.Name, t0, b.last, b.darkSafe)
+		}
 	}
 	return math.Round(running.Sub(t0).Seconds()*100) / 100, true, nil
 }
@@ -371,13 +381,13 @@ func (b *bench) operator(ctx context.Context, node string) {
 // Ready. With nodefence deployed it powers a node on as an operator does, with `fencectl unfence`:
 // a power-on that nodefence records, so the node's confirmed power-off no longer stands (a node
 // powered on behind nodefence's back stays counted as fenced, and holds the next round's fence
-// back); otherwise through its BMC.
+// back); otherwise (and in the dark-BMC row, whose BMC nodefence cannot reach) through its BMC.
 func (b *bench) restore(ctx context.Context) {
 	for _, n := range b.c.Nodes {
 		if n.Running() {
 			continue
 		}
-		if b.d != nil {
+		if b.d != nil && !b.powerLoss {
 			if out, err := b.d.Fencectl(ctx, "unfence", n.Name); err != nil {
 				b.log.Error("unfence", "node", n.Name, "err", err, "out", out)
 			}

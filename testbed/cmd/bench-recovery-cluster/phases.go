@@ -37,10 +37,10 @@ func (p phases) String() string {
 	return strings.TrimSpace(b.String())
 }
 
-// phaseMedians is each phase's median over the rounds that saw it.
-func phaseMedians(all []phases) map[string]float64 {
+// phaseMedians is each of names' median over the rounds that saw it.
+func phaseMedians(all []phases, names []string) map[string]float64 {
 	out := map[string]float64{}
-	for _, n := range phaseNames {
+	for _, n := range names {
 		var v []float64
 		for _, p := range all {
 			if x, ok := p[n]; ok {

@@ -628,7 +628,12 @@ type Operation struct {
 	// Attempt is the record's retry number when the call was made (0 for the first attempt).
 	Attempt int32 `protobuf:"varint,13,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// Required is true when the method must succeed for its step to succeed (must_success).
-	Required      bool `protobuf:"varint,14,opt,name=required,proto3" json:"required,omitempty"`
+	Required bool `protobuf:"varint,14,opt,name=required,proto3" json:"required,omitempty"`
+	// Unreachable is true when the call failed because the device or its driver host did not answer
+	// (the driver's structured "device unreachable", a driver host that could not be reached, or no
+	// answer in time), never for a device that answered with an error: the watchdog fallback's
+	// trigger (services/fault Unreachable), read from the error's code and details, not its text.
+	Unreachable   bool `protobuf:"varint,15,opt,name=unreachable,proto3" json:"unreachable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -757,6 +762,13 @@ func (x *Operation) GetAttempt() int32 {
 func (x *Operation) GetRequired() bool {
 	if x != nil {
 		return x.Required
+	}
+	return false
+}
+
+func (x *Operation) GetUnreachable() bool {
+	if x != nil {
+		return x.Unreachable
 	}
 	return false
 }
@@ -1597,7 +1609,7 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\x0flast_contact_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rlastContactAt\x12B\n" +
 	"\x0fnot_ready_since\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\rnotReadySince\x12:\n" +
 	"\x05proof\x18\x19 \x01(\x0e2$.nodefence.coordinator.v1.FenceProofR\x05proof\x12\x16\n" +
-	"\x06method\x18\x1a \x01(\tR\x06method\"\xb8\x04\n" +
+	"\x06method\x18\x1a \x01(\tR\x06method\"\xda\x04\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12\x16\n" +
@@ -1615,7 +1627,8 @@ const file_nodefence_coordinator_v1_fence_proto_rawDesc = "" +
 	"\aelapsed\x18\v \x01(\v2\x19.google.protobuf.DurationR\aelapsed\x127\n" +
 	"\x04step\x18\f \x01(\x0e2#.nodefence.coordinator.v1.FenceStepR\x04step\x12\x18\n" +
 	"\aattempt\x18\r \x01(\x05R\aattempt\x12\x1a\n" +
-	"\brequired\x18\x0e \x01(\bR\brequired\"h\n" +
+	"\brequired\x18\x0e \x01(\bR\brequired\x12 \n" +
+	"\vunreachable\x18\x0f \x01(\bR\vunreachable\"h\n" +
 	"\fFenceRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
