@@ -204,7 +204,7 @@ func (w *recordWriter) read(ctx context.Context, id string) termcore.Input {
 
 // persist writes one record version under the term's epoch: a create, or an update compare-and-
 // swapped on the revision it was read at. A lost compare-and-swap answers with the record read
-// again. It returns false when the write's epoch is not the term's or etcd refused the epoch.
+// again (a Conflict). It returns false when the write's epoch is not the term's or etcd refused the epoch.
 func (w *recordWriter) persist(ctx context.Context, wr termcore.Write) (termcore.Input, bool) {
 	term := w.t.term
 	if wr.Epoch != term.Epoch {
@@ -225,7 +225,11 @@ func (w *recordWriter) persist(ctx context.Context, wr termcore.Write) (termcore
 	_, err := w.t.a.store.UpdateFence(ctx, term, wr.Record, wr.Revision)
 	switch {
 	case errors.Is(err, leader.ErrConflict):
-		return w.read(ctx, wr.Record.GetId()), true
+		v, err := w.t.a.store.GetFence(ctx, wr.Record.GetId())
+		if err != nil {
+			return termcore.Persisted{ID: wr.ID, Err: "read again after a write conflict: " + err.Error()}, true
+		}
+		return termcore.Conflict{ID: wr.ID, Record: v.Fence, Revision: v.Revision}, true
 	case errors.Is(err, leader.ErrDeposed):
 		return nil, false
 	case err != nil:

@@ -1,7 +1,9 @@
 package term
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nodefence/nodefence/coordinator/engine"
@@ -31,6 +33,7 @@ type Core struct {
 type updateKey struct {
 	fence string
 	kind  ActKind
+	ref   uint64 // the waiting caller of a would release (0 for an alarm: the first one stands)
 }
 
 // update is one decision to change an existing record: the wrong-machine alarm or would release.
@@ -70,10 +73,18 @@ func (c *Core) Step(in Input) {
 	case Request:
 		c.admit(in)
 	case RecordRead:
-		c.read(in)
+		for _, k := range c.keysOf(in.Record.GetId()) {
+			if c.updates[k].write == 0 {
+				c.decide(k, in.Record, in.Revision)
+			}
+		}
+	case Conflict:
+		c.conflict(in)
 	case ReadFailed:
 		for _, k := range c.keysOf(in.Fence) {
-			c.finish(k, nil, in.Err)
+			if c.updates[k].write == 0 {
+				c.finish(k, nil, in.Err)
+			}
 		}
 	case Persisted:
 		c.persisted(in)
@@ -88,8 +99,8 @@ func (c *Core) Step(in Input) {
 // want records an update decision and asks for the record's current version. A decision already
 // waiting for the same fence and kind keeps its place (the first alarm stands).
 func (c *Core) want(u *update, kind ActKind) {
-	k := updateKey{u.Fence, kind}
-	if _, ok := c.updates[k]; ok && kind == ActAlarm {
+	k := updateKey{u.Fence, kind, u.Ref}
+	if _, ok := c.updates[k]; ok {
 		return
 	}
 	c.updates[k] = u
@@ -109,32 +120,38 @@ func (c *Core) admit(in Request) {
 	c.ready.Writes = append(c.ready.Writes, Write{ID: c.seq, Create: true, Record: ad.Record, Epoch: c.epoch})
 }
 
-// read decides every update of the record on the version read (a first read, or the re-read after
-// a write lost its compare-and-swap).
-func (c *Core) read(in RecordRead) {
-	for _, k := range c.keysOf(in.Record.GetId()) {
-		u := c.updates[k]
-		if u.write != 0 {
-			u.conflicts++
-			if u.conflicts > MaxConflicts {
-				c.finish(k, nil, fmt.Sprintf("gave up after %d write conflicts", MaxConflicts))
-				continue
-			}
-		}
-		var next *coordv1.NodeFence
-		if k.kind == ActAlarm {
-			next = fencing.WrongMachine(in.Record, u.At, u.Why)
-		} else {
-			next = fencing.WouldRelease(in.Record, u.At, c.epoch)
-		}
-		if next == nil {
-			c.finish(k, nil, "") // the record says so already: nothing to write
+// conflict decides again, on the record read again, the update whose write lost its
+// compare-and-swap — at most MaxConflicts times.
+func (c *Core) conflict(in Conflict) {
+	for k, u := range c.updates {
+		if u.write != in.ID {
 			continue
 		}
-		c.seq++
-		u.write = c.seq
-		c.ready.Writes = append(c.ready.Writes, Write{ID: c.seq, Record: next, Revision: in.Revision, Epoch: c.epoch})
+		u.conflicts++
+		if u.conflicts > MaxConflicts {
+			c.finish(k, nil, fmt.Sprintf("gave up after %d write conflicts", MaxConflicts))
+			return
+		}
+		c.decide(k, in.Record, in.Revision)
 	}
+}
+
+// decide makes an update's decision on the record's version read at revision.
+func (c *Core) decide(k updateKey, rec *coordv1.NodeFence, revision int64) {
+	u := c.updates[k]
+	var next *coordv1.NodeFence
+	if k.kind == ActAlarm {
+		next = fencing.WrongMachine(rec, u.At, u.Why)
+	} else {
+		next = fencing.WouldRelease(rec, u.At, c.epoch)
+	}
+	if next == nil {
+		c.finish(k, nil, "") // the record says so already: nothing to write
+		return
+	}
+	c.seq++
+	u.write = c.seq
+	c.ready.Writes = append(c.ready.Writes, Write{ID: c.seq, Record: next, Revision: revision, Epoch: c.epoch})
 }
 
 // persisted follows a write's outcome: only now may what it decided act.
@@ -176,14 +193,20 @@ func (c *Core) finish(k updateKey, rec *coordv1.NodeFence, err string) {
 	}
 }
 
-// keysOf lists the updates waiting on a fence, in a fixed order.
+// keysOf lists the updates of a fence, in a fixed order.
 func (c *Core) keysOf(fence string) []updateKey {
 	var ks []updateKey
-	for _, kind := range []ActKind{ActAlarm, ActWouldRelease} {
-		if _, ok := c.updates[updateKey{fence, kind}]; ok {
-			ks = append(ks, updateKey{fence, kind})
+	for k := range c.updates {
+		if k.fence == fence {
+			ks = append(ks, k)
 		}
 	}
+	slices.SortFunc(ks, func(a, b updateKey) int {
+		if a.kind != b.kind {
+			return cmp.Compare(a.kind, b.kind)
+		}
+		return cmp.Compare(a.ref, b.ref)
+	})
 	return ks
 }
 

@@ -46,8 +46,13 @@ func TestCoreConflictReDecided(t *testing.T) {
 	if len(rd.Writes) != 1 || rd.Writes[0].Revision != 10 || rd.Writes[0].Record.GetWrongMachineAt() == nil || len(rd.Acts) != 0 {
 		t.Fatalf("first write: %+v", rd)
 	}
-	// The runner wrote the record meanwhile: the owner re-reads it and Steps it in.
-	c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f1", Node: "n1", Retries: 2}, Revision: 12})
+	// The runner wrote the record meanwhile: the write loses its compare-and-swap, the owner reads
+	// the record again and Steps it in. A stale read answer changes nothing.
+	c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f1", Node: "n1"}, Revision: 10})
+	if rd := c.Ready(); !rd.Empty() {
+		t.Fatalf("a read answer while the write is out decided again: %+v", rd)
+	}
+	c.Step(Conflict{ID: rd.Writes[0].ID, Record: &coordv1.NodeFence{Id: "f1", Node: "n1", Retries: 2}, Revision: 12})
 	rd = settle(c)
 	if len(rd.Writes) != 1 || rd.Writes[0].Revision != 12 || rd.Writes[0].Record.GetRetries() != 2 ||
 		rd.Writes[0].Record.GetWrongMachineAt() == nil || len(rd.Acts) != 0 {
@@ -61,8 +66,10 @@ func TestCoreConflictReDecided(t *testing.T) {
 
 	c.Step(wrongMachine("f2"))
 	settle(c)
-	for i := 0; i <= MaxConflicts+1; i++ { // the first read, then one re-read more than allowed
-		c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f2", Node: "n1"}, Revision: int64(20 + i)})
+	c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f2", Node: "n1"}, Revision: 20})
+	rd = settle(c)
+	for i := 0; i <= MaxConflicts; i++ { // one conflict more than allowed
+		c.Step(Conflict{ID: rd.Writes[0].ID, Record: &coordv1.NodeFence{Id: "f2", Node: "n1"}, Revision: int64(21 + i)})
 		rd = settle(c)
 	}
 	if len(rd.Writes) != 0 || len(rd.Acts) != 1 || rd.Acts[0].Err == "" || c.Pending() != 0 {
@@ -117,6 +124,7 @@ func TestCoreNothingActsBeforePersisted(t *testing.T) {
 	c := New(7)
 	c.Step(wrongMachine("f1"))
 	c.Step(WouldRelease{Node: "n3", Fence: "f3", Why: "would release", At: t0, Ref: 4})
+	c.Step(WouldRelease{Node: "n3", Fence: "f3", Why: "would release", At: t0, Ref: 5}) // a second caller
 	c.Step(Request{Req: engine.FenceRequest{Node: "n4", Evidence: []string{"silent"}}, Plan: plan, At: t0})
 	c.Step(Request{Req: engine.FenceRequest{Node: "n5", Observe: true}, Plan: plan, At: t0})
 	c.Step(Request{Req: engine.FenceRequest{Node: "n6"}, Policy: Policy{Asked: true, Why: "no stateful pods"}, Plan: plan, At: t0})
@@ -128,18 +136,34 @@ func TestCoreNothingActsBeforePersisted(t *testing.T) {
 	c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f1", Node: "n1"}, Revision: 3})
 	c.Step(RecordRead{Record: &coordv1.NodeFence{Id: "f3", Node: "n3", Status: coordv1.FenceStatus_FENCE_STATUS_OBSERVED}, Revision: 4})
 	rd = settle(c)
-	if len(rd.Writes) != 2 || len(rd.Acts) != 0 || len(rd.Audit) != 0 {
-		t.Fatalf("updates out, nothing acting: %+v", rd)
+	if len(rd.Writes) != 3 || len(rd.Acts) != 0 || len(rd.Audit) != 0 {
+		t.Fatalf("updates out (both callers' on one record), nothing acting: %+v", rd)
 	}
 	writes = append(writes, rd.Writes...)
 	kinds := map[ActKind]bool{}
+	refs := map[uint64]bool{}
+	var f3 *coordv1.NodeFence
 	for _, w := range writes {
-		c.Step(Persisted{ID: w.ID, Record: w.Record, Created: w.Create})
+		if w.Record.GetId() == "f3" && f3 != nil {
+			// the second caller's write lost to the first: on the record read again, nothing to write
+			c.Step(Conflict{ID: w.ID, Record: f3, Revision: 5})
+		} else {
+			c.Step(Persisted{ID: w.ID, Record: w.Record, Created: w.Create})
+		}
+		if w.Record.GetId() == "f3" {
+			f3 = w.Record
+		}
 		rd = settle(c)
-		if len(rd.Acts) != 1 {
-			t.Fatalf("write %d persisted: acts %+v", w.ID, rd.Acts)
+		if len(rd.Acts) != 1 || len(rd.Writes) != 0 {
+			t.Fatalf("write %d persisted: acts %+v, writes %+v", w.ID, rd.Acts, rd.Writes)
 		}
 		kinds[rd.Acts[0].Kind] = true
+		if rd.Acts[0].Kind == ActWouldRelease {
+			refs[rd.Acts[0].Ref] = true
+		}
+	}
+	if len(refs) != 2 {
+		t.Fatalf("would release answered %v, want both callers", refs)
 	}
 	if len(kinds) != 4 {
 		t.Fatalf("acts after the writes: %v", kinds)

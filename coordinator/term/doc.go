@@ -25,6 +25,6 @@
 //     (or of none needed), so nothing acts before its record is persisted.
 //  6. Acknowledge: Advance, then Step the outcomes of step 4 — RecordRead for each record read,
 //     Persisted for each write, and for a write that lost its compare-and-swap the record read
-//     again (RecordRead), on which the core decides again (at most MaxConflicts times). No Step may
+//     again (Conflict), on which the core decides again (at most MaxConflicts times). No Step may
 //     run between Ready and Advance. Go back to step 3.
 package term

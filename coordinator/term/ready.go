@@ -10,7 +10,7 @@ import (
 )
 
 // Input is what Step takes: Verdict, WouldRelease, Request, RecordRead, ReadFailed, Persisted,
-// Deposed.
+// Conflict, Deposed.
 type Input interface{ termInput() }
 
 // Verdict is one of the engine's proof verdicts (Ready.Proofs); a wrong-machine verdict raises the
@@ -37,9 +37,17 @@ type Request struct {
 	At     time.Time
 }
 
-// RecordRead is a fence record's current version, read for Ready.Reads or again after a write of
-// it lost its compare-and-swap: every decision waiting on the record is made (again) on it.
+// RecordRead is a fence record's current version, read for Ready.Reads: every decision waiting
+// for the record is made on it.
 type RecordRead struct {
+	Record   *coordv1.NodeFence
+	Revision int64
+}
+
+// Conflict is the record read again after write ID lost its compare-and-swap (the record
+// changed since it was read): the decision is made again on it.
+type Conflict struct {
+	ID       uint64
 	Record   *coordv1.NodeFence
 	Revision int64
 }
@@ -49,7 +57,7 @@ type ReadFailed struct{ Fence, Err string }
 
 // Persisted is the outcome of a write (Write.ID): the record as stored and, for a create, whether
 // it was created (false: the node's active record stands and was returned), or the error that
-// refused it (not a conflict, which is answered with a RecordRead, and not a deposed epoch, which
+// refused it (not a conflict, which is answered with a Conflict, and not a deposed epoch, which
 // is answered with Deposed).
 type Persisted struct {
 	ID      uint64
@@ -67,6 +75,7 @@ func (WouldRelease) termInput() {}
 func (Request) termInput()      {}
 func (RecordRead) termInput()   {}
 func (ReadFailed) termInput()   {}
+func (Conflict) termInput()     {}
 func (Persisted) termInput()    {}
 func (Deposed) termInput()      {}
 
