@@ -18,9 +18,10 @@ import (
 
 // Observe mode's I/O (docs/observe.md): the engine decides (coordinator/engine/observe.go), the
 // record rules say what an observed decision's record is (coordinator/fencing/observe.go), the
-// release reconciler decides "would release" (coordinator/release.Decide); this file writes
-// the records, the audit and the counters. It never calls a driver, never starts the runner, and
-// never writes to a Node or a Pod.
+// release reconciler decides "would release" (coordinator/release.Decide), the term's core
+// (coordinator/term) decides the records' versions and audit entries, which the record writer
+// (recordwriter.go) persists; this file acts on them afterwards: the log, the counters, the Events.
+// It never calls a driver, never starts the runner, and never writes to a Node or a Pod.
 
 // logFenceMode says at start when the coordinator only observes.
 func logFenceMode(cfg Config, log *slog.Logger) {
