@@ -15,9 +15,7 @@ package app
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,12 +31,9 @@ import (
 	"github.com/nodefence/nodefence/coordinator/leader"
 	"github.com/nodefence/nodefence/coordinator/loop"
 	"github.com/nodefence/nodefence/coordinator/store"
-	termcore "github.com/nodefence/nodefence/coordinator/term"
 	"github.com/nodefence/nodefence/services/job"
 	"github.com/nodefence/nodefence/services/server"
 	"github.com/nodefence/nodefence/services/tlsfiles"
-
-	coordv1 "github.com/nodefence/nodefence/proto/nodefence/coordinator/v1"
 )
 
 // App is a running coordinator replica.
@@ -162,54 +157,6 @@ func (a *App) Etcd() *clientv3.Client { return a.cli }
 
 // Store is the app's record store.
 func (a *App) Store() *store.Store { return a.store }
-
-// autoFence starts the engine's automatic fence request: the record the admission rule gives
-// (admit) with the node's configured delay. It runs on a goroutine of its own, started from the
-// loop's OnReady after the request was persisted.
-func (a *App) autoFence(term *leader.Term, runner *fencing.Runner, req engine.FenceRequest) {
-	nc := a.fences().Nodes[req.Node]
-	rec := a.admit(term, req, fencing.NodeDelay(nc.Delay.Duration, nc.RandomDelay.Duration, rand.Int64N))
-	if rec == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
-	defer cancel()
-	got, _, created, err := a.store.CreateFence(ctx, term, rec)
-	if err != nil {
-		a.log.Error("automatic fence not started", "node", req.Node, "err", err)
-		return
-	}
-	if created {
-		a.log.Warn("automatic fence started", "node", req.Node, "fence", got.Id, "evidence", strings.Join(rec.Evidence, "; "))
-		if !req.LastContact.IsZero() {
-			a.metrics.ObserveStage("detect", req.NotReadySince.Sub(req.LastContact))
-		}
-		a.metrics.ObserveStage("decide", req.At.Sub(req.NotReadySince))
-		if !req.NotReadySince.IsZero() {
-			a.metrics.ObserveRecovery(got, loop.RecoveryNotReady, req.NotReadySince)
-		}
-	}
-	runner.Start(got.Id)
-}
-
-// admit is the wiring of the admission rule (coordinator/term.Admit): it asks Kubernetes mode's
-// fencing policy (--fence-policy) for the request's verdict when the rule needs one, and audits a
-// request held back. It returns the record to create, nil when held back.
-func (a *App) admit(term *leader.Term, req engine.FenceRequest, delay time.Duration) *coordv1.NodeFence {
-	var p termcore.Policy
-	if a.kube != nil && termcore.NeedsPolicy(req) {
-		ctx, cancel := context.WithTimeout(term.Context(), 10*time.Second)
-		p.Needed, p.Why = a.kube.needsFencing(ctx, req.Node)
-		p.Asked = true
-		cancel()
-	}
-	ad := termcore.Admit(req, p, func(step string) ([]fenceconfig.Resolved, error) { return a.fences().Plan(req.Node, step) },
-		delay, term.Epoch, a.now())
-	if ad.Record == nil {
-		a.audit(term, req.Node, termcore.KindHeldBack, ad.Held)
-	}
-	return ad.Record
-}
 
 // Close stops the server, the drivers' connections, the etcd client and the embedded etcd.
 func (a *App) Close() {

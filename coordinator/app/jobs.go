@@ -12,8 +12,9 @@ import (
 // Who owns the app's goroutines (services/job): the App's process group owns what lives as long
 // as Run — the gRPC server, the admission webhook, the kdump listener, the follower's view of the
 // leader and, in Kubernetes mode, the witness and the fence ConfigMaps' reload; each term's group
-// owns what the term starts — the engine loop, the audit writer, the fence records' runs, the
-// automatic and observed fences, the wrong-machine alarms, the device checks, the history's
+// owns what the term starts — the engine loop, the audit writer, the record writer (the automatic
+// and observed fences' records, the wrong-machine alarms, would release), the fence records' runs,
+// the device checks, the history's
 // pruning and, in Kubernetes mode, the reconciler and the controllers. A term's end stops its
 // group and waits for every job before the next campaign; Run's end does the same for the
 // process group after the term's. Nothing else in the app starts a goroutine.

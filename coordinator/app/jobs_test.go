@@ -26,9 +26,8 @@ import (
 // term's jobs were waited for.
 var termFunctions = []string{
 	"coordinator/app.(*termParts).",
-	"coordinator/app.(*App).autoFence",
+	"coordinator/app.(*recordWriter).",
 	"coordinator/app.(*App).prune",
-	"coordinator/app.(*proof).raise",
 	"coordinator/app.(*deviceChecks).",
 	"coordinator/app.(*kubeMode).startTerm",
 	"coordinator/app.(*kubeMode).startMaintenance",

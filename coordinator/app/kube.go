@@ -188,7 +188,8 @@ func (k *kubeMode) reload(ctx context.Context) {
 
 // startTerm connects a new term to the cluster: the witness feeds its engine, and a release
 // reconciler, the remediation and the maintenance controllers run as jobs of the term's group g.
-func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop, g *job.Group) {
+func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop, g *job.Group,
+	wouldRelease func(context.Context, string, *coordv1.NodeFence, string) (*coordv1.NodeFence, error)) {
 	ctx := term.Context()
 	g.Go("warm-secrets", func(context.Context) error { warmSecrets(k.a.fences(), k.secret); return nil })
 	sink := k.witness.SetSink(func(in engine.Input) {
@@ -209,9 +210,7 @@ func (k *kubeMode) startTerm(term *leader.Term, lp *loop.Loop, g *job.Group) {
 		OnRecover: func(node, why string) {
 			k.a.audit(term, node, "release", why+": out-of-service taint removed")
 		},
-		OnWouldRelease: func(ctx context.Context, node string, f *coordv1.NodeFence, why string) (*coordv1.NodeFence, error) {
-			return k.a.wouldRelease(ctx, term, node, f, why)
-		},
+		OnWouldRelease: wouldRelease,
 	})
 	k.rec.Store(r)
 	g.Go("release-reconciler-detach", func(ctx context.Context) error {

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,9 +10,6 @@ import (
 
 	"github.com/nodefence/nodefence/coordinator/engine"
 	"github.com/nodefence/nodefence/coordinator/fencing"
-	"github.com/nodefence/nodefence/coordinator/leader"
-	"github.com/nodefence/nodefence/coordinator/loop"
-	"github.com/nodefence/nodefence/services/job"
 )
 
 // proof acts on the engine's proof verdicts (engine/proof.go applies the rules of
@@ -37,9 +33,10 @@ func newProof(a *App, reg prometheus.Registerer) *proof {
 	return p
 }
 
-// verdicts handles the proof verdicts of one Ready, each alarm on a job of the term's own (the
-// loop's goroutine must not wait for etcd or the apiserver).
-func (p *proof) verdicts(jobs *job.Group, term *leader.Term, lp *loop.Loop, rs []engine.ProofResult) {
+// verdicts says what the proof verdicts of one Ready found: a wrong-machine verdict is counted
+// and logged at once; the record writer (recordwriter.go) raises it on the record and then in a
+// Kubernetes Event.
+func (p *proof) verdicts(rs []engine.ProofResult) {
 	for _, r := range rs {
 		if r.Verdict != fencing.ProofWrongMachine {
 			continue
@@ -47,43 +44,13 @@ func (p *proof) verdicts(jobs *job.Group, term *leader.Term, lp *loop.Loop, rs [
 		p.alarms.Inc()
 		p.a.log.Error("CRITICAL: a fence switched off another machine: the node's pods are NOT released",
 			"fence", r.Fence, "node", r.Node, "alarm", "wrong-machine", "why", r.Why)
-		jobs.Go("wrong-machine-alarm "+r.Fence, func(ctx context.Context) error { p.raise(ctx, term, lp, r); return nil })
-	}
-}
-
-// raise writes the alarm on the record (so every later leader holds the node too) and an Event.
-func (p *proof) raise(ctx context.Context, term *leader.Term, lp *loop.Loop, r engine.ProofResult) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for attempt := 0; attempt < 5; attempt++ {
-		v, err := p.a.store.GetFence(ctx, r.Fence)
-		if err != nil {
-			p.a.log.Error("wrong-machine alarm not written to the record", "fence", r.Fence, "err", err)
-			break
-		}
-		f := fencing.WrongMachine(v.Fence, r.At, r.Why)
-		if f == nil {
-			break
-		}
-		if _, err := p.a.store.UpdateFence(ctx, term, f, v.Revision); err != nil {
-			if errors.Is(err, leader.ErrConflict) {
-				continue
-			}
-			p.a.log.Error("wrong-machine alarm not written to the record", "fence", r.Fence, "err", err)
-			break
-		}
-		for _, in := range engine.RecordWritten(f, p.a.now()) {
-			_ = lp.Step(ctx, in)
-		}
-		break
-	}
-	if p.a.kube != nil {
-		p.event(ctx, r)
 	}
 }
 
 // event writes a Warning Event on the Node.
 func (p *proof) event(ctx context.Context, r engine.ProofResult) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	now := metav1.NewTime(p.a.now())
 	text := "CRITICAL: fence " + r.Fence + " confirmed node " + r.Node + " off but " + r.Why +
 		": the fence switched off another machine (check the BMC/outlet mapping); the node's pods are NOT released and it is not fenced again automatically until an operator acts"

@@ -143,6 +143,8 @@ type termParts struct {
 	secrets fenceconfig.SecretReader // nil in standalone mode
 	audit   *store.AuditWriter       // the term's audit trail, written apart from its state
 	leases  *api.Leases              // the term's watchdog leases
+	// writer is the one writer of the records and audit entries the term's core decides.
+	writer *recordWriter
 	// jobs owns every goroutine of the term (jobs.go): the term's end stops them and waits for
 	// them before the next term starts.
 	jobs *job.Group
@@ -173,6 +175,7 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 		OpTimeout: a.cfg.FenceOpTimeout, Policy: a.cfg.Fencing, Now: a.now, After: a.cfg.After, Log: a.log,
 		OnChange: t.fenceChanged, Facts: t.facts, Contact: t.contact, Jobs: t.jobs}
 	t.leases = a.leases(term)
+	t.writer = newRecordWriter(t)
 	t.runner.SelfFence = selfFence{t: t, leases: t.leases}
 	return t
 }
@@ -180,15 +183,9 @@ func (a *App) newTerm(term *leader.Term) *termParts {
 // onReady passes the engine's decisions on: automatic fences to the runner, the rest to the
 // Kubernetes mirror. It runs on the loop goroutine.
 func (t *termParts) onReady(rd engine.Ready) {
-	for _, f := range rd.Fences {
-		if f.Observe {
-			// observe mode: recorded as would fence, never run
-			t.jobs.Go("observe-fence "+f.Node, func(context.Context) error { t.observeFence(f); return nil })
-			continue
-		}
-		t.jobs.Go("auto-fence "+f.Node, func(context.Context) error { t.a.autoFence(t.term, t.runner, f); return nil })
-	}
-	t.a.proof.verdicts(t.jobs, t.term, t.loop, rd.Proofs)
+	t.writer.fences(rd.Fences) // an observed request is recorded as would fence, never run
+	t.a.proof.verdicts(rd.Proofs)
+	t.writer.verdicts(rd.Proofs)
 	if t.a.kube != nil {
 		t.a.kube.onReady(rd)
 	}
@@ -260,6 +257,7 @@ func (t *termParts) start() {
 	a, term := t.a, t.term
 	t.jobs.Add(
 		job.OneShot("audit-writer", func(ctx context.Context) error { t.audit.Run(ctx); return nil }),
+		job.OneShot("record-writer", t.writer.run),
 		job.OneShot("engine-loop", func(ctx context.Context) error {
 			if err := t.loop.Run(ctx); err != nil {
 				a.log.Error("engine loop stopped; resigning", "err", err)
@@ -283,7 +281,7 @@ func (t *termParts) start() {
 		t.jobs.Add(job.Timer("prune-audit", store.AuditPruneEvery, func(ctx context.Context) error { a.pruneAudit(ctx, term); return nil }))
 	}
 	if a.kube != nil {
-		a.kube.startTerm(term, t.loop, t.jobs)
+		a.kube.startTerm(term, t.loop, t.jobs, t.writer.wouldRelease)
 	}
 	t.standingRecords()
 	active, err := a.store.ActiveFences(term.Context())

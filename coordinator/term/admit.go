@@ -1,8 +1,3 @@
-// Package term is the pure core of what a leadership term decides beside the engine (issue 23,
-// item 1): coordinator/app asks it, persists what it says, and only then acts. Its first rule is
-// the admission of the engine's automatic fence requests (Admit): whether the Kubernetes fencing
-// policy holds a request back, what the policy adds to its evidence, and the record it creates.
-// It reads no clock and does no I/O; its callers hand it the time and the policy's verdict.
 package term
 
 import (
