@@ -118,12 +118,20 @@ func (a *Agent) Send(msg *agentv1.ConnectRequest) {
 
 // ReportWatchdog reports a change of the node's watchdog (armed when the agent first may feed it,
 // disarmed before a clean stop): queued as an event, and what every later Hello says.
-func (a *Agent) ReportWatchdog(s *agentv1.WatchdogState) {
+func (a *Agent) ReportWatchdog(s *agentv1.WatchdogState) (seq uint64) {
 	s = proto.Clone(s).(*agentv1.WatchdogState)
 	a.mu.Lock()
 	a.watchdog = s
 	a.mu.Unlock()
-	a.push(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Watchdog{Watchdog: s}})
+	a.pushThen(&agentv1.ConnectRequest{Msg: &agentv1.ConnectRequest_Watchdog{Watchdog: s}}, func(n uint64) { seq = n })
+	return seq
+}
+
+// Acked reports whether the coordinator acknowledged every message up to seq (a report's seq, say).
+func (a *Agent) Acked(seq uint64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.out.AckedThrough(seq)
 }
 
 // pushHeartbeat queues a heartbeat, asking for the watchdog lease when the agent keeps one. The

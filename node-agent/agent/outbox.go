@@ -82,6 +82,11 @@ func (o *Outbox) Resume() (helloSeq, resumeFrom uint64) {
 	return o.msgs[0].Seq - 1, o.msgs[0].Seq
 }
 
+// AckedThrough reports whether every message up to seq was acknowledged (seq was assigned).
+func (o *Outbox) AckedThrough(seq uint64) bool {
+	return seq <= o.last && (len(o.msgs) == 0 || o.msgs[0].Seq > seq)
+}
+
 // Len is the number of unacked messages.
 func (o *Outbox) Len() int { return len(o.msgs) }
 

@@ -81,6 +81,25 @@ func TestOutbox(t *testing.T) {
 	}
 }
 
+// AckedThrough tells whether one message (an event: never dropped) was acknowledged, whatever was
+// queued after it: a clean stop's "disarmed" report waits for exactly that.
+func TestOutboxAckedThrough(t *testing.T) {
+	o := NewOutbox(8)
+	if o.AckedThrough(1) {
+		t.Fatal("seq 1 acknowledged before it was assigned")
+	}
+	for _, k := range "sxs" { // a sample, the event at seq 2, a sample after it
+		o.Push(msg(byte(k)))
+	}
+	if o.AckedThrough(2) {
+		t.Fatal("seq 2 acknowledged before any ack")
+	}
+	o.Ack(2)
+	if !o.AckedThrough(2) || o.AckedThrough(3) || o.Len() != 1 {
+		t.Fatalf("after ack 2: through 2 %v, through 3 %v, %d unacked; want true, false, 1", o.AckedThrough(2), o.AckedThrough(3), o.Len())
+	}
+}
+
 func TestOutboxAfterAndSeqsLiveForever(t *testing.T) {
 	o := NewOutbox(10)
 	for range 5 {

@@ -46,6 +46,9 @@ type feeder struct {
 	mu      sync.Mutex
 	dev     *watchdog.Device // nil until armed
 	closing bool             // a clean stop began: never arm now
+	// disarmHeard is set once the coordinator acknowledged the "disarmed" report of a clean stop:
+	// only then may the stop write the magic close.
+	disarmHeard bool
 }
 
 // prepareWatchdog checks the device named by --watchdog-device, if any, and sets up the lease the
@@ -198,8 +201,9 @@ func (f *feeder) feed(a *agent.Agent) error {
 }
 
 // stop ends the watchdog with the agent. A clean stop (stopping: the agent was asked to stop)
-// writes the magic close after the "disarmed" report; any other end leaves the watchdog armed, so
-// the node resets unless the agent is restarted within the timeout.
+// writes the magic close once the coordinator acknowledged the "disarmed" report; any other end —
+// a failure, the leader's pill, a report nobody acknowledged — leaves the watchdog armed, so the
+// node resets unless an agent feeds it again within the timeout.
 func (f *feeder) stop(stopping bool, log *slog.Logger) {
 	d := f.device()
 	if d == nil {
@@ -213,6 +217,17 @@ func (f *feeder) stop(stopping bool, log *slog.Logger) {
 	if !stopping {
 		_ = d.Abandon()
 		log.Error("the agent stopped on a failure with the watchdog armed: this node resets unless the agent is restarted in time", "timeout", d.Timeout())
+		return
+	}
+	f.mu.Lock()
+	heard := f.disarmHeard
+	f.mu.Unlock()
+	if !heard {
+		// The leader may still hold "armed" for this node and prove it off by time once it is
+		// silent: a node that keeps running without its watchdog would make that proof false.
+		_ = d.Abandon()
+		log.Error("the coordinator did not acknowledge the \"disarmed\" report: the watchdog stays armed and resets this node unless an agent feeds it again in time",
+			"timeout", d.Timeout(), "waited", disarmReportWait)
 		return
 	}
 	if err := d.Disarm(); err != nil {
@@ -258,7 +273,10 @@ func (f *feeder) reportDisarm(a *agent.Agent) {
 	if d == nil || f.lease.Poisoned() {
 		return // poisoned: the watchdog stays armed; "disarmed" would be false
 	}
-	a.ReportWatchdog(watchdogState(d, false))
-	for deadline := time.Now().Add(disarmReportWait); a.Unacked() > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	seq := a.ReportWatchdog(watchdogState(d, false))
+	for deadline := time.Now().Add(disarmReportWait); !a.Acked(seq) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 	}
+	f.mu.Lock()
+	f.disarmHeard = a.Acked(seq) // samples and heartbeats queued after it may still wait for theirs
+	f.mu.Unlock()
 }
