@@ -142,16 +142,20 @@ CLUSTER_PKGS := ./testbed/clustere2e ./testbed/install
 # CLUSTER_RUN_5: the scenario that needs five nodes (two of them a minority), after those, in a
 # cluster of its own.
 CLUSTER_RUN_5 := -run '^TestTwoNodeMinority$$' ./testbed/clustere2e -args -clustere2e.nodes=5
+# CLUSTER_THEN_PKGS need no cluster; they run after those in the same chain so that the two go
+# tests end together (the rest, one package at a time, is the longer of the two without them).
+CLUSTER_THEN_PKGS := ./testbed/kubescenario
 TEST_PKGS := ./...
 GO_TEST := $(GO) test -race -count=1 -timeout 30m
 test: deps tools check-generated lint kube-assets promtool
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/testreport ./testbed/cmd/testreport
 	$(GO_TEST) -exec /bin/true $(TEST_PKGS) >/dev/null
-	@echo "$(GO_TEST) -p 1 -json $(CLUSTER_PKGS), then $(CLUSTER_RUN_5), beside the other packages (events in $(TEST_JSON))"
+	@echo "$(GO_TEST) -p 1 -json $(CLUSTER_PKGS), then $(CLUSTER_RUN_5), then $(CLUSTER_THEN_PKGS), beside the other packages (events in $(TEST_JSON))"
 	@set -o pipefail; rc=0; \
-	rest=$$($(GO) list $(TEST_PKGS) | grep -v $(foreach p,$(CLUSTER_PKGS),-e '$(patsubst ./%,/%,$(p))$$')); \
-	{ $(GO_TEST) -p 1 -json $(CLUSTER_PKGS); a=$$?; $(GO_TEST) -json $(CLUSTER_RUN_5); b=$$?; [ $$a = 0 ] && [ $$b = 0 ]; } > $(BIN)/test-cluster.json & cluster=$$!; \
+	rest=$$($(GO) list $(TEST_PKGS) | grep -v $(foreach p,$(CLUSTER_PKGS) $(CLUSTER_THEN_PKGS),-e '$(patsubst ./%,/%,$(p))$$')); \
+	{ $(GO_TEST) -p 1 -json $(CLUSTER_PKGS); a=$$?; $(GO_TEST) -json $(CLUSTER_RUN_5); b=$$?; \
+	  $(GO_TEST) -p 1 -json $(CLUSTER_THEN_PKGS); c=$$?; [ $$a = 0 ] && [ $$b = 0 ] && [ $$c = 0 ]; } > $(BIN)/test-cluster.json & cluster=$$!; \
 	$(GO_TEST) -p 1 -json $$rest | tee $(BIN)/test-rest.json | $(BIN)/testreport || rc=$$?; \
 	wait $$cluster || rc=$$?; \
 	$(BIN)/testreport < $(BIN)/test-cluster.json || rc=$$?; \

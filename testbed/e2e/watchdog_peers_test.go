@@ -62,7 +62,10 @@ func TestWatchdogPeersKeepNodesUp(t *testing.T) {
 	var dones [3]chan int
 	started := time.Now()
 	for i, n := range names {
-		sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), 2*time.Second, func() { resets[i].Add(1) })
+		// The stand-in has no timeout ioctl: its own timeout is the one the agent is told
+		// (--watchdog-timeout), so the agent's feeding cadence (a third of it) keeps its margin
+		// across the lease's expiry and the peer check that follows it.
+		sim, err := watchdogsim.Start(filepath.Join(t.TempDir(), "watchdog"), 3*time.Second, func() { resets[i].Add(1) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +117,7 @@ func TestWatchdogPeersKeepNodesUp(t *testing.T) {
 	time.Sleep(time.Until(started.Add(guard.NoLeaseGuard() + time.Second)))
 
 	coord.stop()                 // the control plane goes away for everyone
-	time.Sleep(15 * time.Second) // leases of 4 s and the devices' 2 s, many times over
+	time.Sleep(15 * time.Second) // leases of 4 s and the devices' 3 s, many times over
 	for i, n := range names {
 		if r := resets[i].Load(); r != 0 {
 			t.Fatalf("%s reset %d times with the control plane away and both peers answering\n%s", n, r, logs[i].String())
