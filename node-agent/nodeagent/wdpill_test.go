@@ -31,20 +31,7 @@ func TestPoisonedCleanStopLeavesTheWatchdogArmed(t *testing.T) {
 	opts := Config{watchdogDevice: sim.Path, watchdogTimeout: 3 * time.Second}
 	opts.agent.NodeName = "n1"
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	f, ok := prepareWatchdog(&opts, log)
-	if !ok {
-		t.Fatal("prepareWatchdog refused a writable device")
-	}
-	d, err := watchdog.Open(sim.Path, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.dev = d
-	if err := d.Feed(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(2 * time.Second); sim.State() != watchdogsim.Armed && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-	}
+	f := armedFeeder(t, sim, &opts, log)
 	f.lease.Poison(&agentv1.StopFeeding{Epoch: 1, FenceId: "f"})
 	f.reportDisarm(nil) // would use the agent to report "disarmed": poisoned, it must not
 	f.stop(true, log)
@@ -84,20 +71,7 @@ func TestUnacknowledgedDisarmLeavesTheWatchdogArmed(t *testing.T) {
 	opts.agent.NodeName, opts.agent.TLS = "n1", files
 	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	f, ok := prepareWatchdog(&opts, log)
-	if !ok {
-		t.Fatal("prepareWatchdog refused a writable device")
-	}
-	d, err := watchdog.Open(sim.Path, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.dev = d
-	if err := d.Feed(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(2 * time.Second); sim.State() != watchdogsim.Armed && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-	}
+	f := armedFeeder(t, sim, &opts, log)
 	// Nobody listens at the agent's coordinator: its "disarmed" report is never acknowledged.
 	a, err := agent.New(agent.Config{Coordinators: []string{"127.0.0.1:1"}, NodeName: "n1", BootID: "b1", TLS: files, Lease: f.lease}, failingSampler{})
 	if err != nil {
@@ -117,4 +91,25 @@ func TestUnacknowledgedDisarmLeavesTheWatchdogArmed(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the device did not reset the node")
 	}
+}
+
+// armedFeeder is the watchdog feeder of opts with the stand-in sim opened, fed and armed, as after
+// the agent's first lease.
+func armedFeeder(t *testing.T, sim *watchdogsim.Device, opts *Config, log *slog.Logger) *feeder {
+	t.Helper()
+	f, ok := prepareWatchdog(opts, log)
+	if !ok {
+		t.Fatal("prepareWatchdog refused a writable device")
+	}
+	d, err := watchdog.Open(sim.Path, opts.watchdogTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.dev = d
+	if err := d.Feed(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); sim.State() != watchdogsim.Armed && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	}
+	return f
 }
